@@ -1,0 +1,253 @@
+//! Jobs: what a user asks for (`JobSpec`), what the cluster records (`Job`) and
+//! the Slurm-worded states a job moves through.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use super::Millis;
+
+/// A job id: assigned in apply from a counter, monotonic, never reused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct JobId(pub u64);
+
+impl fmt::Display for JobId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+/// What the job runs: a script whose content is stored at submit, or a command.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Program {
+    /// A batch script; `path` is where it was read from (for display only).
+    Script { path: String, content: String },
+    /// A command with its arguments, run directly (no shell).
+    Command { argv: Vec<String> },
+}
+
+/// How the submitter's environment travels with the job (`--export`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub enum ExportMode {
+    /// The submitter's whole environment (Slurm's `ALL`, the default).
+    #[default]
+    All,
+    /// Only the listed variables (`--export NONE` is an empty list).
+    Listed,
+}
+
+/// Everything a user asks for when submitting a job. Validated by `spec` before
+/// it reaches the cluster; apply re-checks the invariants it relies on.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobSpec {
+    /// Job name (`--job-name`); defaults to the script or command name.
+    pub name: String,
+    /// Number of nodes (`--nodes`), at least 1.
+    pub nodes: u32,
+    /// Tasks (processes) per node (`--ntasks-per-node`), at least 1.
+    pub ntasks_per_node: u32,
+    /// GPUs per node (`--gpus-per-node`); 0 for a CPU-only job.
+    pub gpus_per_node: u32,
+    /// CPUs per task (`--cpus-per-task`), at least 1.
+    pub cpus_per_task: u32,
+    /// Memory per node in MiB (`--mem`); `None` means the partition default.
+    pub mem_per_node_mb: Option<u64>,
+    /// Wall-clock limit in seconds (`--time`); `None` means the partition default.
+    pub time_limit_secs: Option<u64>,
+    /// Account charged for the job (`--account`); `None` means the user's default.
+    pub account: Option<String>,
+    /// Partition (`--partition`); `None` means the default partition.
+    pub partition: Option<String>,
+    /// Pattern for the stdout file (`--output`), e.g. `gpuq-%j.out`.
+    pub output: Option<String>,
+    /// Pattern for the stderr file (`--error`); `None` joins it with stdout.
+    pub error: Option<String>,
+    /// Absolute working directory on the compute nodes (`--chdir`).
+    pub workdir: String,
+    /// Environment passed to the job (after `--export` was applied).
+    pub env: Vec<(String, String)>,
+    /// How `env` was chosen.
+    #[serde(default)]
+    pub export: ExportMode,
+    /// What to run.
+    pub program: Program,
+}
+
+impl JobSpec {
+    /// Total GPUs the job holds while running.
+    pub fn total_gpus(&self) -> u64 {
+        u64::from(self.nodes) * u64::from(self.gpus_per_node)
+    }
+
+    /// Total tasks (ranks) of the job.
+    pub fn total_tasks(&self) -> u64 {
+        u64::from(self.nodes) * u64::from(self.ntasks_per_node)
+    }
+
+    /// Checks the invariants every accepted spec holds, whoever built it. Returns
+    /// a sentence naming the field and the fix.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        if self.nodes == 0 {
+            return Err("nodes must be at least 1 (use --nodes 1 or more)".into());
+        }
+        if self.ntasks_per_node == 0 {
+            return Err("ntasks-per-node must be at least 1".into());
+        }
+        if self.cpus_per_task == 0 {
+            return Err("cpus-per-task must be at least 1".into());
+        }
+        if self.time_limit_secs == Some(0) {
+            return Err("time limit must be positive (e.g. --time 1:00:00)".into());
+        }
+        if self.mem_per_node_mb == Some(0) {
+            return Err("memory must be positive (e.g. --mem 16G)".into());
+        }
+        if !self.workdir.starts_with('/') {
+            return Err(format!(
+                "working directory {:?} must be an absolute path",
+                self.workdir
+            ));
+        }
+        match &self.program {
+            Program::Command { argv } if argv.is_empty() || argv[0].is_empty() => {
+                Err("the command is empty: give a script or a command to run".into())
+            }
+            Program::Script { content, path } if content.is_empty() => {
+                Err(format!("script {path:?} is empty"))
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+/// The states of a job, in Slurm's words.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum JobState {
+    Pending,
+    Running,
+    Completing,
+    Completed,
+    Failed,
+    Cancelled,
+    Timeout,
+    NodeFail,
+    Preempted,
+    OutOfMemory,
+}
+
+impl JobState {
+    /// Every state, for tables and exhaustive tests.
+    pub const ALL: [JobState; 10] = [
+        JobState::Pending,
+        JobState::Running,
+        JobState::Completing,
+        JobState::Completed,
+        JobState::Failed,
+        JobState::Cancelled,
+        JobState::Timeout,
+        JobState::NodeFail,
+        JobState::Preempted,
+        JobState::OutOfMemory,
+    ];
+
+    /// Slurm's upper-case word for the state.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobState::Pending => "PENDING",
+            JobState::Running => "RUNNING",
+            JobState::Completing => "COMPLETING",
+            JobState::Completed => "COMPLETED",
+            JobState::Failed => "FAILED",
+            JobState::Cancelled => "CANCELLED",
+            JobState::Timeout => "TIMEOUT",
+            JobState::NodeFail => "NODE_FAIL",
+            JobState::Preempted => "PREEMPTED",
+            JobState::OutOfMemory => "OUT_OF_MEMORY",
+        }
+    }
+
+    /// Parses Slurm's word (case-insensitive), as used by `--state` filters.
+    pub fn parse(word: &str) -> Option<JobState> {
+        let up = word.to_ascii_uppercase();
+        JobState::ALL.into_iter().find(|s| s.as_str() == up)
+    }
+
+    /// A job in a final state never changes again.
+    pub fn is_final(self) -> bool {
+        matches!(
+            self,
+            JobState::Completed
+                | JobState::Failed
+                | JobState::Cancelled
+                | JobState::Timeout
+                | JobState::OutOfMemory
+        )
+    }
+
+    /// Whether the job holds (or is releasing) resources on nodes.
+    pub fn is_active(self) -> bool {
+        matches!(self, JobState::Running | JobState::Completing)
+    }
+
+    /// The transition table. NODE_FAIL and PREEMPTED are final unless the job is
+    /// requeued, which moves it back to PENDING with the same id.
+    pub fn can_move_to(self, next: JobState) -> bool {
+        use JobState::*;
+        match self {
+            Pending => matches!(next, Running | Cancelled | Failed),
+            Running => matches!(
+                next,
+                Completing
+                    | Completed
+                    | Failed
+                    | Cancelled
+                    | Timeout
+                    | NodeFail
+                    | Preempted
+                    | OutOfMemory
+                    | Pending
+            ),
+            Completing => matches!(
+                next,
+                Completed | Failed | Cancelled | Timeout | NodeFail | OutOfMemory | Pending
+            ),
+            NodeFail | Preempted => matches!(next, Pending),
+            Completed | Failed | Cancelled | Timeout | OutOfMemory => false,
+        }
+    }
+}
+
+impl fmt::Display for JobState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A job as the cluster records it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Job {
+    pub id: JobId,
+    /// The submitting user, by name (resolved by name on every node).
+    pub user: String,
+    pub spec: JobSpec,
+    pub state: JobState,
+    pub submit_time: Millis,
+    #[serde(default)]
+    pub start_time: Option<Millis>,
+    #[serde(default)]
+    pub end_time: Option<Millis>,
+    /// How many times the job was requeued (`GPUQ_RESTART_COUNT`).
+    #[serde(default)]
+    pub restart_count: u32,
+    /// Why the job is pending, or why it ended the way it did.
+    #[serde(default)]
+    pub reason: Option<String>,
+    /// Exit code of the first failing rank, or 0.
+    #[serde(default)]
+    pub exit_code: Option<i32>,
+    /// Who cancelled the job, when it was cancelled.
+    #[serde(default)]
+    pub cancelled_by: Option<String>,
+}

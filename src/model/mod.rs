@@ -1,0 +1,16 @@
+//! Domain types used everywhere: ids, job specs, jobs and their states, users,
+//! tokens. Pure data plus the invariants that belong to the data itself (such as
+//! which job state may follow which). Nothing here does I/O or reads a clock.
+
+mod job;
+mod token;
+
+pub use job::*;
+pub use token::*;
+
+/// Milliseconds since the Unix epoch. The leader stamps it into commands; apply
+/// never reads a clock.
+pub type Millis = u64;
+
+/// The name of a server or agent node, as it appears in certificates and tables.
+pub type NodeName = String;
