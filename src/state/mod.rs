@@ -1,1 +1,104 @@
-//! (being built)
+//! The replicated state machine. `Command` is the Raft log entry type and
+//! `State::apply` is the deterministic function every server runs over the log:
+//! no clock reads (the leader stamps `now` into each command), no randomness, no
+//! I/O. Apply reports which records it touched (`Dirty`) so `store` can persist
+//! exactly those in the same redb transaction that records the applied index.
+
+mod apply;
+mod command;
+pub mod store;
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::{Deserialize, Serialize};
+
+pub use command::{Command, CommandResult, Rejection};
+
+use crate::model::{Job, JobId, JobState, Millis, TokenRecord};
+
+/// The cluster's identity, created once by `Command::InitCluster`. The CA key
+/// lives here so any server can sign certificates for joining daemons; agents
+/// never see it (only servers hold the replicated state).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClusterRecord {
+    pub name: String,
+    pub ca_cert_pem: String,
+    pub ca_key_pem: String,
+    pub created_at: Millis,
+}
+
+/// Counters from which apply assigns ids.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Counters {
+    /// The id the next submitted job gets.
+    pub next_job_id: u64,
+}
+
+impl Default for Counters {
+    fn default() -> Self {
+        Counters { next_job_id: 1 }
+    }
+}
+
+/// The whole replicated state, held in memory and persisted by `store`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct State {
+    pub cluster: Option<ClusterRecord>,
+    pub counters: Counters,
+    pub jobs: BTreeMap<JobId, Job>,
+    pub tokens: BTreeMap<String, TokenRecord>,
+}
+
+/// The records one or more applies touched, for `store::write_dirty`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Dirty {
+    pub meta: bool,
+    pub jobs: BTreeSet<JobId>,
+    pub tokens: BTreeSet<String>,
+}
+
+impl Dirty {
+    pub fn is_empty(&self) -> bool {
+        !self.meta && self.jobs.is_empty() && self.tokens.is_empty()
+    }
+}
+
+impl State {
+    /// Looks a job up by id.
+    pub fn job(&self, id: JobId) -> Option<&Job> {
+        self.jobs.get(&id)
+    }
+
+    /// Jobs that are not in a final state, in id order.
+    pub fn active_jobs(&self) -> impl Iterator<Item = &Job> {
+        self.jobs.values().filter(|j| !j.state.is_final())
+    }
+
+    /// Number of jobs in each state.
+    pub fn count_by_state(&self) -> BTreeMap<&'static str, u64> {
+        let mut out = BTreeMap::new();
+        for j in self.jobs.values() {
+            *out.entry(j.state.as_str()).or_insert(0) += 1;
+        }
+        out
+    }
+
+    /// Moves a job to `next`, enforcing the transition table.
+    fn transition(&mut self, id: JobId, next: JobState, now: Millis, dirty: &mut Dirty) -> bool {
+        let Some(job) = self.jobs.get_mut(&id) else {
+            return false;
+        };
+        if !job.state.can_move_to(next) {
+            return false;
+        }
+        if next == JobState::Running {
+            job.start_time = Some(now);
+        }
+        if next.is_final() {
+            job.end_time = Some(now);
+        }
+        job.state = next;
+        dirty.jobs.insert(id);
+        true
+    }
+}

@@ -1,0 +1,125 @@
+//! `State::apply`: the deterministic transition function over the log.
+
+use super::{ClusterRecord, Command, CommandResult, Dirty, Rejection, State};
+use crate::model::{Job, JobId, JobState};
+
+impl State {
+    /// Applies one command, recording touched records in `dirty`. A rejected
+    /// command changes nothing.
+    pub fn apply(&mut self, cmd: &Command, dirty: &mut Dirty) -> CommandResult {
+        match self.try_apply(cmd, dirty) {
+            Ok(r) => r,
+            Err(why) => CommandResult::Rejected(why),
+        }
+    }
+
+    fn try_apply(&mut self, cmd: &Command, dirty: &mut Dirty) -> Result<CommandResult, Rejection> {
+        match cmd {
+            Command::InitCluster {
+                name,
+                ca_cert_pem,
+                ca_key_pem,
+                now,
+            } => {
+                if self.cluster.is_some() {
+                    return Err(Rejection::AlreadyInitialized);
+                }
+                self.cluster = Some(ClusterRecord {
+                    name: name.clone(),
+                    ca_cert_pem: ca_cert_pem.clone(),
+                    ca_key_pem: ca_key_pem.clone(),
+                    created_at: *now,
+                });
+                dirty.meta = true;
+                Ok(CommandResult::Initialized)
+            }
+            Command::Submit { user, spec, now } => {
+                spec.check_invariants().map_err(Rejection::InvalidSpec)?;
+                let id = JobId(self.counters.next_job_id);
+                self.counters.next_job_id += 1;
+                self.jobs.insert(
+                    id,
+                    Job {
+                        id,
+                        user: user.clone(),
+                        spec: spec.clone(),
+                        state: JobState::Pending,
+                        submit_time: *now,
+                        start_time: None,
+                        end_time: None,
+                        restart_count: 0,
+                        reason: None,
+                        exit_code: None,
+                        cancelled_by: None,
+                    },
+                );
+                dirty.meta = true;
+                dirty.jobs.insert(id);
+                Ok(CommandResult::Submitted { id })
+            }
+            Command::Cancel {
+                by,
+                admin,
+                ids,
+                now,
+            } => {
+                if ids.is_empty() {
+                    return Err(Rejection::Empty);
+                }
+                // Check every id before touching any: all or nothing.
+                for id in ids {
+                    let job = self.jobs.get(id).ok_or(Rejection::NoSuchJob(*id))?;
+                    if !admin && job.user != *by {
+                        return Err(Rejection::NotOwner {
+                            id: *id,
+                            owner: job.user.clone(),
+                        });
+                    }
+                    if job.state.is_final() {
+                        return Err(Rejection::AlreadyEnded {
+                            id: *id,
+                            state: job.state,
+                        });
+                    }
+                }
+                let mut done = Vec::with_capacity(ids.len());
+                for id in ids {
+                    if self.transition(*id, JobState::Cancelled, *now, dirty) {
+                        if let Some(job) = self.jobs.get_mut(id) {
+                            job.cancelled_by = Some(by.clone());
+                            job.reason = Some(format!("cancelled by {by}"));
+                        }
+                        done.push(*id);
+                    }
+                }
+                Ok(CommandResult::Cancelled { ids: done })
+            }
+            Command::CreateToken { record } => {
+                if self.tokens.contains_key(&record.id) {
+                    return Err(Rejection::DuplicateToken(record.id.clone()));
+                }
+                self.tokens.insert(record.id.clone(), record.clone());
+                dirty.tokens.insert(record.id.clone());
+                Ok(CommandResult::TokenCreated)
+            }
+            Command::RevokeToken { id, .. } => {
+                let t = self
+                    .tokens
+                    .get_mut(id)
+                    .ok_or_else(|| Rejection::NoSuchToken(id.clone()))?;
+                t.revoked = true;
+                dirty.tokens.insert(id.clone());
+                Ok(CommandResult::TokenRevoked)
+            }
+            Command::TokenUsed { id, .. } => {
+                let t = self
+                    .tokens
+                    .get_mut(id)
+                    .ok_or_else(|| Rejection::NoSuchToken(id.clone()))?;
+                t.uses += 1;
+                dirty.tokens.insert(id.clone());
+                Ok(CommandResult::TokenUsed)
+            }
+        }
+    }
+}

@@ -1,0 +1,77 @@
+//! The log entry type and what applying it answers.
+
+use serde::{Deserialize, Serialize};
+
+use crate::model::{JobId, JobSpec, JobState, Millis, TokenRecord};
+
+/// One entry of the replicated log. Every variant carries the leader's `now`
+/// where time matters, so apply stays deterministic.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Command {
+    /// Creates the cluster identity. Applied once; a second one is rejected.
+    InitCluster {
+        name: String,
+        ca_cert_pem: String,
+        ca_key_pem: String,
+        now: Millis,
+    },
+    /// Queues a job for `user` (already vouched for by a daemon).
+    Submit {
+        user: String,
+        spec: JobSpec,
+        now: Millis,
+    },
+    /// Cancels jobs: all or none. `admin` callers may cancel anyone's job.
+    Cancel {
+        by: String,
+        admin: bool,
+        ids: Vec<JobId>,
+        now: Millis,
+    },
+    /// Records a new join token (its secret's hash only).
+    CreateToken { record: TokenRecord },
+    /// Revokes a token so it admits nobody from now on.
+    RevokeToken { id: String, now: Millis },
+    /// Counts a successful join with a token.
+    TokenUsed { id: String, now: Millis },
+}
+
+/// What applying a command answered. Returned to the proposer after commit.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum CommandResult {
+    /// Entries that carry no command (blank, membership) answer this.
+    #[default]
+    Noop,
+    Initialized,
+    Submitted {
+        id: JobId,
+    },
+    Cancelled {
+        ids: Vec<JobId>,
+    },
+    TokenCreated,
+    TokenRevoked,
+    TokenUsed,
+    Rejected(Rejection),
+}
+
+/// Why apply refused a command. Nothing of a rejected command is applied.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+pub enum Rejection {
+    #[error("the cluster is already initialised")]
+    AlreadyInitialized,
+    #[error("job {0} does not exist (see `gpuq queue`)")]
+    NoSuchJob(JobId),
+    #[error("job {id} belongs to {owner}; only its owner or an admin may change it")]
+    NotOwner { id: JobId, owner: String },
+    #[error("job {id} already ended ({state})")]
+    AlreadyEnded { id: JobId, state: JobState },
+    #[error("invalid job: {0}")]
+    InvalidSpec(String),
+    #[error("token {0} does not exist (see `gpuq token list`)")]
+    NoSuchToken(String),
+    #[error("token {0} already exists")]
+    DuplicateToken(String),
+    #[error("nothing to do: no job ids given")]
+    Empty,
+}

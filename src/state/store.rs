@@ -1,0 +1,142 @@
+//! Persistence of `State` in redb tables, inside transactions the caller owns
+//! (the Raft state machine writes the applied index in the same transaction, so
+//! state and index never disagree after a crash).
+//!
+//! Tables: `jobs` (id -> Job), `tokens` (id -> TokenRecord), `state_meta`
+//! (`cluster`, `counters`). Values are MessagePack with named fields, so records
+//! written by an older build still decode after an upgrade.
+
+use redb::{ReadTransaction, ReadableTable, TableDefinition, WriteTransaction};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use super::{Dirty, State};
+
+const JOBS: TableDefinition<u64, &[u8]> = TableDefinition::new("jobs");
+const TOKENS: TableDefinition<&str, &[u8]> = TableDefinition::new("tokens");
+const META: TableDefinition<&str, &[u8]> = TableDefinition::new("state_meta");
+
+/// Why the state could not be read or written.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("state database error: {0}")]
+    Db(#[from] redb::Error),
+    #[error("state record {what} could not be decoded ({source}); the data dir may come from a newer gpuq")]
+    Decode {
+        what: String,
+        source: rmp_serde::decode::Error,
+    },
+    #[error("state record could not be encoded: {0}")]
+    Encode(#[from] rmp_serde::encode::Error),
+}
+
+macro_rules! db {
+    ($e:expr) => {
+        $e.map_err(|e| StoreError::Db(e.into()))
+    };
+}
+
+fn encode<T: Serialize>(v: &T) -> Result<Vec<u8>, StoreError> {
+    Ok(rmp_serde::to_vec_named(v)?)
+}
+
+fn decode<T: DeserializeOwned>(what: impl Into<String>, bytes: &[u8]) -> Result<T, StoreError> {
+    rmp_serde::from_slice(bytes).map_err(|source| StoreError::Decode {
+        what: what.into(),
+        source,
+    })
+}
+
+/// Creates the tables if they are missing, so readers never see a missing table.
+pub fn create_tables(txn: &WriteTransaction) -> Result<(), StoreError> {
+    db!(txn.open_table(JOBS))?;
+    db!(txn.open_table(TOKENS))?;
+    db!(txn.open_table(META))?;
+    Ok(())
+}
+
+/// Loads the whole state. Missing tables read as an empty state.
+pub fn load(txn: &ReadTransaction) -> Result<State, StoreError> {
+    let mut state = State::default();
+    match txn.open_table(META) {
+        Ok(meta) => {
+            if let Some(v) = db!(meta.get("cluster"))? {
+                state.cluster = Some(decode("cluster", v.value())?);
+            }
+            if let Some(v) = db!(meta.get("counters"))? {
+                state.counters = decode("counters", v.value())?;
+            }
+        }
+        Err(redb::TableError::TableDoesNotExist(_)) => return Ok(state),
+        Err(e) => return Err(StoreError::Db(e.into())),
+    }
+    let jobs = db!(txn.open_table(JOBS))?;
+    for row in db!(jobs.iter())? {
+        let (k, v) = db!(row)?;
+        let job: crate::model::Job = decode(format!("job {}", k.value()), v.value())?;
+        state.jobs.insert(job.id, job);
+    }
+    let tokens = db!(txn.open_table(TOKENS))?;
+    for row in db!(tokens.iter())? {
+        let (k, v) = db!(row)?;
+        let t: crate::model::TokenRecord = decode(format!("token {}", k.value()), v.value())?;
+        state.tokens.insert(t.id.clone(), t);
+    }
+    Ok(state)
+}
+
+/// Writes the records named in `dirty` as they are now in `state` (a record no
+/// longer in `state` is deleted).
+pub fn write_dirty(txn: &WriteTransaction, state: &State, dirty: &Dirty) -> Result<(), StoreError> {
+    if dirty.meta {
+        let mut meta = db!(txn.open_table(META))?;
+        match &state.cluster {
+            Some(c) => db!(meta.insert("cluster", encode(c)?.as_slice()))?,
+            None => db!(meta.remove("cluster"))?,
+        };
+        db!(meta.insert("counters", encode(&state.counters)?.as_slice()))?;
+    }
+    if !dirty.jobs.is_empty() {
+        let mut jobs = db!(txn.open_table(JOBS))?;
+        for id in &dirty.jobs {
+            match state.jobs.get(id) {
+                Some(j) => db!(jobs.insert(id.0, encode(j)?.as_slice()))?,
+                None => db!(jobs.remove(id.0))?,
+            };
+        }
+    }
+    if !dirty.tokens.is_empty() {
+        let mut tokens = db!(txn.open_table(TOKENS))?;
+        for id in &dirty.tokens {
+            match state.tokens.get(id) {
+                Some(t) => db!(tokens.insert(id.as_str(), encode(t)?.as_slice()))?,
+                None => db!(tokens.remove(id.as_str()))?,
+            };
+        }
+    }
+    Ok(())
+}
+
+/// Replaces every state table with `state` (installing a snapshot).
+pub fn replace_all(txn: &WriteTransaction, state: &State) -> Result<(), StoreError> {
+    db!(txn.delete_table(JOBS))?;
+    db!(txn.delete_table(TOKENS))?;
+    db!(txn.delete_table(META))?;
+    create_tables(txn)?;
+    let dirty = Dirty {
+        meta: true,
+        jobs: state.jobs.keys().copied().collect(),
+        tokens: state.tokens.keys().cloned().collect(),
+    };
+    write_dirty(txn, state, &dirty)
+}
+
+/// Encodes the whole state for a snapshot.
+pub fn to_snapshot_bytes(state: &State) -> Result<Vec<u8>, StoreError> {
+    encode(state)
+}
+
+/// Decodes a snapshot made by `to_snapshot_bytes`.
+pub fn from_snapshot_bytes(bytes: &[u8]) -> Result<State, StoreError> {
+    decode("snapshot", bytes)
+}
