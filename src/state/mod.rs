@@ -102,3 +102,6 @@ impl State {
         true
     }
 }
+
+#[cfg(test)]
+mod tests;
