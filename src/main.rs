@@ -1,1 +1,207 @@
-fn main() {}
+//! The `gpuq` binary: maps subcommands onto the library's roles and commands.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+
+use gpuq::cli::{self, ClientCommand, CliError};
+use gpuq::config::{AgentConfig, AgentRole, ServerConfig};
+
+/// gpuq: a GPU cluster workload manager. One binary runs the Raft-replicated
+/// control plane (`gpuq server`), the node agents (`gpuq agent`) and the
+/// client commands, which talk to the local daemon's socket (GPUQ_SOCKET).
+///
+/// Exit codes: 0 ok, 1 wrong input (or a missing or forbidden thing),
+/// 2 the cluster could not be reached, 3 internal error.
+#[derive(Parser, Debug)]
+#[command(name = "gpuq", version, max_term_width = 100)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Run a control-plane server (a Raft member).
+    Server(ServerArgs),
+    /// Run a node agent (compute, or login: vouches for local users only).
+    Agent(AgentArgs),
+    #[command(flatten)]
+    Client(ClientCommand),
+}
+
+/// `gpuq server`
+#[derive(Args, Debug)]
+struct ServerArgs {
+    /// Config file (TOML, [server] table). Default /etc/gpuq/gpuq.toml if it exists.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Create a new cluster (CA and first voter) when the data dir is empty.
+    /// Harmless on a server that already has one.
+    #[arg(long)]
+    bootstrap: bool,
+    /// Where the Raft log, state and keys live.
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+    /// UDP address for QUIC (agents, servers, forwarded requests).
+    #[arg(long)]
+    listen: Option<SocketAddr>,
+    /// The address other daemons dial to reach this server.
+    #[arg(long)]
+    advertise: Option<SocketAddr>,
+    /// The local API socket for the CLI.
+    #[arg(long)]
+    socket: Option<PathBuf>,
+    /// This server's name (default: the host name).
+    #[arg(long)]
+    node_name: Option<String>,
+    /// The cluster's name, set when bootstrapping.
+    #[arg(long)]
+    cluster_name: Option<String>,
+}
+
+/// `gpuq agent`
+#[derive(Args, Debug)]
+struct AgentArgs {
+    /// Config file (TOML, [agent] table). Default /etc/gpuq/gpuq.toml if it exists.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// compute (runs jobs) or login (runs none; lets local users submit).
+    #[arg(long, value_parser = parse_agent_role)]
+    role: Option<AgentRole>,
+    /// A server to join through, HOST:PORT (needed once, with --token).
+    #[arg(long)]
+    join: Option<SocketAddr>,
+    /// The join token printed by `gpuq token create --role agent`.
+    #[arg(long, env = "GPUQ_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    /// Where the agent keeps its identity and ledger.
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+    /// The local API socket for the CLI.
+    #[arg(long)]
+    socket: Option<PathBuf>,
+    /// This node's name (default: the host name).
+    #[arg(long)]
+    node_name: Option<String>,
+    /// Servers to talk to, HOST:PORT (comma list).
+    #[arg(long, value_delimiter = ',')]
+    servers: Vec<String>,
+}
+
+fn parse_agent_role(s: &str) -> Result<AgentRole, String> {
+    match s {
+        "compute" => Ok(AgentRole::Compute),
+        "login" => Ok(AgentRole::Login),
+        _ => Err(format!("unknown role {s:?}; use compute or login")),
+    }
+}
+
+fn env_pairs() -> Vec<(String, String)> {
+    std::env::vars().collect()
+}
+
+fn server_config(a: ServerArgs) -> anyhow::Result<(ServerConfig, bool)> {
+    let mut cfg = ServerConfig::load(a.config.as_deref(), &env_pairs())?;
+    if let Some(v) = a.data_dir {
+        cfg.data_dir = v;
+    }
+    if let Some(v) = a.listen {
+        cfg.listen = v;
+    }
+    if let Some(v) = a.advertise {
+        cfg.advertise = Some(v);
+    }
+    if let Some(v) = a.socket {
+        cfg.socket = v;
+    }
+    if let Some(v) = a.node_name {
+        cfg.node_name = v;
+    }
+    if let Some(v) = a.cluster_name {
+        cfg.cluster_name = v;
+    }
+    Ok((cfg, a.bootstrap))
+}
+
+fn agent_config(a: &AgentArgs) -> anyhow::Result<AgentConfig> {
+    let mut cfg = AgentConfig::load(a.config.as_deref(), &env_pairs())?;
+    if let Some(v) = a.role {
+        cfg.role = v;
+    }
+    if let Some(v) = &a.data_dir {
+        cfg.data_dir = v.clone();
+    }
+    if let Some(v) = &a.socket {
+        cfg.socket = v.clone();
+    }
+    if let Some(v) = &a.node_name {
+        cfg.node_name = v.clone();
+    }
+    if !a.servers.is_empty() {
+        cfg.servers = a.servers.clone();
+    }
+    Ok(cfg)
+}
+
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("GPUQ_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,openraft=warn,quinn=warn"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .init();
+}
+
+async fn daemon(cmd: Cmd) -> anyhow::Result<()> {
+    match cmd {
+        Cmd::Server(a) => {
+            let (cfg, bootstrap) = server_config(a)?;
+            gpuq::server::run(cfg, gpuq::server::ServerOptions { bootstrap }).await
+        }
+        Cmd::Agent(a) => {
+            let cfg = agent_config(&a)?;
+            match cfg.role {
+                AgentRole::Login => gpuq::agent::run_login(cfg, a.join, a.token).await,
+                AgentRole::Compute => anyhow::bail!(
+                    "the compute agent is not available in this build yet; run with --role login"
+                ),
+            }
+        }
+        Cmd::Client(_) => unreachable!("client commands are not daemons"),
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            let code = if e.use_stderr() { 1 } else { 0 };
+            let _ = e.print();
+            return ExitCode::from(code);
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(r) => r,
+        Err(e) => return CliError::internal(format!("cannot start the runtime: {e}")).exit(),
+    };
+    match cli.cmd {
+        Cmd::Client(c) => match runtime.block_on(cli::run(c)) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => e.exit(),
+        },
+        daemon_cmd => {
+            init_logging();
+            match runtime.block_on(daemon(daemon_cmd)) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("gpuq: {e:#}");
+                    ExitCode::from(1)
+                }
+            }
+        }
+    }
+}

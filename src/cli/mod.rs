@@ -1,1 +1,442 @@
-//! (being built)
+//! Client commands. Each talks to the local daemon's unix socket (which vouches
+//! for the caller) and prints a human table, or JSON with `--json`.
+//!
+//! Exit codes: 0 success; 1 the input was wrong, or names something missing
+//! or forbidden; 2 the cluster could not be reached or did not answer; 3 an
+//! internal error.
+
+pub mod table;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Subcommand};
+
+use crate::model::{Job, JobId, JobState, Program, Role};
+use crate::net::local::LocalClient;
+use crate::net::proto::{ApiRequest, ApiResponse, ErrorKind};
+use crate::spec::SubmitArgs;
+use table::{fmt_duration, fmt_time, Table};
+
+/// The default daemon socket.
+pub const DEFAULT_SOCKET: &str = "/run/gpuq/gpuq.sock";
+
+/// The daemon socket the CLI uses: `GPUQ_SOCKET`, else the default.
+pub fn socket_path() -> PathBuf {
+    std::env::var_os("GPUQ_SOCKET")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(DEFAULT_SOCKET))
+}
+
+/// A failed command: what to print and how to exit.
+#[derive(Debug)]
+pub struct CliError {
+    pub code: u8,
+    pub message: String,
+}
+
+impl CliError {
+    pub fn input(message: impl Into<String>) -> CliError {
+        CliError {
+            code: 1,
+            message: message.into(),
+        }
+    }
+    pub fn unreachable(message: impl Into<String>) -> CliError {
+        CliError {
+            code: 2,
+            message: message.into(),
+        }
+    }
+    pub fn internal(message: impl Into<String>) -> CliError {
+        CliError {
+            code: 3,
+            message: message.into(),
+        }
+    }
+    pub fn exit(self) -> ExitCode {
+        eprintln!("gpuq: {}", self.message);
+        ExitCode::from(self.code)
+    }
+}
+
+impl From<ErrorKind> for u8 {
+    fn from(k: ErrorKind) -> u8 {
+        match k {
+            ErrorKind::BadInput | ErrorKind::NotFound | ErrorKind::Forbidden => 1,
+            ErrorKind::Unavailable => 2,
+            ErrorKind::Internal => 3,
+        }
+    }
+}
+
+/// `--json` for read commands.
+#[derive(Args, Debug, Clone, Default)]
+pub struct JsonFlag {
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// The client commands.
+#[derive(Subcommand, Debug)]
+pub enum ClientCommand {
+    /// Queue a batch job (a script with #GPUQ/#SBATCH directives, or a command).
+    Submit {
+        #[command(flatten)]
+        args: SubmitArgs,
+        /// Print only the job id.
+        #[arg(long)]
+        parsable: bool,
+        #[command(flatten)]
+        json: JsonFlag,
+    },
+    /// List jobs: pending and running by default.
+    Queue {
+        /// Include finished jobs.
+        #[arg(short, long)]
+        all: bool,
+        /// Only this user's jobs.
+        #[arg(short, long)]
+        user: Option<String>,
+        /// Only jobs in these states (comma list, e.g. PENDING,RUNNING).
+        #[arg(short = 't', long, value_delimiter = ',', value_parser = parse_state)]
+        state: Vec<JobState>,
+        #[command(flatten)]
+        json: JsonFlag,
+    },
+    /// Show one job in full.
+    Show {
+        /// The job id.
+        id: u64,
+        #[command(flatten)]
+        json: JsonFlag,
+    },
+    /// Cancel jobs (all or none: nothing is cancelled if one id is wrong).
+    Cancel {
+        /// Job ids.
+        #[arg(required = true)]
+        ids: Vec<u64>,
+    },
+    /// Control-plane members, leader, term and log progress.
+    Cluster {
+        #[command(flatten)]
+        json: JsonFlag,
+    },
+    /// Create, list and revoke join tokens (admins).
+    Token {
+        #[command(subcommand)]
+        cmd: TokenCommand,
+    },
+}
+
+/// `gpuq token ...`
+#[derive(Subcommand, Debug)]
+pub enum TokenCommand {
+    /// Print a new join token.
+    Create {
+        /// Who may join with it: agent (compute and login agents) or server.
+        #[arg(long, default_value = "agent", value_parser = parse_role)]
+        role: Role,
+        /// How long it is valid, e.g. 30m, 24h, 7d.
+        #[arg(long, default_value = "24h", value_parser = parse_ttl)]
+        ttl: u64,
+        #[command(flatten)]
+        json: JsonFlag,
+    },
+    /// List tokens (never their secrets).
+    List {
+        #[command(flatten)]
+        json: JsonFlag,
+    },
+    /// Revoke a token by id: it admits nobody from now on.
+    Revoke {
+        /// The token id (the part after `gpuq1-`, before the first dot).
+        id: String,
+    },
+}
+
+fn parse_state(s: &str) -> Result<JobState, String> {
+    JobState::parse(s).ok_or_else(|| {
+        let all: Vec<_> = JobState::ALL.iter().map(|s| s.as_str()).collect();
+        format!("unknown state {s:?}; use one of {}", all.join(", "))
+    })
+}
+
+fn parse_role(s: &str) -> Result<Role, String> {
+    match Role::parse(s) {
+        Some(r @ (Role::Agent | Role::Server)) => Ok(r),
+        _ => Err(format!("unknown role {s:?}; use agent or server")),
+    }
+}
+
+fn parse_ttl(s: &str) -> Result<u64, String> {
+    crate::spec::parse_ttl(s).map_err(|e| e.to_string())
+}
+
+async fn call(req: ApiRequest) -> Result<ApiResponse, CliError> {
+    let path = socket_path();
+    let mut client = LocalClient::connect(&path)
+        .await
+        .map_err(|e| CliError::unreachable(e.to_string()))?;
+    let resp = client
+        .call(&req)
+        .await
+        .map_err(|e| CliError::unreachable(e.to_string()))?;
+    match resp {
+        ApiResponse::Error { kind, message } => Err(CliError {
+            code: kind.into(),
+            message,
+        }),
+        other => Ok(other),
+    }
+}
+
+fn print_json<T: serde::Serialize>(v: &T) -> Result<(), CliError> {
+    let s = serde_json::to_string_pretty(v).map_err(|e| CliError::internal(e.to_string()))?;
+    println!("{s}");
+    Ok(())
+}
+
+fn unexpected(r: ApiResponse) -> CliError {
+    CliError::internal(format!("unexpected answer from the daemon: {r:?}"))
+}
+
+/// Runs a client command.
+pub async fn run(cmd: ClientCommand) -> Result<(), CliError> {
+    match cmd {
+        ClientCommand::Submit {
+            args,
+            parsable,
+            json,
+        } => {
+            let env: Vec<(String, String)> = std::env::vars().collect();
+            let cwd = std::env::current_dir()
+                .map_err(|e| CliError::input(format!("cannot read the current directory: {e}")))?;
+            let spec =
+                crate::spec::build_spec(&args, &env, &cwd).map_err(|e| CliError::input(e.to_string()))?;
+            match call(ApiRequest::Submit { spec }).await? {
+                ApiResponse::Submitted { id } => {
+                    if json.json {
+                        print_json(&serde_json::json!({ "id": id.0 }))?;
+                    } else if parsable {
+                        println!("{id}");
+                    } else {
+                        println!("Submitted job {id}");
+                    }
+                    Ok(())
+                }
+                other => Err(unexpected(other)),
+            }
+        }
+        ClientCommand::Queue {
+            all,
+            user,
+            state,
+            json,
+        } => match call(ApiRequest::Queue {
+            all,
+            user,
+            states: state,
+        })
+        .await?
+        {
+            ApiResponse::Jobs { jobs } => {
+                if json.json {
+                    return print_json(&jobs);
+                }
+                print!("{}", queue_table(&jobs));
+                Ok(())
+            }
+            other => Err(unexpected(other)),
+        },
+        ClientCommand::Show { id, json } => match call(ApiRequest::Show { id: JobId(id) }).await? {
+            ApiResponse::Job { job } => {
+                if json.json {
+                    return print_json(&job);
+                }
+                print!("{}", show_text(&job));
+                Ok(())
+            }
+            other => Err(unexpected(other)),
+        },
+        ClientCommand::Cancel { ids } => {
+            let ids = ids.into_iter().map(JobId).collect();
+            match call(ApiRequest::Cancel { ids }).await? {
+                ApiResponse::Cancelled { ids } => {
+                    for id in ids {
+                        println!("Cancelled job {id}");
+                    }
+                    Ok(())
+                }
+                other => Err(unexpected(other)),
+            }
+        }
+        ClientCommand::Cluster { json } => match call(ApiRequest::Cluster).await? {
+            ApiResponse::Cluster { status } => {
+                if json.json {
+                    return print_json(&status);
+                }
+                let opt = |v: Option<u64>| v.map(|v| v.to_string()).unwrap_or_else(|| "-".into());
+                println!(
+                    "cluster {}  leader {}  term {}  last log {}  applied {}  snapshot {}",
+                    status.cluster_name,
+                    status.leader.as_deref().unwrap_or("(none)"),
+                    status.term,
+                    opt(status.last_log_index),
+                    opt(status.applied_index),
+                    opt(status.snapshot_index)
+                );
+                let mut t = Table::new(&["ID", "NAME", "ADDRESS", "ROLE", "LEADER", "MATCHED"]);
+                for m in &status.members {
+                    t.row(vec![
+                        m.id.to_string(),
+                        m.name.clone(),
+                        m.addr.clone(),
+                        if m.voter { "voter" } else { "learner" }.into(),
+                        if m.leader { "*" } else { "" }.into(),
+                        opt(m.matched_index),
+                    ]);
+                }
+                print!("{}", t.render());
+                let jobs: Vec<String> = status.jobs.iter().map(|(s, n)| format!("{s} {n}")).collect();
+                println!("jobs: {}", if jobs.is_empty() { "none".into() } else { jobs.join(", ") });
+                Ok(())
+            }
+            other => Err(unexpected(other)),
+        },
+        ClientCommand::Token { cmd } => token(cmd).await,
+    }
+}
+
+async fn token(cmd: TokenCommand) -> Result<(), CliError> {
+    match cmd {
+        TokenCommand::Create { role, ttl, json } => {
+            match call(ApiRequest::TokenCreate { role, ttl_secs: ttl }).await? {
+                ApiResponse::Token { token, info } => {
+                    if json.json {
+                        return print_json(&serde_json::json!({ "token": token, "info": info }));
+                    }
+                    println!("{token}");
+                    eprintln!(
+                        "token {} for {} daemons, valid until {} UTC",
+                        info.id,
+                        info.role,
+                        fmt_time(info.expires_at)
+                    );
+                    Ok(())
+                }
+                other => Err(unexpected(other)),
+            }
+        }
+        TokenCommand::List { json } => match call(ApiRequest::TokenList).await? {
+            ApiResponse::Tokens { tokens } => {
+                if json.json {
+                    return print_json(&tokens);
+                }
+                let mut t = Table::new(&["ID", "ROLE", "EXPIRES", "CREATED_BY", "USES", "STATE"]);
+                let now = crate::server::now_ms();
+                for k in tokens {
+                    let st = if k.revoked {
+                        "revoked"
+                    } else if now >= k.expires_at {
+                        "expired"
+                    } else {
+                        "valid"
+                    };
+                    t.row(vec![
+                        k.id,
+                        k.role.to_string(),
+                        fmt_time(k.expires_at),
+                        k.created_by,
+                        k.uses.to_string(),
+                        st.into(),
+                    ]);
+                }
+                print!("{}", t.render());
+                Ok(())
+            }
+            other => Err(unexpected(other)),
+        },
+        TokenCommand::Revoke { id } => match call(ApiRequest::TokenRevoke { id }).await? {
+            ApiResponse::TokenRevoked { id } => {
+                println!("Revoked token {id}");
+                Ok(())
+            }
+            other => Err(unexpected(other)),
+        },
+    }
+}
+
+fn opt_time(t: Option<u64>) -> String {
+    t.map(fmt_time).unwrap_or_else(|| "-".into())
+}
+
+fn queue_table(jobs: &[Job]) -> String {
+    let mut t = Table::new(&[
+        "JOBID", "NAME", "USER", "STATE", "NODES", "GPUS", "TIME_LIMIT", "SUBMIT", "REASON",
+    ]);
+    for j in jobs {
+        t.row(vec![
+            j.id.to_string(),
+            j.spec.name.clone(),
+            j.user.clone(),
+            j.state.to_string(),
+            j.spec.nodes.to_string(),
+            j.spec.total_gpus().to_string(),
+            j.spec
+                .time_limit_secs
+                .map(fmt_duration)
+                .unwrap_or_else(|| "UNLIMITED".into()),
+            fmt_time(j.submit_time),
+            j.reason.clone().unwrap_or_default(),
+        ]);
+    }
+    t.render()
+}
+
+fn show_text(j: &Job) -> String {
+    let s = &j.spec;
+    let program = match &s.program {
+        Program::Script { path, .. } => format!("script {path}"),
+        Program::Command { argv } => format!("command {}", argv.join(" ")),
+    };
+    let mut out = String::new();
+    let mut kv = |k: &str, v: String| out.push_str(&format!("{k:>16}: {v}\n"));
+    kv("JobId", j.id.to_string());
+    kv("Name", s.name.clone());
+    kv("User", j.user.clone());
+    kv("State", j.state.to_string());
+    if let Some(r) = &j.reason {
+        kv("Reason", r.clone());
+    }
+    kv("Program", program);
+    kv("WorkDir", s.workdir.clone());
+    kv("Nodes", s.nodes.to_string());
+    kv("TasksPerNode", s.ntasks_per_node.to_string());
+    kv("GpusPerNode", s.gpus_per_node.to_string());
+    kv("CpusPerTask", s.cpus_per_task.to_string());
+    kv(
+        "MemPerNode",
+        s.mem_per_node_mb
+            .map(|m| format!("{m}M"))
+            .unwrap_or_else(|| "default".into()),
+    );
+    kv(
+        "TimeLimit",
+        s.time_limit_secs
+            .map(fmt_duration)
+            .unwrap_or_else(|| "UNLIMITED".into()),
+    );
+    kv("Account", s.account.clone().unwrap_or_else(|| "default".into()));
+    kv("Partition", s.partition.clone().unwrap_or_else(|| "default".into()));
+    kv("Output", s.output.clone().unwrap_or_else(|| "gpuq-%j.out".into()));
+    kv("SubmitTime", fmt_time(j.submit_time));
+    kv("StartTime", opt_time(j.start_time));
+    kv("EndTime", opt_time(j.end_time));
+    kv("Restarts", j.restart_count.to_string());
+    if let Some(c) = j.exit_code {
+        kv("ExitCode", c.to_string());
+    }
+    out
+}

@@ -1,1 +1,221 @@
-//! (being built)
+//! The server role: a Raft member. Wires the redb-backed Raft node, the QUIC
+//! endpoint (raft, api and join protocols), the local unix socket, and the
+//! leader's duties. Only the leader writes; followers forward client requests.
+
+mod api;
+mod datadir;
+mod join;
+mod transport;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use tokio::sync::watch;
+
+use crate::config::ServerConfig;
+use crate::net::endpoint::{Endpoint, ALPN_API, ALPN_JOIN, ALPN_RAFT};
+use crate::net::{local, rpc};
+use crate::raft::{self, RaftNode, ServerNode};
+use crate::state::Command;
+
+pub use api::Api;
+pub use datadir::DataDir;
+
+/// How this server process joins the control plane.
+#[derive(Clone, Debug, Default)]
+pub struct ServerOptions {
+    /// Create the cluster (CA, first voter) if the data dir is empty.
+    pub bootstrap: bool,
+}
+
+/// A running server, for in-process use (`gpuq dev`, tests).
+pub struct RunningServer {
+    pub api: Arc<Api>,
+    pub raft: RaftNode,
+    pub quic_addr: SocketAddr,
+    pub ca_fingerprint: String,
+}
+
+/// Milliseconds since the Unix epoch, the `now` the leader stamps into commands.
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+fn raft_config(cfg: &ServerConfig) -> anyhow::Result<openraft::Config> {
+    let c = openraft::Config {
+        cluster_name: cfg.cluster_name.clone(),
+        heartbeat_interval: cfg.raft.heartbeat_ms,
+        election_timeout_min: cfg.raft.election_timeout_min_ms,
+        election_timeout_max: cfg.raft.election_timeout_max_ms,
+        max_payload_entries: cfg.raft.max_payload_entries,
+        snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(cfg.raft.snapshot_after_logs),
+        max_in_snapshot_log_to_keep: 1000,
+        purge_batch_size: 256,
+        ..Default::default()
+    };
+    Ok(c.validate()?)
+}
+
+/// Starts the server and returns once it serves; the tasks it spawned stop
+/// when `shutdown` turns true.
+pub async fn start(
+    cfg: ServerConfig,
+    opts: ServerOptions,
+    shutdown: watch::Receiver<bool>,
+) -> anyhow::Result<RunningServer> {
+    let dir = DataDir::open(&cfg.data_dir)?;
+    let boot = dir.prepare(&cfg, opts.bootstrap)?;
+    let identity = dir.identity()?;
+    let advertise = cfg.advertise_addr()?;
+
+    let endpoint = Endpoint::server(cfg.listen, &identity, &[ALPN_RAFT, ALPN_API, ALPN_JOIN])
+        .with_context(|| format!("cannot listen on {} (UDP)", cfg.listen))?;
+    let quic_addr = endpoint.local_addr()?;
+    let endpoint = Arc::new(endpoint);
+
+    let network = transport::QuicRaftNetwork::new(endpoint.clone());
+    let node = raft::open(&dir.db_path(), boot.node_id, raft_config(&cfg)?, network)
+        .await
+        .context("cannot open the Raft store")?;
+
+    if opts.bootstrap && !node.raft.is_initialized().await? {
+        let me = ServerNode {
+            name: cfg.node_name.clone(),
+            addr: advertise.to_string(),
+        };
+        raft::initialize_single(&node.raft, boot.node_id, me)
+            .await
+            .context("cannot initialise the Raft group")?;
+    }
+
+    let api = Arc::new(Api::new(
+        cfg.clone(),
+        node.clone(),
+        endpoint.clone(),
+        identity.clone(),
+    ));
+
+    // The cluster identity (CA) enters the replicated state once, through the
+    // log, as soon as this server leads.
+    if let Some(ca) = boot.pending_ca {
+        let raft = node.raft.clone();
+        let state = node.state.clone();
+        let name = cfg.cluster_name.clone();
+        tokio::spawn(async move {
+            loop {
+                if state.read().map(|s| s.cluster.is_some()).unwrap_or(false) {
+                    return;
+                }
+                let cmd = Command::InitCluster {
+                    name: name.clone(),
+                    ca_cert_pem: ca.cert_pem.clone(),
+                    ca_key_pem: ca.key_pem.clone(),
+                    now: now_ms(),
+                };
+                match raft.client_write(cmd).await {
+                    Ok(_) => return,
+                    Err(e) => tracing::debug!(error = %e, "cluster init waits for leadership"),
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        });
+    }
+
+    // QUIC: one task per accepted connection, dispatched by protocol.
+    {
+        let endpoint = endpoint.clone();
+        let api = api.clone();
+        let raft = node.raft.clone();
+        let mut shutdown = shutdown.clone();
+        tokio::spawn(async move {
+            loop {
+                let peer = tokio::select! {
+                    p = endpoint.accept() => p,
+                    _ = shutdown.changed() => break,
+                };
+                let Some(peer) = peer else { break };
+                let api = api.clone();
+                let raft = raft.clone();
+                tokio::spawn(async move {
+                    let alpn = peer.alpn.clone();
+                    if alpn == ALPN_RAFT {
+                        rpc::serve(peer, move |_p, req| {
+                            let raft = raft.clone();
+                            async move { raft::network::handle(&raft, req).await }
+                        })
+                        .await;
+                    } else if alpn == ALPN_API {
+                        rpc::serve(peer, move |p, req| {
+                            let api = api.clone();
+                            async move { api.handle_vouched(&p, req).await }
+                        })
+                        .await;
+                    } else if alpn == ALPN_JOIN {
+                        rpc::serve(peer, move |_p, req| {
+                            let api = api.clone();
+                            async move { join::admit(&api, req).await }
+                        })
+                        .await;
+                    }
+                });
+            }
+            endpoint.close();
+        });
+    }
+
+    // The local socket for the CLI on this host.
+    let listener = local::bind(&cfg.socket)
+        .with_context(|| format!("cannot serve the local socket {}", cfg.socket.display()))?;
+    {
+        let api = api.clone();
+        let admin_group = cfg.admin_group.clone();
+        tokio::spawn(local::serve(
+            listener,
+            Arc::new(move |cred, req| {
+                let api = api.clone();
+                let admin_group = admin_group.clone();
+                async move {
+                    match local::resolve_caller(cred, admin_group.as_deref()) {
+                        Ok(caller) => api.handle(caller, req).await,
+                        Err(why) => crate::net::proto::ApiResponse::error(
+                            crate::net::proto::ErrorKind::Forbidden,
+                            why,
+                        ),
+                    }
+                }
+            }),
+            shutdown.clone(),
+        ));
+    }
+
+    let ca_fingerprint = identity.ca_fingerprint()?;
+    tracing::info!(
+        node = %cfg.node_name,
+        quic = %quic_addr,
+        socket = %cfg.socket.display(),
+        ca = %ca_fingerprint,
+        "server ready"
+    );
+    Ok(RunningServer {
+        api,
+        raft: node,
+        quic_addr,
+        ca_fingerprint,
+    })
+}
+
+/// Runs a server until SIGINT/SIGTERM.
+pub async fn run(cfg: ServerConfig, opts: ServerOptions) -> anyhow::Result<()> {
+    let (tx, rx) = watch::channel(false);
+    let server = start(cfg, opts, rx).await?;
+    crate::shutdown_signal().await;
+    tracing::info!("shutting down");
+    let _ = tx.send(true);
+    let _ = server.raft.raft.shutdown().await;
+    Ok(())
+}

@@ -1,0 +1,134 @@
+//! The typed client API: what the CLI sends to its local daemon over the unix
+//! socket, and what a daemon forwards to the leader over QUIC (`gpuq-api/1`)
+//! with the caller it vouches for.
+
+use serde::{Deserialize, Serialize};
+
+use crate::model::{Job, JobId, JobSpec, JobState, Millis, Role};
+
+/// A request from the CLI. The caller's identity is not in it: the daemon
+/// learns it from the socket (SO_PEERCRED), never from the client.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum ApiRequest {
+    /// Queue a job; answered with `Submitted` only after the job is committed.
+    Submit { spec: JobSpec },
+    /// Cancel jobs, all or none.
+    Cancel { ids: Vec<JobId> },
+    /// List jobs. Without `all`, finished jobs are left out.
+    Queue {
+        all: bool,
+        #[serde(default)]
+        user: Option<String>,
+        #[serde(default)]
+        states: Vec<JobState>,
+    },
+    /// One job in full.
+    Show { id: JobId },
+    /// Control-plane members and Raft progress.
+    Cluster,
+    /// Create a join token (admins only).
+    TokenCreate { role: Role, ttl_secs: u64 },
+    /// List join tokens (admins only); secrets are never shown.
+    TokenList,
+    /// Revoke a join token (admins only).
+    TokenRevoke { id: String },
+}
+
+/// Who a daemon vouches the request comes from.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Caller {
+    /// The user name, resolved from the uid on the daemon's host.
+    pub user: String,
+    pub uid: u32,
+    /// Root, or a member of the daemon's `admin_group`.
+    pub admin: bool,
+}
+
+/// A request forwarded by a daemon to the leader (`gpuq-api/1`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Vouched {
+    pub caller: Caller,
+    pub request: ApiRequest,
+}
+
+/// A control-plane member as `gpuq cluster` shows it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Member {
+    pub id: u64,
+    pub name: String,
+    pub addr: String,
+    pub voter: bool,
+    pub leader: bool,
+    /// The leader's view of the member's last replicated index.
+    #[serde(default)]
+    pub matched_index: Option<u64>,
+}
+
+/// Control-plane status, from the answering server's point of view.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ClusterStatus {
+    pub cluster_name: String,
+    pub answered_by: String,
+    pub leader: Option<String>,
+    pub term: u64,
+    pub last_log_index: Option<u64>,
+    pub applied_index: Option<u64>,
+    pub snapshot_index: Option<u64>,
+    pub members: Vec<Member>,
+    /// Jobs per state.
+    pub jobs: Vec<(String, u64)>,
+    /// Mean entries per log write transaction since start (group commit).
+    #[serde(default)]
+    pub mean_commit_batch: Option<f64>,
+}
+
+/// A join token as listed: never the secret.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TokenInfo {
+    pub id: String,
+    pub role: Role,
+    pub created_at: Millis,
+    pub expires_at: Millis,
+    pub created_by: String,
+    pub revoked: bool,
+    pub uses: u64,
+}
+
+/// The class of an error, which decides the CLI's exit code.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ErrorKind {
+    /// The request was wrong (exit 1).
+    BadInput,
+    /// The thing named does not exist (exit 1).
+    NotFound,
+    /// The caller may not do this (exit 1).
+    Forbidden,
+    /// No leader could be reached, or it did not answer (exit 2).
+    Unavailable,
+    /// A bug or a broken data dir (exit 3).
+    Internal,
+}
+
+/// The answer to an `ApiRequest`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum ApiResponse {
+    Submitted { id: JobId },
+    Cancelled { ids: Vec<JobId> },
+    Jobs { jobs: Vec<Job> },
+    Job { job: Box<Job> },
+    Cluster { status: ClusterStatus },
+    Token { token: String, info: TokenInfo },
+    Tokens { tokens: Vec<TokenInfo> },
+    TokenRevoked { id: String },
+    Error { kind: ErrorKind, message: String },
+}
+
+impl ApiResponse {
+    /// Shorthand for an error answer.
+    pub fn error(kind: ErrorKind, message: impl Into<String>) -> ApiResponse {
+        ApiResponse::Error {
+            kind,
+            message: message.into(),
+        }
+    }
+}

@@ -1,0 +1,337 @@
+//! The API every server answers: requests from its own local socket and
+//! requests forwarded by other daemons over QUIC (`gpuq-api/1`) with the
+//! caller they vouch for. Reads are answered from this server's applied state;
+//! writes go through the Raft log on the leader, so an answer means committed.
+
+use std::sync::Arc;
+
+use openraft::error::{ClientWriteError, RaftError};
+
+use crate::config::ServerConfig;
+use crate::model::{JobState, Role, TokenRecord};
+use crate::net::endpoint::{Endpoint, Peer, ALPN_API};
+use crate::net::pki::NodeIdentity;
+use crate::net::proto::{
+    ApiRequest, ApiResponse, Caller, ClusterStatus, ErrorKind, Member, TokenInfo, Vouched,
+};
+use crate::net::rpc;
+use crate::net::token::JoinToken;
+use crate::raft::RaftNode;
+use crate::state::{Command, CommandResult, Rejection, State};
+
+use super::now_ms;
+
+/// The server's request handler.
+pub struct Api {
+    cfg: ServerConfig,
+    node: RaftNode,
+    endpoint: Arc<Endpoint>,
+    identity: NodeIdentity,
+}
+
+fn token_info(t: &TokenRecord) -> TokenInfo {
+    TokenInfo {
+        id: t.id.clone(),
+        role: t.role,
+        created_at: t.created_at,
+        expires_at: t.expires_at,
+        created_by: t.created_by.clone(),
+        revoked: t.revoked,
+        uses: t.uses,
+    }
+}
+
+fn rejection(r: Rejection) -> ApiResponse {
+    let kind = match r {
+        Rejection::NoSuchJob(_) | Rejection::NoSuchToken(_) => ErrorKind::NotFound,
+        Rejection::NotOwner { .. } => ErrorKind::Forbidden,
+        _ => ErrorKind::BadInput,
+    };
+    ApiResponse::error(kind, r.to_string())
+}
+
+fn forbidden(what: &str) -> ApiResponse {
+    ApiResponse::error(
+        ErrorKind::Forbidden,
+        format!("{what} needs an admin (root, or a member of admin_group)"),
+    )
+}
+
+impl Api {
+    pub fn new(
+        cfg: ServerConfig,
+        node: RaftNode,
+        endpoint: Arc<Endpoint>,
+        identity: NodeIdentity,
+    ) -> Api {
+        Api {
+            cfg,
+            node,
+            endpoint,
+            identity,
+        }
+    }
+
+    /// The replicated state as applied on this server.
+    pub fn state(&self) -> std::sync::RwLockReadGuard<'_, State> {
+        self.node
+            .state
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// A request forwarded by another daemon. Any cluster member may vouch for
+    /// its local users.
+    pub async fn handle_vouched(&self, peer: &Peer, v: Vouched) -> ApiResponse {
+        match &peer.identity {
+            Some((Role::Server | Role::Agent | Role::Login, _)) => {
+                self.handle(v.caller, v.request).await
+            }
+            None => ApiResponse::error(ErrorKind::Forbidden, "a certificate is required"),
+        }
+    }
+
+    /// Answers one request for `caller`.
+    pub async fn handle(&self, caller: Caller, req: ApiRequest) -> ApiResponse {
+        let is_write = matches!(
+            req,
+            ApiRequest::Submit { .. }
+                | ApiRequest::Cancel { .. }
+                | ApiRequest::TokenCreate { .. }
+                | ApiRequest::TokenRevoke { .. }
+        );
+        if is_write {
+            if let Some(resp) = self.forward_if_follower(&caller, &req).await {
+                return resp;
+            }
+        }
+        match req {
+            ApiRequest::Submit { spec } => {
+                if let Err(why) = spec.check_invariants() {
+                    return ApiResponse::error(ErrorKind::BadInput, why);
+                }
+                let cmd = Command::Submit {
+                    user: caller.user,
+                    spec,
+                    now: now_ms(),
+                };
+                match self.write(cmd).await {
+                    Ok(CommandResult::Submitted { id }) => ApiResponse::Submitted { id },
+                    Ok(other) => self.unexpected(other),
+                    Err(resp) => resp,
+                }
+            }
+            ApiRequest::Cancel { ids } => {
+                let cmd = Command::Cancel {
+                    by: caller.user,
+                    admin: caller.admin,
+                    ids,
+                    now: now_ms(),
+                };
+                match self.write(cmd).await {
+                    Ok(CommandResult::Cancelled { ids }) => ApiResponse::Cancelled { ids },
+                    Ok(other) => self.unexpected(other),
+                    Err(resp) => resp,
+                }
+            }
+            ApiRequest::Queue { all, user, states } => {
+                let s = self.state();
+                let jobs = s
+                    .jobs
+                    .values()
+                    .filter(|j| all || !states.is_empty() || !j.state.is_final())
+                    .filter(|j| user.as_ref().is_none_or(|u| &j.user == u))
+                    .filter(|j| states.is_empty() || states.contains(&j.state))
+                    .cloned()
+                    .collect();
+                ApiResponse::Jobs { jobs }
+            }
+            ApiRequest::Show { id } => match self.state().job(id) {
+                Some(job) => ApiResponse::Job {
+                    job: Box::new(job.clone()),
+                },
+                None => ApiResponse::error(
+                    ErrorKind::NotFound,
+                    format!("job {id} does not exist (see `gpuq queue --all`)"),
+                ),
+            },
+            ApiRequest::Cluster => ApiResponse::Cluster {
+                status: self.cluster_status(),
+            },
+            ApiRequest::TokenCreate { role, ttl_secs } => {
+                if !caller.admin {
+                    return forbidden("creating a join token");
+                }
+                self.create_token(&caller, role, ttl_secs).await
+            }
+            ApiRequest::TokenList => {
+                if !caller.admin {
+                    return forbidden("listing join tokens");
+                }
+                let tokens = self.state().tokens.values().map(token_info).collect();
+                ApiResponse::Tokens { tokens }
+            }
+            ApiRequest::TokenRevoke { id } => {
+                if !caller.admin {
+                    return forbidden("revoking a join token");
+                }
+                match self
+                    .write(Command::RevokeToken {
+                        id: id.clone(),
+                        now: now_ms(),
+                    })
+                    .await
+                {
+                    Ok(CommandResult::TokenRevoked) => ApiResponse::TokenRevoked { id },
+                    Ok(other) => self.unexpected(other),
+                    Err(resp) => resp,
+                }
+            }
+        }
+    }
+
+    async fn create_token(&self, caller: &Caller, role: Role, ttl_secs: u64) -> ApiResponse {
+        if role == Role::Login {
+            return ApiResponse::error(
+                ErrorKind::BadInput,
+                "role login: create an agent token; it admits login agents too",
+            );
+        }
+        if ttl_secs == 0 {
+            return ApiResponse::error(ErrorKind::BadInput, "--ttl must be positive, e.g. 24h");
+        }
+        let ca_fp = match self.identity.ca_fingerprint() {
+            Ok(fp) => fp,
+            Err(e) => return ApiResponse::error(ErrorKind::Internal, e.to_string()),
+        };
+        let token = JoinToken::generate(&ca_fp);
+        let now = now_ms();
+        let record = TokenRecord {
+            id: token.id.clone(),
+            secret_sha256: token.secret_sha256(),
+            role,
+            created_at: now,
+            expires_at: now.saturating_add(ttl_secs.saturating_mul(1000)),
+            created_by: caller.user.clone(),
+            revoked: false,
+            uses: 0,
+        };
+        let info = token_info(&record);
+        match self.write(Command::CreateToken { record }).await {
+            Ok(CommandResult::TokenCreated) => ApiResponse::Token {
+                token: token.to_string(),
+                info,
+            },
+            Ok(other) => self.unexpected(other),
+            Err(resp) => resp,
+        }
+    }
+
+    fn unexpected(&self, r: CommandResult) -> ApiResponse {
+        match r {
+            CommandResult::Rejected(why) => rejection(why),
+            other => ApiResponse::error(
+                ErrorKind::Internal,
+                format!("unexpected answer from the state machine: {other:?}"),
+            ),
+        }
+    }
+
+    /// Proposes a command and waits until it is committed and applied.
+    pub async fn write(&self, cmd: Command) -> Result<CommandResult, ApiResponse> {
+        match self.node.raft.client_write(cmd).await {
+            Ok(resp) => Ok(resp.data),
+            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => Err(ApiResponse::error(
+                ErrorKind::Unavailable,
+                match f.leader_node {
+                    Some(n) => format!("not leader; the leader is {} at {}: retry", n.name, n.addr),
+                    None => "no leader is elected yet: retry in a moment".to_string(),
+                },
+            )),
+            Err(e) => Err(ApiResponse::error(
+                ErrorKind::Unavailable,
+                format!("the write was not committed: {e}"),
+            )),
+        }
+    }
+
+    /// On a follower, sends the request to the leader and returns its answer.
+    async fn forward_if_follower(&self, caller: &Caller, req: &ApiRequest) -> Option<ApiResponse> {
+        let metrics = self.node.raft.metrics().borrow().clone();
+        let leader = metrics.current_leader?;
+        if leader == metrics.id {
+            return None;
+        }
+        let node = metrics.membership_config.membership().get_node(&leader)?.clone();
+        let addr = match node.addr.parse() {
+            Ok(a) => a,
+            Err(_) => {
+                return Some(ApiResponse::error(
+                    ErrorKind::Internal,
+                    format!("leader address {:?} is not HOST:PORT", node.addr),
+                ))
+            }
+        };
+        let v = Vouched {
+            caller: caller.clone(),
+            request: req.clone(),
+        };
+        let result = async {
+            let conn = self.endpoint.connect(addr, ALPN_API).await?;
+            rpc::call::<Vouched, ApiResponse>(&conn, &v).await
+        };
+        Some(match result.await {
+            Ok(r) => r,
+            Err(e) => ApiResponse::error(
+                ErrorKind::Unavailable,
+                format!("cannot reach the leader {} at {}: {e}", node.name, node.addr),
+            ),
+        })
+    }
+
+    fn cluster_status(&self) -> ClusterStatus {
+        let m = self.node.raft.metrics().borrow().clone();
+        let membership = m.membership_config.membership();
+        let voters: std::collections::BTreeSet<u64> = membership.voter_ids().collect();
+        let matched = m.replication.clone().unwrap_or_default();
+        let members = membership
+            .nodes()
+            .map(|(id, n)| Member {
+                id: *id,
+                name: n.name.clone(),
+                addr: n.addr.clone(),
+                voter: voters.contains(id),
+                leader: m.current_leader == Some(*id),
+                matched_index: matched
+                    .get(id)
+                    .and_then(|l| l.as_ref().map(|l| l.index))
+                    .or(if *id == m.id { m.last_log_index } else { None }),
+            })
+            .collect();
+        let leader = m
+            .current_leader
+            .and_then(|l| membership.get_node(&l).map(|n| n.name.clone()));
+        let s = self.state();
+        let counts = s.count_by_state();
+        let stats = &self.node.stats;
+        ClusterStatus {
+            cluster_name: s
+                .cluster
+                .as_ref()
+                .map(|c| c.name.clone())
+                .unwrap_or_else(|| self.cfg.cluster_name.clone()),
+            answered_by: self.cfg.node_name.clone(),
+            leader,
+            term: m.current_term,
+            last_log_index: m.last_log_index,
+            applied_index: m.last_applied.map(|l| l.index),
+            snapshot_index: m.snapshot.map(|l| l.index),
+            members,
+            jobs: JobState::ALL
+                .iter()
+                .filter_map(|st| counts.get(st.as_str()).map(|n| (st.as_str().to_string(), *n)))
+                .collect(),
+            mean_commit_batch: stats.mean_batch(),
+        }
+    }
+}

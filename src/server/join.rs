@@ -1,0 +1,103 @@
+//! Admission of joining daemons (`gpuq-join/1`): the token is checked against
+//! the replicated token records (hash, expiry, revocation, role), then the
+//! daemon's CSR is signed with the cluster CA for the identity the server
+//! decides, never the one the CSR claims.
+
+use crate::model::Role;
+use crate::net::join::{JoinRequest, JoinResponse};
+use crate::net::pki::ClusterCa;
+use crate::state::Command;
+
+use super::{now_ms, Api};
+
+/// How long an issued node certificate is valid.
+const CERT_VALIDITY_DAYS: u32 = 3650;
+
+fn valid_node_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 63
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.')
+}
+
+/// Checks a join request and, when it is admissible, returns the certificate.
+pub fn check(api: &Api, req: &JoinRequest, now: u64) -> Result<String, String> {
+    if !valid_node_name(&req.name) {
+        return Err(format!(
+            "node name {:?} is not valid: use 1-63 letters, digits, '-', '_' or '.'",
+            req.name
+        ));
+    }
+    let state = api.state();
+    let cluster = state
+        .cluster
+        .as_ref()
+        .ok_or("the cluster is still initialising: retry in a moment")?;
+    let token = state.tokens.get(&req.token_id).ok_or_else(|| {
+        format!(
+            "token {} is not known to this cluster: create one with `gpuq token create`",
+            req.token_id
+        )
+    })?;
+    let offered = crate::net::token::sha256_hex(req.secret.as_bytes());
+    if !crate::net::token::constant_time_eq(offered.as_bytes(), token.secret_sha256.as_bytes()) {
+        return Err(format!("token {}: the secret does not match", token.id));
+    }
+    if token.revoked {
+        return Err(format!("token {} was revoked", token.id));
+    }
+    if now >= token.expires_at {
+        return Err(format!(
+            "token {} expired {} s ago: create a new one with `gpuq token create`",
+            token.id,
+            (now - token.expires_at) / 1000
+        ));
+    }
+    let admitted = match token.role {
+        Role::Server => req.role == Role::Server,
+        Role::Agent | Role::Login => matches!(req.role, Role::Agent | Role::Login),
+    };
+    if !admitted {
+        return Err(format!(
+            "token {} is for {} daemons; {} cannot join with it",
+            token.id, token.role, req.role
+        ));
+    }
+    let ca = ClusterCa {
+        cert_pem: cluster.ca_cert_pem.clone(),
+        key_pem: cluster.ca_key_pem.clone(),
+    };
+    ca.sign_csr(&req.csr_pem, req.role, &req.name, CERT_VALIDITY_DAYS)
+        .map_err(|e| format!("the certificate request was refused: {e}"))
+}
+
+/// Answers a join request.
+pub async fn admit(api: &Api, req: JoinRequest) -> JoinResponse {
+    let now = now_ms();
+    match check(api, &req, now) {
+        Ok(cert_pem) => {
+            // Counting uses is bookkeeping; a follower cannot write, which is fine.
+            let _ = api
+                .write(Command::TokenUsed {
+                    id: req.token_id.clone(),
+                    now,
+                })
+                .await;
+            tracing::info!(node = %req.name, role = %req.role, token = %req.token_id, "admitted a joining daemon");
+            JoinResponse::Ok {
+                cert_pem,
+                ca_cert_pem: api
+                    .state()
+                    .cluster
+                    .as_ref()
+                    .map(|c| c.ca_cert_pem.clone())
+                    .unwrap_or_default(),
+            }
+        }
+        Err(reason) => {
+            tracing::warn!(node = %req.name, token = %req.token_id, %reason, "refused a joining daemon");
+            JoinResponse::Refused { reason }
+        }
+    }
+}
