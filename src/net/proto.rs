@@ -77,9 +77,13 @@ pub struct ClusterStatus {
     pub members: Vec<Member>,
     /// Jobs per state.
     pub jobs: Vec<(String, u64)>,
-    /// Mean entries per log write transaction since start (group commit).
+    /// Log entries this server wrote since it started.
     #[serde(default)]
-    pub mean_commit_batch: Option<f64>,
+    pub log_entries_written: u64,
+    /// Log write transactions (fsyncs) those entries took: the ratio is the
+    /// mean group-commit batch.
+    #[serde(default)]
+    pub log_write_txns: u64,
 }
 
 /// A join token as listed: never the secret.

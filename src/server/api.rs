@@ -331,7 +331,8 @@ impl Api {
                 .iter()
                 .filter_map(|st| counts.get(st.as_str()).map(|n| (st.as_str().to_string(), *n)))
                 .collect(),
-            mean_commit_batch: stats.mean_batch(),
+            log_entries_written: stats.entries.load(std::sync::atomic::Ordering::Relaxed),
+            log_write_txns: stats.appends_txns.load(std::sync::atomic::Ordering::Relaxed),
         }
     }
 }

@@ -1,0 +1,281 @@
+//! The one harness every integration test uses: real `gpuq` processes in
+//! temp dirs on loopback, driven through the real CLI.
+
+#![allow(dead_code)]
+
+use std::net::UdpSocket;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// The gpuq binary under test.
+pub fn gpuq_bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_gpuq"))
+}
+
+/// A free UDP port on 127.0.0.1 (bound and released; good enough for tests).
+pub fn free_port() -> u16 {
+    UdpSocket::bind("127.0.0.1:0")
+        .and_then(|s| s.local_addr())
+        .map(|a| a.port())
+        .expect("a free UDP port")
+}
+
+/// True when running as root (CI always is).
+pub fn is_root() -> bool {
+    nix::unistd::Uid::effective().is_root()
+}
+
+/// Tests that need root must run in CI; elsewhere they say loudly that they did not.
+pub fn require_root(test: &str) -> bool {
+    if is_root() {
+        return true;
+    }
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "{test} needs root and CI runs as root"
+    );
+    eprintln!("NOT RUN: {test} needs root (run the tests as root, as CI does)");
+    false
+}
+
+/// Waits for `cond` to hold, polling, up to `timeout`.
+pub fn wait_for(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !cond() {
+        assert!(start.elapsed() < timeout, "timed out after {timeout:?} waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A `gpuq server` process with its own data dir, port and socket.
+pub struct Server {
+    pub dir: PathBuf,
+    pub port: u16,
+    pub socket: PathBuf,
+    child: Option<Child>,
+}
+
+impl Server {
+    /// Bootstraps a one-server cluster in `dir` and waits until it accepts writes.
+    pub fn bootstrap(dir: &Path) -> Server {
+        let mut s = Server {
+            dir: dir.to_path_buf(),
+            port: free_port(),
+            socket: dir.join("gpuq.sock"),
+            child: None,
+        };
+        s.start();
+        s
+    }
+
+    /// (Re)starts the process on the same dir and port and waits for a leader
+    /// with the cluster initialised.
+    pub fn start(&mut self) {
+        let log = std::fs::File::create(self.dir.join("server.log")).expect("log file");
+        let child = Command::new(gpuq_bin())
+            .args(["server", "--bootstrap", "--node-name", "s1"])
+            .arg("--data-dir")
+            .arg(self.dir.join("data"))
+            .args(["--listen", &format!("127.0.0.1:{}", self.port)])
+            .arg("--socket")
+            .arg(&self.socket)
+            .env("GPUQ_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("spawn gpuq server");
+        self.child = Some(child);
+        let sock = self.socket.clone();
+        wait_for("the server to lead an initialised cluster", Duration::from_secs(30), || {
+            let out = cli(&sock, &["cluster", "--json"]);
+            out.status.success()
+                && serde_json::from_slice::<serde_json::Value>(&out.stdout)
+                    .map(|v| !v["leader"].is_null() && v["cluster_name"].is_string())
+                    .unwrap_or(false)
+                && String::from_utf8_lossy(&cli(&sock, &["token", "list"]).stderr).is_empty()
+        });
+    }
+
+    /// SIGKILL: no shutdown path runs.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// The server's log so far (for failure messages).
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("server.log")).unwrap_or_default()
+    }
+
+    pub fn addr(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    /// Runs a client command against this server's socket.
+    pub fn cli(&self, args: &[&str]) -> Output {
+        cli(&self.socket, args)
+    }
+
+    /// Runs a client command and returns its stdout, panicking on failure.
+    pub fn ok(&self, args: &[&str]) -> String {
+        let out = self.cli(args);
+        assert!(
+            out.status.success(),
+            "gpuq {args:?} failed: {}\n--- server log ---\n{}",
+            String::from_utf8_lossy(&out.stderr),
+            self.log()
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(c.id() as i32),
+                nix::sys::signal::Signal::SIGTERM,
+            );
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = c.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// Runs `gpuq ARGS` with GPUQ_SOCKET set.
+pub fn cli(socket: &Path, args: &[&str]) -> Output {
+    Command::new(gpuq_bin())
+        .args(args)
+        .env("GPUQ_SOCKET", socket)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run gpuq")
+}
+
+/// Stderr of an output as a string.
+pub fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// A local test user (created once, as root), for tests that switch users.
+pub struct TestUser {
+    pub name: String,
+    pub uid: u32,
+    pub gid: u32,
+}
+
+/// Creates (if needed) and returns a system user `name`. Needs root.
+pub fn ensure_user(name: &str) -> TestUser {
+    use nix::unistd::User;
+    if User::from_name(name).ok().flatten().is_none() {
+        let st = Command::new("useradd")
+            .args(["--system", "--no-create-home", "--shell", "/usr/sbin/nologin", name])
+            .status()
+            .expect("run useradd");
+        // Another test may have created it meanwhile.
+        assert!(
+            st.success() || User::from_name(name).ok().flatten().is_some(),
+            "useradd {name} failed"
+        );
+    }
+    let u = User::from_name(name).unwrap().unwrap();
+    TestUser {
+        name: name.to_string(),
+        uid: u.uid.as_raw(),
+        gid: u.gid.as_raw(),
+    }
+}
+
+/// Makes a temp dir that other users can traverse (tempfile makes them 0700).
+pub fn shared_tempdir() -> tempfile::TempDir {
+    use std::os::unix::fs::PermissionsExt;
+    let d = tempfile::tempdir().expect("tempdir");
+    std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    d
+}
+
+/// A copy of the binary that every user can execute (the build dir may sit
+/// under a private home directory).
+pub fn shared_bin() -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    static BIN: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    BIN.get_or_init(|| {
+        let dir = std::env::temp_dir().join(format!("gpuq-test-bin-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let dst = dir.join("gpuq");
+        std::fs::copy(gpuq_bin(), &dst).unwrap();
+        std::fs::set_permissions(&dst, std::fs::Permissions::from_mode(0o755)).unwrap();
+        dst
+    })
+    .clone()
+}
+
+/// Runs `gpuq ARGS` as another user.
+pub fn cli_as(user: &TestUser, socket: &Path, args: &[&str]) -> Output {
+    use std::os::unix::process::CommandExt;
+    Command::new(shared_bin())
+        .args(args)
+        .env("GPUQ_SOCKET", socket)
+        .current_dir("/")
+        .uid(user.uid)
+        .gid(user.gid)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run gpuq as another user")
+}
+
+/// A `gpuq agent --role login` process.
+pub struct LoginAgent {
+    pub socket: PathBuf,
+    child: Child,
+}
+
+impl LoginAgent {
+    /// Runs the agent's join to completion or failure: returns the running
+    /// agent, or the output of the failed process.
+    pub fn join(dir: &Path, server: &Server, token: &str) -> Result<LoginAgent, Output> {
+        let socket = dir.join("login.sock");
+        let mut child = Command::new(gpuq_bin())
+            .args(["agent", "--role", "login", "--node-name", "login1"])
+            .args(["--join", &server.addr(), "--token", token])
+            .arg("--data-dir")
+            .arg(dir.join("agent"))
+            .arg("--socket")
+            .arg(&socket)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn gpuq agent");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Ok(Some(_)) = child.try_wait() {
+                return Err(child.wait_with_output().unwrap());
+            }
+            if cli(&socket, &["cluster"]).status.success() {
+                return Ok(LoginAgent { socket, child });
+            }
+            assert!(Instant::now() < deadline, "login agent neither served nor failed");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for LoginAgent {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
