@@ -250,4 +250,123 @@ pub struct Job {
     /// Who cancelled the job, when it was cancelled.
     #[serde(default)]
     pub cancelled_by: Option<String>,
+    /// The current (or last) attempt's placement and per-rank progress.
+    #[serde(default)]
+    pub run: Option<JobRun>,
+}
+
+/// How one task (rank) of a job ended, as its shim saw it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum TaskEnd {
+    /// Exit code 0.
+    Completed,
+    /// A non-zero exit code or a signal.
+    Failed {
+        exit_code: Option<i32>,
+        signal: Option<i32>,
+    },
+    /// Killed at its time limit.
+    Timeout,
+    /// Stopped on request (cancel, or the job ended elsewhere).
+    Cancelled,
+    /// Killed by the kernel's OOM killer in its cgroup.
+    OutOfMemory,
+    /// Never started: no such user, missing working dir, exec failure, ...
+    LaunchFailed { reason: String },
+    /// Its node was lost.
+    Lost { reason: String },
+}
+
+impl TaskEnd {
+    /// The job state a job gets when this is the first bad end of its ranks.
+    pub fn job_state(&self) -> JobState {
+        match self {
+            TaskEnd::Completed => JobState::Completed,
+            TaskEnd::Failed { .. } | TaskEnd::LaunchFailed { .. } => JobState::Failed,
+            TaskEnd::Timeout => JobState::Timeout,
+            TaskEnd::Cancelled => JobState::Cancelled,
+            TaskEnd::OutOfMemory => JobState::OutOfMemory,
+            TaskEnd::Lost { .. } => JobState::NodeFail,
+        }
+    }
+
+    /// The exit code Slurm would show.
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            TaskEnd::Completed => 0,
+            TaskEnd::Failed {
+                exit_code: Some(c), ..
+            } => *c,
+            TaskEnd::Failed {
+                signal: Some(s), ..
+            } => 128 + s,
+            _ => 1,
+        }
+    }
+
+    /// A short sentence for reasons and `gpuq show`.
+    pub fn describe(&self) -> String {
+        match self {
+            TaskEnd::Completed => "exited with code 0".into(),
+            TaskEnd::Failed {
+                exit_code: Some(c), ..
+            } => format!("exited with code {c}"),
+            TaskEnd::Failed {
+                signal: Some(s), ..
+            } => format!("was killed by signal {s}"),
+            TaskEnd::Failed { .. } => "failed".into(),
+            TaskEnd::Timeout => "reached its time limit".into(),
+            TaskEnd::Cancelled => "was stopped".into(),
+            TaskEnd::OutOfMemory => "was killed for running out of memory".into(),
+            TaskEnd::LaunchFailed { reason } => format!("could not start: {reason}"),
+            TaskEnd::Lost { reason } => format!("was lost: {reason}"),
+        }
+    }
+}
+
+/// One attempt of a running (or last run) job.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobRun {
+    /// The job's `restart_count` when this attempt started.
+    pub attempt: u32,
+    pub allocation: super::Allocation,
+    /// Rank 0's node address and a port unique among jobs on that node.
+    pub master_addr: String,
+    pub master_port: u16,
+    /// Ranks whose start was reported.
+    #[serde(default)]
+    pub started: std::collections::BTreeSet<u32>,
+    /// Ranks whose end was reported, and how.
+    #[serde(default)]
+    pub ended: std::collections::BTreeMap<u32, TaskEnd>,
+    /// Set when the job is COMPLETING: the state it ends in once every rank
+    /// has stopped.
+    #[serde(default)]
+    pub final_state: Option<JobState>,
+}
+
+impl JobRun {
+    /// The node a global rank runs on.
+    pub fn node_of_rank(&self, rank: u32, ntasks_per_node: u32) -> Option<&str> {
+        self.allocation
+            .nodes
+            .get((rank / ntasks_per_node.max(1)) as usize)
+            .map(|n| n.node.as_str())
+    }
+}
+
+/// A start or end of one task, keyed by (job, attempt, rank).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskEvent {
+    pub job: JobId,
+    pub attempt: u32,
+    pub rank: u32,
+    pub kind: TaskEventKind,
+}
+
+/// What happened to the task.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum TaskEventKind {
+    Started,
+    Ended(TaskEnd),
 }

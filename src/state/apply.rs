@@ -51,6 +51,7 @@ impl State {
                         reason: None,
                         exit_code: None,
                         cancelled_by: None,
+                        run: None,
                     },
                 );
                 dirty.meta = true;
@@ -75,7 +76,7 @@ impl State {
                             owner: job.user.clone(),
                         });
                     }
-                    if job.state.is_final() {
+                    if job.state.is_final() || job.state == JobState::Completing {
                         return Err(Rejection::AlreadyEnded {
                             id: *id,
                             state: job.state,
@@ -84,11 +85,13 @@ impl State {
                 }
                 let mut done = Vec::with_capacity(ids.len());
                 for id in ids {
-                    if self.transition(*id, JobState::Cancelled, *now, dirty) {
-                        if let Some(job) = self.jobs.get_mut(id) {
-                            job.cancelled_by = Some(by.clone());
-                            job.reason = Some(format!("cancelled by {by}"));
-                        }
+                    let reason = format!("cancelled by {by}");
+                    if let Some(job) = self.jobs.get_mut(id) {
+                        job.cancelled_by = Some(by.clone());
+                    }
+                    // A running job stops its ranks first (COMPLETING); a
+                    // pending one ends at once.
+                    if self.begin_ending(*id, JobState::Cancelled, reason, *now, dirty) {
                         done.push(*id);
                     }
                 }
@@ -110,6 +113,15 @@ impl State {
                 t.revoked = true;
                 dirty.tokens.insert(id.clone());
                 Ok(CommandResult::TokenRevoked)
+            }
+            Command::RegisterNode {
+                inventory,
+                addr,
+                now,
+            } => Ok(self.register_node(inventory, addr, *now, dirty)),
+            Command::Schedule { allocations, now } => Ok(self.apply_schedule(allocations, *now, dirty)),
+            Command::TaskEvents { node, events, now } => {
+                Ok(self.apply_task_events(node, events, *now, dirty))
             }
             Command::TokenUsed { id, .. } => {
                 let t = self

@@ -2,7 +2,9 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::model::{JobId, JobSpec, JobState, Millis, TokenRecord};
+use crate::model::{
+    Allocation, JobId, JobSpec, JobState, Millis, NodeInventory, TaskEvent, TokenRecord,
+};
 
 /// One entry of the replicated log. Every variant carries the leader's `now`
 /// where time matters, so apply stays deterministic.
@@ -34,7 +36,29 @@ pub enum Command {
     RevokeToken { id: String, now: Millis },
     /// Counts a successful join with a token.
     TokenUsed { id: String, now: Millis },
+    /// An agent (re)registered its node and inventory; `addr` is where its
+    /// tasks reach each other (MASTER_ADDR) and where logs are served.
+    RegisterNode {
+        inventory: NodeInventory,
+        addr: String,
+        now: Millis,
+    },
+    /// A scheduling pass's decisions. Apply re-checks each allocation against
+    /// the current state and starts only those that still fit; a gang job is
+    /// one allocation, so it starts whole or not at all.
+    Schedule {
+        allocations: Vec<Allocation>,
+        now: Millis,
+    },
+    /// Task starts and ends reported by a node's agent. Idempotent: keyed by
+    /// (job, attempt, rank), a repeat changes nothing.
+    TaskEvents {
+        node: String,
+        events: Vec<TaskEvent>,
+        now: Millis,
+    },
 }
+
 
 /// What applying a command answered. Returned to the proposer after commit.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -52,6 +76,16 @@ pub enum CommandResult {
     TokenCreated,
     TokenRevoked,
     TokenUsed,
+    NodeRegistered,
+    /// The jobs a `Schedule` started, and the ones it skipped with why.
+    Scheduled {
+        started: Vec<JobId>,
+        skipped: Vec<(JobId, String)>,
+    },
+    /// How many task events changed something.
+    TaskEventsApplied {
+        applied: u32,
+    },
     Rejected(Rejection),
 }
 

@@ -6,7 +6,9 @@
 
 mod apply;
 mod command;
+mod run;
 pub mod store;
+mod view;
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -14,7 +16,7 @@ use serde::{Deserialize, Serialize};
 
 pub use command::{Command, CommandResult, Rejection};
 
-use crate::model::{Job, JobId, JobState, Millis, TokenRecord};
+use crate::model::{Job, JobId, JobState, Millis, NodeInventory, TokenRecord};
 
 /// The cluster's identity, created once by `Command::InitCluster`. The CA key
 /// lives here so any server can sign certificates for joining daemons; agents
@@ -40,6 +42,36 @@ impl Default for Counters {
     }
 }
 
+/// Whether a node takes work.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum NodeStatus {
+    Up,
+    /// Finishes its work, takes no new work.
+    Drained { reason: String },
+    /// Not heard from; its tasks are lost.
+    Down { reason: String },
+}
+
+impl NodeStatus {
+    pub fn word(&self) -> &'static str {
+        match self {
+            NodeStatus::Up => "up",
+            NodeStatus::Drained { .. } => "drained",
+            NodeStatus::Down { .. } => "down",
+        }
+    }
+}
+
+/// A compute node as the cluster records it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeRecord {
+    pub inventory: NodeInventory,
+    /// The agent's address (MASTER_ADDR for ranks there, log serving).
+    pub addr: String,
+    pub status: NodeStatus,
+    pub registered_at: Millis,
+}
+
 /// The whole replicated state, held in memory and persisted by `store`.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct State {
@@ -47,6 +79,8 @@ pub struct State {
     pub counters: Counters,
     pub jobs: BTreeMap<JobId, Job>,
     pub tokens: BTreeMap<String, TokenRecord>,
+    #[serde(default)]
+    pub nodes: BTreeMap<String, NodeRecord>,
 }
 
 /// The records one or more applies touched, for `store::write_dirty`.
@@ -55,11 +89,12 @@ pub struct Dirty {
     pub meta: bool,
     pub jobs: BTreeSet<JobId>,
     pub tokens: BTreeSet<String>,
+    pub nodes: BTreeSet<String>,
 }
 
 impl Dirty {
     pub fn is_empty(&self) -> bool {
-        !self.meta && self.jobs.is_empty() && self.tokens.is_empty()
+        !self.meta && self.jobs.is_empty() && self.tokens.is_empty() && self.nodes.is_empty()
     }
 }
 

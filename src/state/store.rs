@@ -2,8 +2,8 @@
 //! (the Raft state machine writes the applied index in the same transaction, so
 //! state and index never disagree after a crash).
 //!
-//! Tables: `jobs` (id -> Job), `tokens` (id -> TokenRecord), `state_meta`
-//! (`cluster`, `counters`). Values are MessagePack with named fields, so records
+//! Tables: `jobs` (id -> Job), `tokens` (id -> TokenRecord), `nodes` (name ->
+//! NodeRecord), `state_meta` (`cluster`, `counters`). Values are MessagePack with named fields, so records
 //! written by an older build still decode after an upgrade.
 
 use redb::{ReadTransaction, ReadableTable, TableDefinition, WriteTransaction};
@@ -15,6 +15,7 @@ use super::{Dirty, State};
 const JOBS: TableDefinition<u64, &[u8]> = TableDefinition::new("jobs");
 const TOKENS: TableDefinition<&str, &[u8]> = TableDefinition::new("tokens");
 const META: TableDefinition<&str, &[u8]> = TableDefinition::new("state_meta");
+const NODES: TableDefinition<&str, &[u8]> = TableDefinition::new("nodes");
 
 /// Why the state could not be read or written.
 #[derive(Debug, thiserror::Error)]
@@ -52,6 +53,7 @@ pub fn create_tables(txn: &WriteTransaction) -> Result<(), StoreError> {
     db!(txn.open_table(JOBS))?;
     db!(txn.open_table(TOKENS))?;
     db!(txn.open_table(META))?;
+    db!(txn.open_table(NODES))?;
     Ok(())
 }
 
@@ -82,6 +84,17 @@ pub fn load(txn: &ReadTransaction) -> Result<State, StoreError> {
         let t: crate::model::TokenRecord = decode(format!("token {}", k.value()), v.value())?;
         state.tokens.insert(t.id.clone(), t);
     }
+    match txn.open_table(NODES) {
+        Ok(nodes) => {
+            for row in db!(nodes.iter())? {
+                let (k, v) = db!(row)?;
+                let n: super::NodeRecord = decode(format!("node {}", k.value()), v.value())?;
+                state.nodes.insert(k.value().to_string(), n);
+            }
+        }
+        Err(redb::TableError::TableDoesNotExist(_)) => {}
+        Err(e) => return Err(StoreError::Db(e.into())),
+    }
     Ok(state)
 }
 
@@ -105,6 +118,15 @@ pub fn write_dirty(txn: &WriteTransaction, state: &State, dirty: &Dirty) -> Resu
             };
         }
     }
+    if !dirty.nodes.is_empty() {
+        let mut nodes = db!(txn.open_table(NODES))?;
+        for name in &dirty.nodes {
+            match state.nodes.get(name) {
+                Some(n) => db!(nodes.insert(name.as_str(), encode(n)?.as_slice()))?,
+                None => db!(nodes.remove(name.as_str()))?,
+            };
+        }
+    }
     if !dirty.tokens.is_empty() {
         let mut tokens = db!(txn.open_table(TOKENS))?;
         for id in &dirty.tokens {
@@ -122,11 +144,13 @@ pub fn replace_all(txn: &WriteTransaction, state: &State) -> Result<(), StoreErr
     db!(txn.delete_table(JOBS))?;
     db!(txn.delete_table(TOKENS))?;
     db!(txn.delete_table(META))?;
+    db!(txn.delete_table(NODES))?;
     create_tables(txn)?;
     let dirty = Dirty {
         meta: true,
         jobs: state.jobs.keys().copied().collect(),
         tokens: state.tokens.keys().cloned().collect(),
+        nodes: state.nodes.keys().cloned().collect(),
     };
     write_dirty(txn, state, &dirty)
 }

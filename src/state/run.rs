@@ -1,0 +1,225 @@
+//! Running jobs: node registration, applying a scheduling pass, and the task
+//! starts and ends agents report. A job whose rank fails (or that is
+//! cancelled) goes COMPLETING while its other ranks are stopped, and reaches
+//! its final state once every rank has ended, so its GPUs are never handed
+//! out while a rank may still hold them.
+
+use std::collections::BTreeMap;
+
+use super::{Dirty, NodeRecord, NodeStatus, State};
+use crate::model::{
+    Allocation, JobId, JobRun, JobState, Millis, NodeInventory, TaskEnd, TaskEvent, TaskEventKind,
+};
+use crate::state::CommandResult;
+
+/// The ports MASTER_PORT is chosen from, unique per rank-0 node.
+pub const MASTER_PORTS: std::ops::RangeInclusive<u16> = 29500..=30499;
+
+/// The host part of `host:port` (IPv6 brackets removed).
+fn host_of(addr: &str) -> String {
+    match addr.rsplit_once(':') {
+        Some((h, _)) => h.trim_start_matches('[').trim_end_matches(']').to_string(),
+        None => addr.to_string(),
+    }
+}
+
+impl State {
+    pub(super) fn register_node(
+        &mut self,
+        inventory: &NodeInventory,
+        addr: &str,
+        now: Millis,
+        dirty: &mut Dirty,
+    ) -> CommandResult {
+        let name = inventory.name.clone();
+        let status = match self.nodes.get(&name).map(|n| &n.status) {
+            // A drain is an admin's decision; it survives re-registration.
+            Some(s @ NodeStatus::Drained { .. }) => s.clone(),
+            _ => NodeStatus::Up,
+        };
+        self.nodes.insert(
+            name.clone(),
+            NodeRecord {
+                inventory: inventory.clone(),
+                addr: addr.to_string(),
+                status,
+                registered_at: now,
+            },
+        );
+        dirty.nodes.insert(name);
+        CommandResult::NodeRegistered
+    }
+
+    /// Ports used as MASTER_PORT by active jobs whose rank 0 is on `node`.
+    fn master_ports_in_use(&self, node: &str) -> std::collections::BTreeSet<u16> {
+        self.jobs
+            .values()
+            .filter(|j| j.state.is_active())
+            .filter_map(|j| j.run.as_ref())
+            .filter(|r| r.allocation.nodes.first().is_some_and(|n| n.node == node))
+            .map(|r| r.master_port)
+            .collect()
+    }
+
+    pub(super) fn apply_schedule(
+        &mut self,
+        allocations: &[Allocation],
+        now: Millis,
+        dirty: &mut Dirty,
+    ) -> CommandResult {
+        let mut started = Vec::new();
+        let mut skipped = Vec::new();
+        let mut views = self.node_views();
+        for alloc in allocations {
+            let Some(job) = self.jobs.get(&alloc.job) else {
+                skipped.push((alloc.job, "no such job".to_string()));
+                continue;
+            };
+            if job.state != JobState::Pending {
+                skipped.push((alloc.job, format!("job is {}", job.state)));
+                continue;
+            }
+            let pending = crate::sched::PendingJob::from_job(job);
+            if let Err(why) = crate::sched::check_allocation(&views, alloc, &pending) {
+                skipped.push((alloc.job, why));
+                continue;
+            }
+            let Some(first) = alloc.nodes.first() else {
+                skipped.push((alloc.job, "empty allocation".to_string()));
+                continue;
+            };
+            let master_addr = self
+                .nodes
+                .get(&first.node)
+                .map(|n| host_of(&n.addr))
+                .unwrap_or_default();
+            let used = self.master_ports_in_use(&first.node);
+            let Some(master_port) = MASTER_PORTS.clone().find(|p| !used.contains(p)) else {
+                skipped.push((alloc.job, format!("no free MASTER_PORT on {}", first.node)));
+                continue;
+            };
+            super::view::add_usage(&mut views, alloc);
+            if let Some(job) = self.jobs.get_mut(&alloc.job) {
+                job.run = Some(JobRun {
+                    attempt: job.restart_count,
+                    allocation: alloc.clone(),
+                    master_addr,
+                    master_port,
+                    started: Default::default(),
+                    ended: BTreeMap::new(),
+                    final_state: None,
+                });
+                job.reason = None;
+                job.exit_code = None;
+            }
+            self.transition(alloc.job, JobState::Running, now, dirty);
+            started.push(alloc.job);
+        }
+        CommandResult::Scheduled { started, skipped }
+    }
+
+    /// Starts ending a job: a pending one ends now; a running one goes
+    /// COMPLETING until its ranks have stopped. Returns whether it changed.
+    pub(super) fn begin_ending(
+        &mut self,
+        id: JobId,
+        final_state: JobState,
+        reason: String,
+        now: Millis,
+        dirty: &mut Dirty,
+    ) -> bool {
+        let Some(job) = self.jobs.get_mut(&id) else {
+            return false;
+        };
+        match job.state {
+            JobState::Pending => {
+                job.reason = Some(reason);
+                self.transition(id, final_state, now, dirty)
+            }
+            JobState::Running => {
+                job.reason = Some(reason);
+                if let Some(run) = job.run.as_mut() {
+                    run.final_state = Some(final_state);
+                }
+                self.transition(id, JobState::Completing, now, dirty);
+                self.finish_if_all_ended(id, now, dirty);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Moves a COMPLETING (or RUNNING) job to its final state once every rank
+    /// of its attempt has ended.
+    fn finish_if_all_ended(&mut self, id: JobId, now: Millis, dirty: &mut Dirty) {
+        let Some(job) = self.jobs.get(&id) else {
+            return;
+        };
+        let Some(run) = job.run.as_ref() else {
+            return;
+        };
+        if (run.ended.len() as u64) < job.spec.total_tasks() {
+            return;
+        }
+        let next = run.final_state.unwrap_or(JobState::Completed);
+        if next == JobState::Completed {
+            if let Some(job) = self.jobs.get_mut(&id) {
+                job.exit_code = Some(0);
+            }
+        }
+        self.transition(id, next, now, dirty);
+    }
+
+    pub(super) fn apply_task_events(
+        &mut self,
+        node: &str,
+        events: &[TaskEvent],
+        now: Millis,
+        dirty: &mut Dirty,
+    ) -> CommandResult {
+        let mut applied = 0;
+        for ev in events {
+            let Some(job) = self.jobs.get_mut(&ev.job) else {
+                continue;
+            };
+            let total = job.spec.total_tasks();
+            let per_node = job.spec.ntasks_per_node;
+            let Some(run) = job.run.as_mut() else {
+                continue;
+            };
+            // Reports of an older attempt, an unknown rank, or from a node
+            // that does not hold the rank change nothing.
+            if run.attempt != ev.attempt
+                || u64::from(ev.rank) >= total
+                || run.node_of_rank(ev.rank, per_node) != Some(node)
+            {
+                continue;
+            }
+            match &ev.kind {
+                TaskEventKind::Started => {
+                    if run.started.insert(ev.rank) {
+                        applied += 1;
+                        dirty.jobs.insert(ev.job);
+                    }
+                }
+                TaskEventKind::Ended(end) => {
+                    if run.ended.contains_key(&ev.rank) {
+                        continue;
+                    }
+                    run.ended.insert(ev.rank, end.clone());
+                    applied += 1;
+                    dirty.jobs.insert(ev.job);
+                    let state = job.state;
+                    if state == JobState::Running && *end != TaskEnd::Completed {
+                        job.exit_code = Some(end.exit_code());
+                        let reason = format!("rank {} on node {node} {}", ev.rank, end.describe());
+                        self.begin_ending(ev.job, end.job_state(), reason, now, dirty);
+                    } else {
+                        self.finish_if_all_ended(ev.job, now, dirty);
+                    }
+                }
+            }
+        }
+        CommandResult::TaskEventsApplied { applied }
+    }
+}
