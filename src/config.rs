@@ -1,1 +1,556 @@
-//! (being built)
+//! Daemon configuration: TOML, then `GPUQ_*` environment overrides, then
+//! flags (applied by the caller to the pub fields, followed by `validate`).
+//!
+//! One file per host (`/etc/gpuq/gpuq.toml`) holds a `[server]` and/or an
+//! `[agent]` table, so a machine that runs both has one place to look. Both
+//! tables are checked whichever daemon reads the file: a typo is reported at
+//! once, not when the other daemon first starts.
+//!
+//! Unknown keys are errors. Before serde sees the file, it is walked against
+//! the field names serde itself knows (captured from each struct's
+//! `Deserialize`, so a new key needs no list kept in step), which lets the
+//! message name the full key and its line and suggest the nearest key. Every
+//! key is documented once, with its default, in `config/server.toml` and
+//! `config/agent.toml`; tests hold the examples and the structs together.
+
+use std::io;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use toml_file::field_names;
+
+mod toml_file;
+
+/// Where the daemons look for their config when no path is given.
+pub const DEFAULT_CONFIG_PATH: &str = "/etc/gpuq/gpuq.toml";
+
+/// The `[server]` table: one member of the Raft control plane.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServerConfig {
+    pub cluster_name: String,
+    pub node_name: String,
+    pub data_dir: PathBuf,
+    #[serde(deserialize_with = "addr::required")]
+    pub listen: SocketAddr,
+    #[serde(deserialize_with = "addr::optional")]
+    pub advertise: Option<SocketAddr>,
+    pub socket: PathBuf,
+    pub admin_group: Option<String>,
+    pub raft: RaftConfig,
+}
+
+/// The `[server.raft]` table: timing and log compaction of the control plane.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RaftConfig {
+    pub heartbeat_ms: u64,
+    pub election_timeout_min_ms: u64,
+    pub election_timeout_max_ms: u64,
+    pub snapshot_after_logs: u64,
+    pub max_payload_entries: u64,
+}
+
+/// The `[agent]` table: a compute node, or a login node that only vouches for
+/// its users.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AgentConfig {
+    pub node_name: String,
+    pub data_dir: PathBuf,
+    #[serde(deserialize_with = "addr::required")]
+    pub listen: SocketAddr,
+    pub socket: PathBuf,
+    pub servers: Vec<String>,
+    pub role: AgentRole,
+    pub admin_group: Option<String>,
+}
+
+/// What an agent's node is for.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AgentRole {
+    /// Runs tasks.
+    #[default]
+    Compute,
+    /// Runs no tasks; submits for the users logged in here.
+    Login,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            cluster_name: "gpuq".into(),
+            node_name: short_hostname(),
+            data_dir: "/var/lib/gpuq/server".into(),
+            listen: SocketAddr::from(([0, 0, 0, 0], 7420)),
+            advertise: None,
+            socket: "/run/gpuq/gpuq.sock".into(),
+            admin_group: None,
+            raft: RaftConfig::default(),
+        }
+    }
+}
+
+impl Default for RaftConfig {
+    fn default() -> Self {
+        RaftConfig {
+            heartbeat_ms: 150,
+            election_timeout_min_ms: 600,
+            election_timeout_max_ms: 1200,
+            snapshot_after_logs: 10_000,
+            max_payload_entries: 512,
+        }
+    }
+}
+
+impl Default for AgentConfig {
+    fn default() -> Self {
+        AgentConfig {
+            node_name: short_hostname(),
+            data_dir: "/var/lib/gpuq/agent".into(),
+            listen: SocketAddr::from(([0, 0, 0, 0], 7421)),
+            socket: "/run/gpuq/gpuq.sock".into(),
+            servers: Vec::new(),
+            role: AgentRole::Compute,
+            admin_group: None,
+        }
+    }
+}
+
+/// Why a configuration was refused. Each names the file, variable or key.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("config file {} does not exist; create it (config/server.toml and config/agent.toml document every key) or give another path", .path.display())]
+    NotFound { path: PathBuf },
+    #[error("cannot read config file {}: {source}", .path.display())]
+    Unreadable { path: PathBuf, source: io::Error },
+    #[error("config file {} is not valid TOML: {message}", .path.display())]
+    Syntax { path: PathBuf, message: String },
+    #[error("config file {}{at}: unknown key {key}; {hint}", .path.display())]
+    UnknownKey {
+        path: PathBuf,
+        /// `" line N"`, or empty where toml knows no position.
+        at: String,
+        key: String,
+        hint: String,
+    },
+    #[error("config file {}{at}: {message}", .path.display())]
+    BadValue {
+        path: PathBuf,
+        /// `" line N: the.key"`, `" line N"`, or empty.
+        at: String,
+        message: String,
+    },
+    #[error("environment variable {var}={value:?} {problem}")]
+    Env {
+        var: &'static str,
+        value: String,
+        problem: String,
+    },
+    #[error("{key} {problem}")]
+    Invalid { key: String, problem: String },
+}
+
+/// The whole file: each daemon takes its table, both are checked.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ConfigFile {
+    #[serde(default)]
+    server: ServerConfig,
+    #[serde(default)]
+    agent: AgentConfig,
+}
+
+/// The table paths the key check descends into. A new nested table (such as
+/// `[agent.gpus]`) is one more arm here.
+fn known_keys(table: &str) -> Option<&'static [&'static str]> {
+    Some(match table {
+        "" => field_names::<ConfigFile>(),
+        "server" => field_names::<ServerConfig>(),
+        "server.raft" => field_names::<RaftConfig>(),
+        "agent" => field_names::<AgentConfig>(),
+        _ => return None,
+    })
+}
+
+impl ServerConfig {
+    /// Reads `path` (which must exist), or `/etc/gpuq/gpuq.toml` if present, or
+    /// nothing; then applies `GPUQ_*` overrides from `env`, then validates.
+    pub fn load(path: Option<&Path>, env: &[(String, String)]) -> Result<Self, ConfigError> {
+        Self::load_from(path, Path::new(DEFAULT_CONFIG_PATH), env)
+    }
+
+    fn load_from(
+        path: Option<&Path>,
+        default_path: &Path,
+        env: &[(String, String)],
+    ) -> Result<Self, ConfigError> {
+        let mut config = read_file(path, default_path)?.server;
+        config.apply_env(env)?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Parses the `[server]` table of a config file's text (no env, validated).
+    /// `origin` is only used in messages.
+    pub fn from_toml(text: &str, origin: &Path) -> Result<Self, ConfigError> {
+        let config = parse_file(text, origin)?.server;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Applies `GPUQ_CLUSTER_NAME`, `GPUQ_NODE_NAME`, `GPUQ_DATA_DIR`,
+    /// `GPUQ_LISTEN`, `GPUQ_ADVERTISE`, `GPUQ_SOCKET` and `GPUQ_ADMIN_GROUP`.
+    pub fn apply_env(&mut self, env: &[(String, String)]) -> Result<(), ConfigError> {
+        let env = Env(env);
+        env.string("GPUQ_CLUSTER_NAME", &mut self.cluster_name)?;
+        env.string("GPUQ_NODE_NAME", &mut self.node_name)?;
+        env.path("GPUQ_DATA_DIR", &mut self.data_dir)?;
+        env.addr("GPUQ_LISTEN", &mut self.listen)?;
+        if let Some(value) = env.get("GPUQ_ADVERTISE") {
+            // Empty clears it, as for the other optional settings.
+            self.advertise = match value.trim() {
+                "" => None,
+                _ => Some(env_addr("GPUQ_ADVERTISE", value)?),
+            };
+        }
+        env.path("GPUQ_SOCKET", &mut self.socket)?;
+        env.optional("GPUQ_ADMIN_GROUP", &mut self.admin_group);
+        Ok(())
+    }
+
+    /// Checks what the types cannot: names, timing relations, non-empty paths.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        check_name("server.cluster_name", &self.cluster_name)?;
+        check_name("server.node_name", &self.node_name)?;
+        check_path("server.data_dir", &self.data_dir)?;
+        check_path("server.socket", &self.socket)?;
+        check_group("server.admin_group", &self.admin_group)?;
+        self.raft.validate()
+    }
+
+    /// The address peers and agents dial: `advertise`, else `listen` when it
+    /// names a specific address.
+    pub fn advertise_addr(&self) -> Result<SocketAddr, ConfigError> {
+        match self.advertise {
+            Some(addr) => Ok(addr),
+            None if !self.listen.ip().is_unspecified() => Ok(self.listen),
+            None => Err(ConfigError::Invalid {
+                key: "server.advertise".into(),
+                problem: format!(
+                    "is not set and server.listen ({}) names no single address, so peers and agents cannot dial this server; set advertise (or GPUQ_ADVERTISE) to this host's reachable IP:PORT, e.g. 10.0.0.1:{}",
+                    self.listen,
+                    self.listen.port()
+                ),
+            }),
+        }
+    }
+}
+
+impl RaftConfig {
+    /// Heartbeats must come well inside the election timeout, or followers
+    /// start elections against a healthy leader.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let invalid = |key: &str, problem: String| {
+            Err(ConfigError::Invalid {
+                key: format!("server.raft.{key}"),
+                problem,
+            })
+        };
+        for (key, value) in [
+            ("heartbeat_ms", self.heartbeat_ms),
+            ("snapshot_after_logs", self.snapshot_after_logs),
+            ("max_payload_entries", self.max_payload_entries),
+        ] {
+            if value == 0 {
+                return invalid(key, "must be at least 1".into());
+            }
+        }
+        if self.election_timeout_min_ms >= self.election_timeout_max_ms {
+            return invalid(
+                "election_timeout_min_ms",
+                format!(
+                    "({}) must be less than election_timeout_max_ms ({}); e.g. 600 and 1200",
+                    self.election_timeout_min_ms, self.election_timeout_max_ms
+                ),
+            );
+        }
+        if self.heartbeat_ms >= self.election_timeout_min_ms {
+            return invalid(
+                "heartbeat_ms",
+                format!(
+                    "({}) must be less than election_timeout_min_ms ({}); a quarter of it is usual",
+                    self.heartbeat_ms, self.election_timeout_min_ms
+                ),
+            );
+        }
+        Ok(())
+    }
+}
+
+impl AgentConfig {
+    /// Reads the `[agent]` table the way `ServerConfig::load` reads `[server]`.
+    pub fn load(path: Option<&Path>, env: &[(String, String)]) -> Result<Self, ConfigError> {
+        Self::load_from(path, Path::new(DEFAULT_CONFIG_PATH), env)
+    }
+
+    fn load_from(
+        path: Option<&Path>,
+        default_path: &Path,
+        env: &[(String, String)],
+    ) -> Result<Self, ConfigError> {
+        let mut config = read_file(path, default_path)?.agent;
+        config.apply_env(env)?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Parses the `[agent]` table of a config file's text (no env, validated).
+    pub fn from_toml(text: &str, origin: &Path) -> Result<Self, ConfigError> {
+        let config = parse_file(text, origin)?.agent;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Applies `GPUQ_NODE_NAME`, `GPUQ_DATA_DIR`, `GPUQ_LISTEN`, `GPUQ_SOCKET`,
+    /// `GPUQ_ADMIN_GROUP` and `GPUQ_SERVERS` (comma-separated HOST:PORT).
+    pub fn apply_env(&mut self, env: &[(String, String)]) -> Result<(), ConfigError> {
+        let env = Env(env);
+        env.string("GPUQ_NODE_NAME", &mut self.node_name)?;
+        env.path("GPUQ_DATA_DIR", &mut self.data_dir)?;
+        env.addr("GPUQ_LISTEN", &mut self.listen)?;
+        env.path("GPUQ_SOCKET", &mut self.socket)?;
+        env.optional("GPUQ_ADMIN_GROUP", &mut self.admin_group);
+        if let Some(value) = env.get("GPUQ_SERVERS") {
+            let servers: Vec<String> = value
+                .split(',')
+                .map(|s| s.trim().to_string())
+                .filter(|s| !s.is_empty())
+                .collect();
+            if let Some(bad) = servers.iter().find(|s| !is_host_port(s)) {
+                return Err(ConfigError::Env {
+                    var: "GPUQ_SERVERS",
+                    value: value.to_string(),
+                    problem: format!(
+                        "has {bad:?}, which is not HOST:PORT; use e.g. gpuq1:7420,gpuq2:7420"
+                    ),
+                });
+            }
+            self.servers = servers;
+        }
+        Ok(())
+    }
+
+    /// Checks what the types cannot.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        check_name("agent.node_name", &self.node_name)?;
+        check_path("agent.data_dir", &self.data_dir)?;
+        check_path("agent.socket", &self.socket)?;
+        check_group("agent.admin_group", &self.admin_group)?;
+        for (i, server) in self.servers.iter().enumerate() {
+            if !is_host_port(server) {
+                return Err(ConfigError::Invalid {
+                    key: format!("agent.servers[{i}]"),
+                    problem: format!(
+                        "{server:?} is not HOST:PORT; use e.g. \"gpuq1:7420\" or \"[fd00::1]:7420\""
+                    ),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+fn read_file(path: Option<&Path>, default_path: &Path) -> Result<ConfigFile, ConfigError> {
+    let path = match path {
+        Some(p) => p,
+        None if default_path.exists() => default_path,
+        None => return Ok(ConfigFile::default()),
+    };
+    let text = std::fs::read_to_string(path).map_err(|source| {
+        if source.kind() == io::ErrorKind::NotFound {
+            ConfigError::NotFound { path: path.into() }
+        } else {
+            ConfigError::Unreadable {
+                path: path.into(),
+                source,
+            }
+        }
+    })?;
+    parse_file(&text, path)
+}
+
+fn parse_file(text: &str, path: &Path) -> Result<ConfigFile, ConfigError> {
+    toml_file::parse(text, path, known_keys)
+}
+
+/// Socket addresses with a message that says what is expected.
+mod addr {
+    use std::net::SocketAddr;
+
+    use serde::{Deserialize, Deserializer};
+
+    /// Parses `IP:PORT`; the error says what is expected, not what was given.
+    pub fn parse(text: &str) -> Result<SocketAddr, &'static str> {
+        text.trim()
+            .parse()
+            .map_err(|_| "is not an IP:PORT address; use e.g. 0.0.0.0:7420 or [::]:7420")
+    }
+
+    pub fn required<'de, D: Deserializer<'de>>(d: D) -> Result<SocketAddr, D::Error> {
+        let text = String::deserialize(d)?;
+        parse(&text).map_err(|problem| serde::de::Error::custom(format!("{text:?} {problem}")))
+    }
+
+    pub fn optional<'de, D: Deserializer<'de>>(d: D) -> Result<Option<SocketAddr>, D::Error> {
+        required(d).map(Some)
+    }
+}
+
+/// `GPUQ_*` lookups; the last occurrence of a variable wins, as in a shell.
+struct Env<'a>(&'a [(String, String)]);
+
+impl Env<'_> {
+    fn get(&self, var: &str) -> Option<&str> {
+        self.0
+            .iter()
+            .rev()
+            .find(|(k, _)| k == var)
+            .map(|(_, v)| v.as_str())
+    }
+
+    fn string(&self, var: &'static str, slot: &mut String) -> Result<(), ConfigError> {
+        if let Some(value) = self.get(var) {
+            if value.trim().is_empty() {
+                return Err(empty(var));
+            }
+            *slot = value.to_string();
+        }
+        Ok(())
+    }
+
+    fn path(&self, var: &'static str, slot: &mut PathBuf) -> Result<(), ConfigError> {
+        if let Some(value) = self.get(var) {
+            if value.trim().is_empty() {
+                return Err(empty(var));
+            }
+            *slot = value.into();
+        }
+        Ok(())
+    }
+
+    fn addr(&self, var: &'static str, slot: &mut SocketAddr) -> Result<(), ConfigError> {
+        if let Some(value) = self.get(var) {
+            *slot = env_addr(var, value)?;
+        }
+        Ok(())
+    }
+
+    /// An empty value clears an optional setting.
+    fn optional(&self, var: &'static str, slot: &mut Option<String>) {
+        if let Some(value) = self.get(var) {
+            *slot = (!value.trim().is_empty()).then(|| value.to_string());
+        }
+    }
+}
+
+fn env_addr(var: &'static str, value: &str) -> Result<SocketAddr, ConfigError> {
+    addr::parse(value).map_err(|problem| ConfigError::Env {
+        var,
+        value: value.to_string(),
+        problem: problem.to_string(),
+    })
+}
+
+fn empty(var: &'static str) -> ConfigError {
+    ConfigError::Env {
+        var,
+        value: String::new(),
+        problem: "is empty; unset it or give a value".into(),
+    }
+}
+
+/// Cluster and node names go into certificates and tables: one DNS-like word.
+fn check_name(key: &str, value: &str) -> Result<(), ConfigError> {
+    let ok = !value.is_empty()
+        && value.len() <= 63
+        && value
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+    if ok {
+        return Ok(());
+    }
+    Err(ConfigError::Invalid {
+        key: key.into(),
+        problem: format!(
+            "{value:?} must be 1-63 letters, digits, '-', '_' or '.', e.g. \"gpu-node-01\""
+        ),
+    })
+}
+
+fn check_path(key: &str, value: &Path) -> Result<(), ConfigError> {
+    if value.as_os_str().is_empty() {
+        return Err(ConfigError::Invalid {
+            key: key.into(),
+            problem: "is empty; give a path".into(),
+        });
+    }
+    Ok(())
+}
+
+fn check_group(key: &str, value: &Option<String>) -> Result<(), ConfigError> {
+    match value {
+        Some(group) if group.trim().is_empty() || group.contains(char::is_whitespace) => {
+            Err(ConfigError::Invalid {
+                key: key.into(),
+                problem: format!(
+                    "{group:?} is not a group name; give one Unix group, or leave it out"
+                ),
+            })
+        }
+        _ => Ok(()),
+    }
+}
+
+/// `HOST:PORT` with a non-empty host and a numeric port (IPv6 in brackets).
+fn is_host_port(text: &str) -> bool {
+    let Some((host, port)) = text.rsplit_once(':') else {
+        return false;
+    };
+    let host_ok = match host.strip_prefix('[') {
+        Some(v6) => v6
+            .strip_suffix(']')
+            .is_some_and(|ip| ip.parse::<std::net::Ipv6Addr>().is_ok()),
+        None => {
+            !host.is_empty()
+                && host
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_'))
+        }
+    };
+    host_ok && port.parse::<u16>().is_ok_and(|p| p != 0)
+}
+
+/// This host's name up to the first dot, as Slurm names nodes.
+fn short_hostname() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: the pointer and length describe `buf`, which outlives the call;
+    // gethostname writes at most `len` bytes into it.
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    let name = if rc == 0 {
+        let end = buf.iter().position(|b| *b == 0).unwrap_or(buf.len());
+        String::from_utf8_lossy(&buf[..end]).into_owned()
+    } else {
+        String::new()
+    };
+    match name.split('.').next() {
+        Some(short) if !short.is_empty() => short.to_string(),
+        _ => "localhost".to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests;

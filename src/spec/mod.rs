@@ -1,1 +1,487 @@
-//! (being built)
+//! User input -> `model::JobSpec`: the `gpuq submit` flags, `#GPUQ` and
+//! `#SBATCH` directives in job scripts, and the checks that turn a mistake into
+//! a message naming the input and the fix.
+//!
+//! Directives are parsed by the same clap struct as the flags, so a value is
+//! accepted or refused the same way in both places, and an unknown directive
+//! gets the "did you mean" a mistyped flag gets. Every field of `SubmitArgs` is
+//! optional so that the two sources can merge: directives in file order (a
+//! later line wins), then flags over directives. Defaults are applied last,
+//! in `build_spec`.
+
+pub mod directives;
+pub mod memory;
+pub mod suggest;
+pub mod time;
+pub mod values;
+
+use std::fs;
+use std::io::{self, Read};
+use std::path::{Path, PathBuf};
+
+use clap::{value_parser, Args, CommandFactory, Parser};
+
+use crate::model::{JobSpec, Program};
+use directives::DirectivePrefix;
+pub use time::TimeLimit;
+pub use values::{Export, GpuRequest};
+
+/// The largest script accepted (Slurm's default `max_script_size`).
+pub const MAX_SCRIPT_BYTES: u64 = 4 << 20;
+
+/// The shell `--wrap` runs its command with.
+pub const WRAP_SHELL: &str = "/bin/sh";
+
+const PROGRAM_HELP: &str = "\
+The script or command to run, with its arguments.
+
+It is a batch script when it names an existing file (relative to the current \
+directory) that starts with #! or whose name ends in .sh: gpuq stores its \
+content at submit and reads its #GPUQ and #SBATCH directives (flags override \
+them). A name ending in .sh that is not a readable file is an error.
+
+Anything else is a command, run without a shell on the compute nodes and \
+looked up in their PATH: gpuq submit -- python train.py --lr 3. Everything \
+after the script or command belongs to it, not to gpuq, so put gpuq options \
+first; use -- before a command that starts with '-'.";
+
+/// The `gpuq submit` flags; also the grammar of one directive line.
+#[derive(Args, Clone, Debug, Default, PartialEq, Eq)]
+pub struct SubmitArgs {
+    /// Job name shown in the queue [default: the script or command name]
+    #[arg(short = 'J', long, value_name = "NAME")]
+    pub job_name: Option<String>,
+
+    /// Number of nodes, started together (all or none) [default: 1]
+    #[arg(short = 'N', long, value_name = "N", allow_negative_numbers = true,
+          value_parser = value_parser!(u32).range(1..))]
+    pub nodes: Option<u32>,
+
+    /// Tasks (processes) per node [default: 1]
+    #[arg(long, value_name = "N", allow_negative_numbers = true,
+          value_parser = value_parser!(u32).range(1..))]
+    pub ntasks_per_node: Option<u32>,
+
+    /// GPUs per node, optionally with a type: 8 or h100:8 [default: 0, a CPU-only job]
+    #[arg(long, value_name = "[TYPE:]N", allow_negative_numbers = true,
+          value_parser = values::parse_gpus_per_node, conflicts_with = "gres")]
+    pub gpus_per_node: Option<GpuRequest>,
+
+    /// GPUs per node, Slurm style: gpu:N or gpu:TYPE:N
+    #[arg(long, value_name = "gpu:[TYPE:]N", value_parser = values::parse_gres)]
+    pub gres: Option<GpuRequest>,
+
+    /// CPUs per task [default: 1]
+    #[arg(short = 'c', long, value_name = "N", allow_negative_numbers = true,
+          value_parser = value_parser!(u32).range(1..))]
+    pub cpus_per_task: Option<u32>,
+
+    /// Memory per node: 512M, 16G, 1T (a plain number is MiB) [default: the partition's]
+    #[arg(long, value_name = "SIZE", allow_negative_numbers = true,
+          value_parser = memory::parse_mem)]
+    pub mem: Option<u64>,
+
+    /// Time limit: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S or UNLIMITED [default: the partition's]
+    #[arg(short = 't', long, value_name = "TIME", allow_negative_numbers = true,
+          value_parser = time::parse_time_limit)]
+    pub time: Option<TimeLimit>,
+
+    /// Account charged for the job [default: your default account]
+    #[arg(short = 'A', long, value_name = "ACCOUNT")]
+    pub account: Option<String>,
+
+    /// Partition to run in [default: the default partition]
+    #[arg(short = 'p', long, value_name = "PARTITION")]
+    pub partition: Option<String>,
+
+    /// Stdout file: %j job id, %t task rank, %n node rank, %x job name, %u user, %% a % [default: gpuq-%j.out]
+    #[arg(short = 'o', long, value_name = "PATTERN", value_parser = values::parse_output_pattern)]
+    pub output: Option<String>,
+
+    /// Stderr file, same escapes as --output [default: joined with stdout]
+    #[arg(short = 'e', long, value_name = "PATTERN", value_parser = values::parse_output_pattern)]
+    pub error: Option<String>,
+
+    /// Working directory of the job, relative to the current one [default: the current one]
+    #[arg(short = 'D', long, value_name = "DIR")]
+    pub chdir: Option<PathBuf>,
+
+    /// Environment for the job: ALL, NONE, or VAR,VAR=value,... (only those); ALL,VAR=value adds to all [default: ALL]
+    #[arg(long, value_name = "ALL|NONE|VARS", value_parser = values::parse_export)]
+    pub export: Option<Export>,
+
+    /// Run this shell command (with /bin/sh -c) instead of a script
+    #[arg(long, value_name = "COMMAND", conflicts_with = "script_or_command")]
+    pub wrap: Option<String>,
+
+    #[arg(value_name = "SCRIPT | COMMAND", trailing_var_arg = true, num_args = 0..,
+          help = "Script to submit, or command to run (see --help for the rule)",
+          long_help = PROGRAM_HELP)]
+    pub script_or_command: Vec<String>,
+}
+
+impl SubmitArgs {
+    /// `self` with every option that `over` sets taken from `over`.
+    pub fn overlay(&self, over: &SubmitArgs) -> SubmitArgs {
+        fn pick<T: Clone>(base: &Option<T>, over: &Option<T>) -> Option<T> {
+            over.clone().or_else(|| base.clone())
+        }
+        // --gpus-per-node and --gres are one setting spelled two ways.
+        let gpus_from = if over.gpus_per_node.is_some() || over.gres.is_some() {
+            over
+        } else {
+            self
+        };
+        SubmitArgs {
+            job_name: pick(&self.job_name, &over.job_name),
+            nodes: pick(&self.nodes, &over.nodes),
+            ntasks_per_node: pick(&self.ntasks_per_node, &over.ntasks_per_node),
+            gpus_per_node: gpus_from.gpus_per_node.clone(),
+            gres: gpus_from.gres.clone(),
+            cpus_per_task: pick(&self.cpus_per_task, &over.cpus_per_task),
+            mem: pick(&self.mem, &over.mem),
+            time: pick(&self.time, &over.time),
+            account: pick(&self.account, &over.account),
+            partition: pick(&self.partition, &over.partition),
+            output: pick(&self.output, &over.output),
+            error: pick(&self.error, &over.error),
+            chdir: pick(&self.chdir, &over.chdir),
+            export: pick(&self.export, &over.export),
+            wrap: pick(&self.wrap, &over.wrap),
+            script_or_command: if over.script_or_command.is_empty() {
+                self.script_or_command.clone()
+            } else {
+                over.script_or_command.clone()
+            },
+        }
+    }
+
+    /// The GPU request, from whichever of `--gpus-per-node` / `--gres` is set.
+    pub fn gpus(&self) -> Option<&GpuRequest> {
+        self.gpus_per_node.as_ref().or(self.gres.as_ref())
+    }
+}
+
+/// Why a submission was refused. Each message names the input and the fix.
+#[derive(Debug, thiserror::Error)]
+pub enum SpecError {
+    #[error("nothing to run: give a script (gpuq submit job.sh), a command (gpuq submit -- python train.py) or --wrap \"command\"")]
+    NoProgram,
+    #[error("--wrap runs its own command, so {0:?} cannot follow it; drop one of them")]
+    WrapWithProgram(String),
+    #[error("--wrap is empty; give the shell command to run, e.g. --wrap \"python train.py\"")]
+    EmptyWrap,
+    #[error("script {path} does not exist; check the path (relative paths start at {cwd})")]
+    ScriptNotFound { path: String, cwd: String },
+    #[error("{path} is a directory, not a script; name the script file to run")]
+    ScriptIsDirectory { path: String },
+    #[error("cannot read script {path}: {source}; check that it exists and that you may read it")]
+    ScriptUnreadable { path: String, source: io::Error },
+    #[error("script {path} is empty; write the commands to run in it")]
+    ScriptEmpty { path: String },
+    #[error("script {path} is not UTF-8 text; save it as UTF-8")]
+    ScriptNotText { path: String },
+    #[error("script {path} is larger than {MAX_SCRIPT_BYTES} bytes; keep data out of the script and read it from a file")]
+    ScriptTooLarge { path: String },
+    #[error("script {path} is followed by {args:?}, but script arguments are not supported yet; put gpuq options before the script, or use --wrap \"{path} ...\"")]
+    ScriptArgs { path: String, args: Vec<String> },
+    #[error("script {path} line {line}: {message}")]
+    Directive {
+        path: String,
+        line: usize,
+        message: String,
+    },
+    #[error("{field} {value:?} {problem}")]
+    BadValue {
+        field: &'static str,
+        value: String,
+        problem: &'static str,
+    },
+    #[error("{flag}: {source}")]
+    Pattern {
+        flag: &'static str,
+        source: values::PatternError,
+    },
+    #[error("the current directory {0:?} is not absolute; run gpuq from a real directory")]
+    RelativeCwd(PathBuf),
+    #[error("working directory {0:?} is not valid UTF-8; use a directory whose path is UTF-8")]
+    WorkdirNotUtf8(PathBuf),
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// Builds the job spec: reads the script (if it is one) and its directives,
+/// lets flags override them, fills defaults, applies `--export` to the
+/// submitter's `env` and checks the result. `cwd` is the submit directory.
+pub fn build_spec(
+    args: &SubmitArgs,
+    env: &[(String, String)],
+    cwd: &Path,
+) -> Result<JobSpec, SpecError> {
+    if !cwd.is_absolute() {
+        return Err(SpecError::RelativeCwd(cwd.to_path_buf()));
+    }
+    let (program, default_name, merged) = match (&args.wrap, args.script_or_command.as_slice()) {
+        (Some(_), [first, ..]) => return Err(SpecError::WrapWithProgram(first.clone())),
+        (Some(wrap), []) if wrap.trim().is_empty() => return Err(SpecError::EmptyWrap),
+        (Some(wrap), []) => (
+            Program::Command {
+                argv: vec![WRAP_SHELL.into(), "-c".into(), wrap.clone()],
+            },
+            "wrap".to_string(),
+            args.clone(),
+        ),
+        (None, []) => return Err(SpecError::NoProgram),
+        (None, [first, rest @ ..]) => match classify(first, cwd)? {
+            ProgramKind::Script(path) => {
+                let shown = path.to_string_lossy().into_owned();
+                if !rest.is_empty() {
+                    return Err(SpecError::ScriptArgs {
+                        path: first.clone(),
+                        args: rest.to_vec(),
+                    });
+                }
+                let content = read_script(&path)?;
+                let from_directives = parse_directives(&content, first)?;
+                let name = file_name(first);
+                let program = Program::Script {
+                    path: shown,
+                    content,
+                };
+                (program, name, from_directives.overlay(args))
+            }
+            ProgramKind::Command => (
+                Program::Command {
+                    argv: args.script_or_command.clone(),
+                },
+                file_name(first),
+                args.clone(),
+            ),
+        },
+    };
+
+    let name = merged.job_name.clone().unwrap_or(default_name);
+    for (flag, pattern) in [("--output", &merged.output), ("--error", &merged.error)] {
+        if let Some(p) = pattern {
+            values::parse_output_pattern(p)
+                .map_err(|source| SpecError::Pattern { flag, source })?;
+        }
+    }
+    let workdir = match &merged.chdir {
+        Some(dir) => cwd.join(dir),
+        None => cwd.to_path_buf(),
+    };
+    let workdir = workdir
+        .to_str()
+        .ok_or_else(|| SpecError::WorkdirNotUtf8(workdir.clone()))?
+        .to_string();
+    let export = merged.export.clone().unwrap_or_default();
+
+    let spec = JobSpec {
+        name,
+        nodes: merged.nodes.unwrap_or(1),
+        ntasks_per_node: merged.ntasks_per_node.unwrap_or(1),
+        gpus_per_node: merged.gpus().map_or(0, |g| g.count),
+        cpus_per_task: merged.cpus_per_task.unwrap_or(1),
+        mem_per_node_mb: merged.mem,
+        time_limit_secs: merged.time.and_then(|t| t.0),
+        account: merged.account.clone(),
+        partition: merged.partition.clone(),
+        output: merged.output.clone(),
+        error: merged.error.clone(),
+        workdir,
+        env: values::export_env(&export, env),
+        export: export.mode,
+        program,
+    };
+    spec.check_invariants().map_err(SpecError::Invalid)?;
+    check_word("job name", &spec.name, true)?;
+    if let Some(account) = &spec.account {
+        check_word("account", account, false)?;
+    }
+    if let Some(partition) = &spec.partition {
+        check_word("partition", partition, false)?;
+    }
+    Ok(spec)
+}
+
+/// What the first positional word of `gpuq submit` names.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ProgramKind {
+    /// A batch script at this (absolute) path.
+    Script(PathBuf),
+    /// A command to run as given.
+    Command,
+}
+
+/// Applies the rule in `gpuq submit --help`: an existing file that starts with
+/// `#!` or ends in `.sh` is a script; a `.sh` name that is no readable file is
+/// an error (surely a mistyped script, not a command); so is a path to a
+/// directory; anything else is a command.
+pub fn classify(first: &str, cwd: &Path) -> Result<ProgramKind, SpecError> {
+    let path = cwd.join(first);
+    let named_script = first.ends_with(".sh");
+    let looks_like_path = named_script || first.contains('/');
+    let metadata = match fs::metadata(&path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            if named_script {
+                return Err(SpecError::ScriptNotFound {
+                    path: first.to_string(),
+                    cwd: cwd.display().to_string(),
+                });
+            }
+            return Ok(ProgramKind::Command);
+        }
+        Err(source) if named_script => {
+            return Err(SpecError::ScriptUnreadable {
+                path: first.to_string(),
+                source,
+            })
+        }
+        Err(_) => return Ok(ProgramKind::Command),
+    };
+    if metadata.is_dir() {
+        if looks_like_path {
+            return Err(SpecError::ScriptIsDirectory {
+                path: first.to_string(),
+            });
+        }
+        return Ok(ProgramKind::Command);
+    }
+    if named_script {
+        return Ok(ProgramKind::Script(path));
+    }
+    // Only the first two bytes matter; an unreadable binary is a command.
+    let mut magic = [0u8; 2];
+    let has_shebang = fs::File::open(&path)
+        .and_then(|mut f| f.read_exact(&mut magic))
+        .is_ok()
+        && &magic == b"#!";
+    Ok(if has_shebang {
+        ProgramKind::Script(path)
+    } else {
+        ProgramKind::Command
+    })
+}
+
+fn read_script(path: &Path) -> Result<String, SpecError> {
+    let shown = || path.display().to_string();
+    let unreadable = |source| SpecError::ScriptUnreadable {
+        path: shown(),
+        source,
+    };
+    let file = fs::File::open(path).map_err(unreadable)?;
+    let mut bytes = Vec::new();
+    file.take(MAX_SCRIPT_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(unreadable)?;
+    if bytes.len() as u64 > MAX_SCRIPT_BYTES {
+        return Err(SpecError::ScriptTooLarge { path: shown() });
+    }
+    if bytes.is_empty() {
+        return Err(SpecError::ScriptEmpty { path: shown() });
+    }
+    String::from_utf8(bytes).map_err(|_| SpecError::ScriptNotText { path: shown() })
+}
+
+/// One directive line, parsed by the submit flags' own grammar.
+#[derive(Parser, Debug)]
+#[command(
+    name = "directive",
+    no_binary_name = true,
+    disable_help_flag = true,
+    disable_version_flag = true
+)]
+struct DirectiveLine {
+    #[command(flatten)]
+    args: SubmitArgs,
+}
+
+/// Parses a script's directives and merges them in file order.
+pub fn parse_directives(script: &str, path: &str) -> Result<SubmitArgs, SpecError> {
+    let lines = directives::read_directives(script).map_err(|e| SpecError::Directive {
+        path: path.to_string(),
+        line: e.line,
+        message: e.problem.to_string(),
+    })?;
+    let mut merged = SubmitArgs::default();
+    for directive in lines {
+        let fail = |message: String| SpecError::Directive {
+            path: path.to_string(),
+            line: directive.line,
+            message,
+        };
+        let parsed = DirectiveLine::try_parse_from(&directive.args)
+            .map_err(|e| fail(clap_message(&e, directive.prefix)))?
+            .args;
+        if let Some(first) = parsed.script_or_command.first() {
+            return Err(fail(format!(
+                "{} takes options only, but {first:?} is not one; quote values with spaces",
+                directive.prefix.as_str()
+            )));
+        }
+        if parsed.wrap.is_some() {
+            return Err(fail(
+                "--wrap cannot be a directive: the script is what runs".into(),
+            ));
+        }
+        merged = merged.overlay(&parsed);
+    }
+    Ok(merged)
+}
+
+/// Turns a clap error about a directive into one line without clap's usage
+/// block, with our own "did you mean" for unknown flags.
+fn clap_message(err: &clap::Error, prefix: DirectivePrefix) -> String {
+    use clap::error::{ContextKind, ContextValue, ErrorKind};
+    if err.kind() == ErrorKind::UnknownArgument {
+        if let Some(ContextValue::String(arg)) = err.get(ContextKind::InvalidArg) {
+            let flag = arg.split('=').next().unwrap_or(arg);
+            let command = DirectiveLine::command();
+            let longs = command.get_arguments().filter_map(|a| a.get_long());
+            let hint = match flag.strip_prefix("--").and_then(|f| suggest::nearest(f, longs)) {
+                Some(long) => format!("did you mean --{long}?"),
+                None if prefix == DirectivePrefix::Sbatch => {
+                    "gpuq does not support this sbatch option; remove the line or disable it as \"# SBATCH\"".into()
+                }
+                None => "see gpuq submit --help for the options".into(),
+            };
+            return format!("unknown directive {flag}; {hint}");
+        }
+    }
+    let rendered = err.render().to_string();
+    let first = rendered.lines().next().unwrap_or_default();
+    first.strip_prefix("error: ").unwrap_or(first).to_string()
+}
+
+fn file_name(word: &str) -> String {
+    Path::new(word)
+        .file_name()
+        .map_or_else(|| word.to_string(), |n| n.to_string_lossy().into_owned())
+}
+
+/// Names, accounts and partitions appear in tables and file names: refuse
+/// empty ones and control characters; an account or partition is one word.
+fn check_word(field: &'static str, value: &str, spaces_ok: bool) -> Result<(), SpecError> {
+    let problem = if value.trim().is_empty() {
+        Some("is empty; give a name")
+    } else if value.chars().any(char::is_control) {
+        Some("contains control characters; use printable text")
+    } else if !spaces_ok && value.chars().any(char::is_whitespace) {
+        Some("contains spaces; use one word")
+    } else {
+        None
+    };
+    match problem {
+        Some(problem) => Err(SpecError::BadValue {
+            field,
+            value: value.to_string(),
+            problem,
+        }),
+        None => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests;
