@@ -171,7 +171,9 @@ fn parse_role(s: &str) -> Result<Role, String> {
 }
 
 fn parse_ttl(s: &str) -> Result<u64, String> {
-    crate::spec::parse_ttl(s).map_err(|e| e.to_string())
+    crate::spec::time::parse_ttl(s)
+        .map(|d| d.as_secs())
+        .map_err(|e| e.to_string())
 }
 
 async fn call(req: ApiRequest) -> Result<ApiResponse, CliError> {

@@ -4,7 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::model::{Job, JobId, JobSpec, JobState, Millis, Role};
+use crate::model::{Job, JobId, JobSpec, JobState, Millis, NodeInventory, Role};
 
 /// A request from the CLI. The caller's identity is not in it: the daemon
 /// learns it from the socket (SO_PEERCRED), never from the client.
@@ -26,6 +26,8 @@ pub enum ApiRequest {
     Show { id: JobId },
     /// Control-plane members and Raft progress.
     Cluster,
+    /// Compute nodes: state, hardware, what is in use.
+    Nodes,
     /// Create a join token (admins only).
     TokenCreate { role: Role, ttl_secs: u64 },
     /// List join tokens (admins only); secrets are never shown.
@@ -86,6 +88,24 @@ pub struct ClusterStatus {
     pub log_write_txns: u64,
 }
 
+/// A compute node as `gpuq nodes` shows it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeInfo {
+    pub name: String,
+    /// up, drained or down.
+    pub state: String,
+    #[serde(default)]
+    pub reason: Option<String>,
+    pub addr: String,
+    /// Whether its agent is connected to the leader now.
+    pub connected: bool,
+    pub gpus_used: u32,
+    pub cpus_used: u32,
+    pub memory_used_mb: u64,
+    pub running_jobs: u32,
+    pub inventory: NodeInventory,
+}
+
 /// A join token as listed: never the secret.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TokenInfo {
@@ -121,6 +141,7 @@ pub enum ApiResponse {
     Jobs { jobs: Vec<Job> },
     Job { job: Box<Job> },
     Cluster { status: ClusterStatus },
+    Nodes { nodes: Vec<NodeInfo> },
     Token { token: String, info: TokenInfo },
     Tokens { tokens: Vec<TokenInfo> },
     TokenRevoked { id: String },

@@ -27,6 +27,10 @@ pub struct Api {
     node: RaftNode,
     endpoint: Arc<Endpoint>,
     identity: NodeIdentity,
+    /// Why each pending job waits, from the leader's last scheduling pass.
+    pending_reasons: std::sync::RwLock<std::collections::HashMap<crate::model::JobId, String>>,
+    /// Connected agents (leader only).
+    pub hub: Arc<super::agents::AgentHub>,
 }
 
 fn token_info(t: &TokenRecord) -> TokenInfo {
@@ -69,7 +73,61 @@ impl Api {
             node,
             endpoint,
             identity,
+            pending_reasons: Default::default(),
+            hub: Default::default(),
         }
+    }
+
+    /// Raft metrics: changes whenever anything is applied or leadership moves.
+    pub fn metrics(&self) -> tokio::sync::watch::Receiver<openraft::RaftMetrics<u64, crate::raft::ServerNode>> {
+        self.node.raft.metrics()
+    }
+
+    /// Whether this server is the leader now.
+    pub fn is_leader(&self) -> bool {
+        let m = self.node.raft.metrics().borrow().clone();
+        m.current_leader == Some(m.id)
+    }
+
+    /// `None` when this server leads; otherwise the leader's address if known.
+    pub fn leader_elsewhere(&self) -> Option<Option<String>> {
+        let m = self.node.raft.metrics().borrow().clone();
+        if m.current_leader == Some(m.id) {
+            return None;
+        }
+        Some(m.current_leader.and_then(|l| {
+            m.membership_config
+                .membership()
+                .get_node(&l)
+                .map(|n| n.addr.clone())
+        }))
+    }
+
+    /// The last applied log index.
+    pub fn applied_index(&self) -> u64 {
+        self.node
+            .raft
+            .metrics()
+            .borrow()
+            .last_applied
+            .map(|l| l.index)
+            .unwrap_or(0)
+    }
+
+    /// Records the reasons of the last scheduling pass.
+    pub fn set_pending_reasons(&self, reasons: std::collections::HashMap<crate::model::JobId, String>) {
+        *self
+            .pending_reasons
+            .write()
+            .unwrap_or_else(|p| p.into_inner()) = reasons;
+    }
+
+    fn with_reason(&self, mut job: crate::model::Job) -> crate::model::Job {
+        if job.state == JobState::Pending && job.reason.is_none() {
+            let reasons = self.pending_reasons.read().unwrap_or_else(|p| p.into_inner());
+            job.reason = reasons.get(&job.id).cloned();
+        }
+        job
     }
 
     /// The replicated state as applied on this server.
@@ -110,6 +168,9 @@ impl Api {
                 if let Err(why) = spec.check_invariants() {
                     return ApiResponse::error(ErrorKind::BadInput, why);
                 }
+                if let Err(why) = self.feasible(&spec) {
+                    return ApiResponse::error(ErrorKind::BadInput, why);
+                }
                 let cmd = Command::Submit {
                     user: caller.user,
                     spec,
@@ -142,13 +203,13 @@ impl Api {
                     .filter(|j| all || !states.is_empty() || !j.state.is_final())
                     .filter(|j| user.as_ref().is_none_or(|u| &j.user == u))
                     .filter(|j| states.is_empty() || states.contains(&j.state))
-                    .cloned()
+                    .map(|j| self.with_reason(j.clone()))
                     .collect();
                 ApiResponse::Jobs { jobs }
             }
             ApiRequest::Show { id } => match self.state().job(id) {
                 Some(job) => ApiResponse::Job {
-                    job: Box::new(job.clone()),
+                    job: Box::new(self.with_reason(job.clone())),
                 },
                 None => ApiResponse::error(
                     ErrorKind::NotFound,
@@ -157,6 +218,9 @@ impl Api {
             },
             ApiRequest::Cluster => ApiResponse::Cluster {
                 status: self.cluster_status(),
+            },
+            ApiRequest::Nodes => ApiResponse::Nodes {
+                nodes: self.nodes(),
             },
             ApiRequest::TokenCreate { role, ttl_secs } => {
                 if !caller.admin {
@@ -287,6 +351,60 @@ impl Api {
                 format!("cannot reach the leader {} at {}: {e}", node.name, node.addr),
             ),
         })
+    }
+
+    /// Refuses at submit a job no registered node set could ever hold. With no
+    /// nodes registered yet, the job waits instead.
+    fn feasible(&self, spec: &crate::model::JobSpec) -> Result<(), String> {
+        let s = self.state();
+        if s.nodes.is_empty() {
+            return Ok(());
+        }
+        let inventories: Vec<_> = s.nodes.values().map(|n| n.inventory.clone()).collect();
+        let probe = crate::model::Job {
+            id: crate::model::JobId(0),
+            user: String::new(),
+            spec: spec.clone(),
+            state: JobState::Pending,
+            submit_time: 0,
+            start_time: None,
+            end_time: None,
+            restart_count: 0,
+            reason: None,
+            exit_code: None,
+            cancelled_by: None,
+            run: None,
+        };
+        crate::sched::feasible(&inventories, &crate::sched::PendingJob::from_job(&probe))
+    }
+
+    fn nodes(&self) -> Vec<crate::net::proto::NodeInfo> {
+        let alive: std::collections::HashSet<String> = self.hub.alive().into_iter().collect();
+        let s = self.state();
+        let views = s.node_views();
+        s.nodes
+            .values()
+            .map(|n| {
+                let v = views.iter().find(|v| v.name == n.inventory.name);
+                let reason = match &n.status {
+                    crate::state::NodeStatus::Up => None,
+                    crate::state::NodeStatus::Drained { reason }
+                    | crate::state::NodeStatus::Down { reason } => Some(reason.clone()),
+                };
+                crate::net::proto::NodeInfo {
+                    name: n.inventory.name.clone(),
+                    state: n.status.word().to_string(),
+                    reason,
+                    addr: n.addr.clone(),
+                    connected: alive.contains(&n.inventory.name),
+                    gpus_used: v.map(|v| v.used.gpus.len() as u32).unwrap_or(0),
+                    cpus_used: v.map(|v| v.used.cpus).unwrap_or(0),
+                    memory_used_mb: v.map(|v| v.used.memory_mb).unwrap_or(0),
+                    running_jobs: super::agents::running_jobs_on(&s, &n.inventory.name) as u32,
+                    inventory: n.inventory.clone(),
+                }
+            })
+            .collect()
     }
 
     fn cluster_status(&self) -> ClusterStatus {

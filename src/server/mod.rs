@@ -2,9 +2,11 @@
 //! endpoint (raft, api and join protocols), the local unix socket, and the
 //! leader's duties. Only the leader writes; followers forward client requests.
 
+mod agents;
 mod api;
 mod datadir;
 mod join;
+mod scheduler;
 mod transport;
 
 use std::net::SocketAddr;
@@ -15,7 +17,7 @@ use anyhow::Context;
 use tokio::sync::watch;
 
 use crate::config::ServerConfig;
-use crate::net::endpoint::{Endpoint, ALPN_API, ALPN_JOIN, ALPN_RAFT};
+use crate::net::endpoint::{Endpoint, ALPN_AGENT, ALPN_API, ALPN_JOIN, ALPN_RAFT};
 use crate::net::{local, rpc};
 use crate::raft::{self, RaftNode, ServerNode};
 use crate::state::Command;
@@ -73,7 +75,11 @@ pub async fn start(
     let identity = dir.identity()?;
     let advertise = cfg.advertise_addr()?;
 
-    let endpoint = Endpoint::server(cfg.listen, &identity, &[ALPN_RAFT, ALPN_API, ALPN_JOIN])
+    let endpoint = Endpoint::server(
+        cfg.listen,
+        &identity,
+        &[ALPN_RAFT, ALPN_API, ALPN_JOIN, ALPN_AGENT],
+    )
         .with_context(|| format!("cannot listen on {} (UDP)", cfg.listen))?;
     let quic_addr = endpoint.local_addr()?;
     let endpoint = Arc::new(endpoint);
@@ -155,6 +161,9 @@ pub async fn start(
                             async move { api.handle_vouched(&p, req).await }
                         })
                         .await;
+                    } else if alpn == ALPN_AGENT {
+                        let hub = api.hub.clone();
+                        agents::serve(api, hub, peer).await;
                     } else if alpn == ALPN_JOIN {
                         rpc::serve(peer, move |_p, req| {
                             let api = api.clone();
@@ -167,6 +176,8 @@ pub async fn start(
             endpoint.close();
         });
     }
+
+    tokio::spawn(scheduler::run(api.clone(), shutdown.clone()));
 
     // The local socket for the CLI on this host.
     let listener = local::bind(&cfg.socket)

@@ -1,0 +1,80 @@
+//! The agent sync protocol (`gpuq-agent/1`): one long-lived bidirectional
+//! stream per agent connection to the leader. The agent says who it is and
+//! what it runs; the leader answers with the full desired state of the node
+//! whenever it changes (level-triggered: the agent reconciles to it), and
+//! acknowledges task events once they are committed, so the agent can buffer
+//! and replay them across reconnects without loss or duplication.
+
+use serde::{Deserialize, Serialize};
+
+use crate::model::{JobId, NodeInventory, Program, TaskEvent};
+
+/// The first frame an agent sends on its sync stream.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct AgentHello {
+    pub inventory: NodeInventory,
+    /// Where this node's ranks reach each other (MASTER_ADDR) and its logs
+    /// are served, `host:port`.
+    pub addr: String,
+    /// Random per agent process start: tells a reconnect from a second agent.
+    pub boot_id: u64,
+}
+
+/// Agent -> leader, after the hello.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum AgentMsg {
+    /// Task starts and ends, numbered so the leader can acknowledge them.
+    Events { seq: u64, events: Vec<TaskEvent> },
+    /// "Still here." Liveness is kept in the leader's memory, not the log.
+    Heartbeat,
+}
+
+/// Leader -> agent.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum ServerMsg {
+    /// The connection is accepted; desired state follows.
+    Welcome { node: String },
+    /// The connection is refused (wrong leader, duplicate node, bad identity).
+    Refused {
+        reason: String,
+        /// Where the leader is, when this server is not it.
+        #[serde(default)]
+        leader_addr: Option<String>,
+    },
+    /// Every task this node should be running now (full set).
+    Desired { index: u64, tasks: Vec<DesiredTask> },
+    /// Events up to and including `seq` are committed.
+    EventsCommitted { seq: u64 },
+}
+
+/// One task (rank) a node should run, with everything needed to start it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct DesiredTask {
+    pub job: JobId,
+    pub attempt: u32,
+    /// Global rank (RANK).
+    pub rank: u32,
+    pub node_rank: u32,
+    pub local_rank: u32,
+    pub ntasks_per_node: u32,
+    pub num_nodes: u32,
+    /// Node names by node rank.
+    pub nodelist: Vec<String>,
+    pub user: String,
+    pub job_name: String,
+    pub program: Program,
+    pub workdir: String,
+    pub env: Vec<(String, String)>,
+    /// Output patterns (`%j` ...), expanded by the agent.
+    pub output: Option<String>,
+    pub error: Option<String>,
+    /// GPU indices on this node for the whole job (the agent splits them
+    /// among local ranks).
+    pub gpus: Vec<u32>,
+    pub cpus: Vec<u32>,
+    pub cpu_count: u32,
+    pub memory_mb: u64,
+    pub time_limit_secs: Option<u64>,
+    pub master_addr: String,
+    pub master_port: u16,
+}

@@ -1,0 +1,267 @@
+//! The leader's side of agent connections (`gpuq-agent/1`). Each connected
+//! agent gets its node's full desired state whenever the applied state
+//! changes; its task events are committed through the log and acknowledged.
+//! Liveness (last heard) is kept here, in memory, never in the log.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::sync::mpsc;
+
+use crate::model::{JobState, Role};
+use crate::net::agent_proto::{AgentHello, AgentMsg, DesiredTask, ServerMsg};
+use crate::net::endpoint::Peer;
+use crate::net::frame::{read_frame, write_frame, DEFAULT_MAX_FRAME};
+use crate::state::{Command, State};
+
+use super::{now_ms, Api};
+
+/// An agent is taken for alive while heard from within this long.
+const ALIVE_WINDOW: Duration = Duration::from_secs(3);
+
+struct Connected {
+    boot_id: u64,
+    last_seen: Instant,
+}
+
+/// The agents connected to this server, by node name.
+#[derive(Default)]
+pub struct AgentHub {
+    agents: Mutex<HashMap<String, Connected>>,
+}
+
+impl AgentHub {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Connected>> {
+        self.agents.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Admits a connection for `node`, or says why not: a different agent
+    /// process for the same node that is still heard from is refused.
+    fn admit(&self, node: &str, boot_id: u64) -> Result<(), String> {
+        let mut agents = self.lock();
+        if let Some(c) = agents.get(node) {
+            if c.boot_id != boot_id && c.last_seen.elapsed() < ALIVE_WINDOW {
+                return Err(format!(
+                    "node {node} is already connected from another running agent; \
+                     stop it or give this agent another node_name"
+                ));
+            }
+        }
+        agents.insert(
+            node.to_string(),
+            Connected {
+                boot_id,
+                last_seen: Instant::now(),
+            },
+        );
+        Ok(())
+    }
+
+    fn touch(&self, node: &str, boot_id: u64) {
+        if let Some(c) = self.lock().get_mut(node) {
+            if c.boot_id == boot_id {
+                c.last_seen = Instant::now();
+            }
+        }
+    }
+
+    fn leave(&self, node: &str, boot_id: u64) {
+        let mut agents = self.lock();
+        if agents.get(node).is_some_and(|c| c.boot_id == boot_id) {
+            agents.remove(node);
+        }
+    }
+
+    /// Names of agents heard from recently.
+    pub fn alive(&self) -> Vec<String> {
+        self.lock()
+            .iter()
+            .filter(|(_, c)| c.last_seen.elapsed() < ALIVE_WINDOW)
+            .map(|(n, _)| n.clone())
+            .collect()
+    }
+}
+
+/// The tasks `node` should run, as sent to its agent. Ranks that already
+/// ended are left out, so a rank is never started twice in one attempt.
+pub fn desired_tasks(state: &State, node: &str) -> Vec<DesiredTask> {
+    let mut out = Vec::new();
+    for (job, node_rank) in state.desired_on(node) {
+        let Some(run) = &job.run else { continue };
+        let Some(na) = run.allocation.nodes.get(node_rank as usize) else {
+            continue;
+        };
+        let per_node = job.spec.ntasks_per_node.max(1);
+        for local_rank in 0..per_node {
+            let rank = node_rank * per_node + local_rank;
+            if run.ended.contains_key(&rank) {
+                continue;
+            }
+            out.push(DesiredTask {
+                job: job.id,
+                attempt: run.attempt,
+                rank,
+                node_rank,
+                local_rank,
+                ntasks_per_node: per_node,
+                num_nodes: job.spec.nodes,
+                nodelist: run.allocation.nodes.iter().map(|n| n.node.clone()).collect(),
+                user: job.user.clone(),
+                job_name: job.spec.name.clone(),
+                program: job.spec.program.clone(),
+                workdir: job.spec.workdir.clone(),
+                env: job.spec.env.clone(),
+                output: job.spec.output.clone(),
+                error: job.spec.error.clone(),
+                gpus: na.gpus.clone(),
+                cpus: na.cpus.clone(),
+                cpu_count: na.cpu_count,
+                memory_mb: na.memory_mb,
+                time_limit_secs: job.spec.time_limit_secs,
+                master_addr: run.master_addr.clone(),
+                master_port: run.master_port,
+            });
+        }
+    }
+    out
+}
+
+async fn refuse(send: &mut quinn::SendStream, reason: String, leader_addr: Option<String>) {
+    let _ = write_frame(send, &ServerMsg::Refused { reason, leader_addr }).await;
+    let _ = send.finish();
+    // Give the frame a moment to leave before the stream is dropped.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+}
+
+/// Serves one agent connection until it closes or this server stops leading.
+pub async fn serve(api: Arc<Api>, hub: Arc<AgentHub>, peer: Peer) {
+    let (mut send, mut recv) = match peer.conn.accept_bi().await {
+        Ok(s) => s,
+        Err(_) => return,
+    };
+    let hello: AgentHello = match read_frame(&mut recv, DEFAULT_MAX_FRAME).await {
+        Ok(Some(h)) => h,
+        _ => return,
+    };
+    let node = hello.inventory.name.clone();
+    match &peer.identity {
+        Some((Role::Agent, name)) if *name == node => {}
+        Some((role, name)) => {
+            let why = format!(
+                "this agent's certificate is for {role} {name}, but it registers as node {node}"
+            );
+            tracing::warn!(%node, remote = %peer.remote, "{why}");
+            return refuse(&mut send, why, None).await;
+        }
+        None => return refuse(&mut send, "a certificate is required".into(), None).await,
+    }
+    if let Some(leader) = api.leader_elsewhere() {
+        return refuse(&mut send, "this server is not the leader".into(), leader).await;
+    }
+    if let Err(why) = hub.admit(&node, hello.boot_id) {
+        tracing::warn!(%node, remote = %peer.remote, "refused agent: {why}");
+        return refuse(&mut send, why, None).await;
+    }
+    let reg = Command::RegisterNode {
+        inventory: hello.inventory.clone(),
+        addr: hello.addr.clone(),
+        now: now_ms(),
+    };
+    if let Err(resp) = api.write(reg).await {
+        hub.leave(&node, hello.boot_id);
+        return refuse(&mut send, format!("registration failed: {resp:?}"), None).await;
+    }
+    tracing::info!(%node, remote = %peer.remote, gpus = hello.inventory.gpus.len(), "agent connected");
+    if write_frame(&mut send, &ServerMsg::Welcome { node: node.clone() })
+        .await
+        .is_err()
+    {
+        hub.leave(&node, hello.boot_id);
+        return;
+    }
+
+    // Reading is not cancel-safe, so a task feeds frames into a channel.
+    let (tx, mut rx) = mpsc::channel::<AgentMsg>(64);
+    let reader = tokio::spawn(async move {
+        while let Ok(Some(msg)) = read_frame::<_, AgentMsg>(&mut recv, DEFAULT_MAX_FRAME).await {
+            if tx.send(msg).await.is_err() {
+                break;
+            }
+        }
+    });
+
+    let mut metrics = api.metrics();
+    let mut last_sent: Option<Vec<DesiredTask>> = None;
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        if !api.is_leader() {
+            let _ = write_frame(
+                &mut send,
+                &ServerMsg::Refused {
+                    reason: "leadership moved".into(),
+                    leader_addr: api.leader_elsewhere().flatten(),
+                },
+            )
+            .await;
+            break;
+        }
+        let (desired, index) = {
+            let s = api.state();
+            (desired_tasks(&s, &node), api.applied_index())
+        };
+        if last_sent.as_ref() != Some(&desired) {
+            let msg = ServerMsg::Desired {
+                index,
+                tasks: desired.clone(),
+            };
+            if write_frame(&mut send, &msg).await.is_err() {
+                break;
+            }
+            last_sent = Some(desired);
+        }
+        tokio::select! {
+            changed = metrics.changed() => {
+                if changed.is_err() {
+                    break;
+                }
+            }
+            msg = rx.recv() => {
+                let Some(msg) = msg else { break };
+                hub.touch(&node, hello.boot_id);
+                match msg {
+                    AgentMsg::Heartbeat => {}
+                    AgentMsg::Events { seq, events } => {
+                        let cmd = Command::TaskEvents { node: node.clone(), events, now: now_ms() };
+                        match api.write(cmd).await {
+                            Ok(_) => {
+                                if write_frame(&mut send, &ServerMsg::EventsCommitted { seq }).await.is_err() {
+                                    break;
+                                }
+                            }
+                            Err(e) => tracing::warn!(%node, "task events not committed: {e:?}"),
+                        }
+                    }
+                }
+            }
+            _ = tick.tick() => {}
+        }
+    }
+    reader.abort();
+    hub.leave(&node, hello.boot_id);
+    tracing::info!(%node, "agent disconnected");
+}
+
+/// Counts of nodes' jobs, for tables.
+pub fn running_jobs_on(state: &State, node: &str) -> usize {
+    state
+        .jobs
+        .values()
+        .filter(|j| j.state == JobState::Running || j.state == JobState::Completing)
+        .filter(|j| {
+            j.run
+                .as_ref()
+                .is_some_and(|r| r.allocation.nodes.iter().any(|n| n.node == node))
+        })
+        .count()
+}

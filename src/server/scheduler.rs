@@ -1,0 +1,72 @@
+//! The leader's scheduling loop: on state changes (debounced) and every
+//! second, it reads the applied state, calls the pure `sched::plan`, and
+//! proposes the allocations as one `Command::Schedule`. Apply re-validates
+//! each allocation, so a stale plan can only start less, never oversubscribe.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+
+use crate::state::{Command, CommandResult};
+
+use super::{now_ms, Api};
+
+/// How long a burst of state changes is collected before a pass.
+const DEBOUNCE: Duration = Duration::from_millis(2);
+
+/// Runs scheduling passes while this server leads, until `shutdown`.
+pub async fn run(api: Arc<Api>, mut shutdown: watch::Receiver<bool>) {
+    let mut metrics = api.metrics();
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    let mut last_seen_index = None;
+    loop {
+        tokio::select! {
+            r = metrics.changed() => if r.is_err() { return },
+            _ = tick.tick() => {}
+            _ = shutdown.changed() => return,
+        }
+        if !api.is_leader() {
+            continue;
+        }
+        tokio::time::sleep(DEBOUNCE).await;
+        let index = api.applied_index();
+        let periodic = last_seen_index == Some(index);
+        last_seen_index = Some(index);
+        let plan = {
+            let state = api.state();
+            let view = state.cluster_view();
+            if view.pending.is_empty() {
+                api.set_pending_reasons(Vec::new());
+                continue;
+            }
+            crate::sched::plan(&view, now_ms())
+        };
+        api.set_pending_reasons(
+            plan.pending
+                .iter()
+                .map(|(id, r)| (*id, r.to_string()))
+                .collect(),
+        );
+        if plan.allocations.is_empty() {
+            continue;
+        }
+        let n = plan.allocations.len();
+        match api
+            .write(Command::Schedule {
+                allocations: plan.allocations,
+                now: now_ms(),
+            })
+            .await
+        {
+            Ok(CommandResult::Scheduled { started, skipped }) => {
+                tracing::debug!(planned = n, started = started.len(), periodic, "scheduling pass");
+                for (job, why) in skipped {
+                    tracing::debug!(%job, %why, "allocation no longer fits");
+                }
+            }
+            Ok(other) => tracing::warn!("unexpected schedule result {other:?}"),
+            Err(e) => tracing::debug!("schedule not committed: {e:?}"),
+        }
+    }
+}
