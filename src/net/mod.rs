@@ -1,1 +1,14 @@
-//! (being built)
+//! The network room: QUIC endpoints with mutual TLS, the cluster PKI and join
+//! tokens, the one frame codec, and typed request/response on top.
+//!
+//! Layering, bottom up: [`frame`] (length-prefixed MessagePack, also used on
+//! unix sockets) -> [`pki`] (CA, node certificates, identities in the SAN) ->
+//! [`tls`] (rustls configs: trust is the cluster CA) -> [`endpoint`] (QUIC,
+//! per-ALPN admission, connection cache; [`hello`] checks protocol versions)
+//! -> [`rpc`] (one stream per request) -> [`join`] (getting a certificate
+//! with a [`token::JoinToken`]). The message types of each protocol belong to the
+//! modules that speak them; this room only carries them.
+
+pub mod frame;
+
+pub use frame::{read_frame, write_frame, FrameError, DEFAULT_MAX_FRAME};
