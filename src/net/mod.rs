@@ -10,5 +10,7 @@
 //! modules that speak them; this room only carries them.
 
 pub mod frame;
+pub mod pki;
 
 pub use frame::{read_frame, write_frame, FrameError, DEFAULT_MAX_FRAME};
+pub use pki::{generate_csr, peer_identity, ClusterCa, NodeIdentity, PkiError};
