@@ -11,6 +11,7 @@
 
 pub mod frame;
 pub mod pki;
+pub mod tls;
 
 pub use frame::{read_frame, write_frame, FrameError, DEFAULT_MAX_FRAME};
 pub use pki::{generate_csr, peer_identity, ClusterCa, NodeIdentity, PkiError};
