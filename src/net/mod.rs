@@ -9,9 +9,15 @@
 //! with a [`token::JoinToken`]). The message types of each protocol belong to the
 //! modules that speak them; this room only carries them.
 
+pub mod endpoint;
 pub mod frame;
+pub mod hello;
 pub mod pki;
 pub mod tls;
 
+pub use endpoint::{
+    Admit, Endpoint, EndpointError, Peer, Service, ALPN_AGENT, ALPN_API, ALPN_JOIN, ALPN_RAFT,
+};
 pub use frame::{read_frame, write_frame, FrameError, DEFAULT_MAX_FRAME};
+pub use hello::PROTOCOL_VERSION;
 pub use pki::{generate_csr, peer_identity, ClusterCa, NodeIdentity, PkiError};
