@@ -13,6 +13,7 @@ pub mod endpoint;
 pub mod frame;
 pub mod hello;
 pub mod pki;
+pub mod rpc;
 pub mod tls;
 
 pub use endpoint::{
@@ -21,3 +22,4 @@ pub use endpoint::{
 pub use frame::{read_frame, write_frame, FrameError, DEFAULT_MAX_FRAME};
 pub use hello::PROTOCOL_VERSION;
 pub use pki::{generate_csr, peer_identity, ClusterCa, NodeIdentity, PkiError};
+pub use rpc::{call, serve, RpcError};
