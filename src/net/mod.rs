@@ -15,6 +15,7 @@ pub mod hello;
 pub mod pki;
 pub mod rpc;
 pub mod tls;
+pub mod token;
 
 pub use endpoint::{
     Admit, Endpoint, EndpointError, Peer, Service, ALPN_AGENT, ALPN_API, ALPN_JOIN, ALPN_RAFT,
@@ -23,3 +24,4 @@ pub use frame::{read_frame, write_frame, FrameError, DEFAULT_MAX_FRAME};
 pub use hello::PROTOCOL_VERSION;
 pub use pki::{generate_csr, peer_identity, ClusterCa, NodeIdentity, PkiError};
 pub use rpc::{call, serve, RpcError};
+pub use token::{JoinToken, TokenError};
