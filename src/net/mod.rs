@@ -12,6 +12,7 @@
 pub mod endpoint;
 pub mod frame;
 pub mod hello;
+pub mod join;
 pub mod pki;
 pub mod rpc;
 pub mod tls;
@@ -22,6 +23,7 @@ pub use endpoint::{
 };
 pub use frame::{read_frame, write_frame, FrameError, DEFAULT_MAX_FRAME};
 pub use hello::PROTOCOL_VERSION;
+pub use join::{join, serve_join, JoinAuthority, JoinError, JoinRequest, JoinResponse};
 pub use pki::{generate_csr, peer_identity, ClusterCa, NodeIdentity, PkiError};
 pub use rpc::{call, serve, RpcError};
 pub use token::{JoinToken, TokenError};
