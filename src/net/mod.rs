@@ -27,3 +27,6 @@ pub use join::{join, serve_join, JoinAuthority, JoinError, JoinRequest, JoinResp
 pub use pki::{generate_csr, peer_identity, ClusterCa, NodeIdentity, PkiError};
 pub use rpc::{call, serve, RpcError};
 pub use token::{JoinToken, TokenError};
+
+#[cfg(test)]
+mod tests;
