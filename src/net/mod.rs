@@ -5,7 +5,7 @@
 //! unix sockets) -> [`pki`] (CA, node certificates, identities in the SAN) ->
 //! [`tls`] (rustls configs: trust is the cluster CA) -> [`endpoint`] (QUIC,
 //! per-ALPN admission, connection cache; [`hello`] checks protocol versions)
-//! -> [`rpc`] (one stream per request) -> [`join`] (getting a certificate
+//! -> [`rpc`] (one stream per request) -> [`mod@join`] (getting a certificate
 //! with a [`token::JoinToken`]). The message types of each protocol belong to the
 //! modules that speak them; this room only carries them.
 

@@ -8,9 +8,9 @@
 //! other stream carry on, since one bad request must not cost a peer its link.
 //!
 //! Long-lived streams (agent sync, log following, snapshots) need nothing
-//! special: open one with `conn.open_bi()` and use
-//! [`read_frame`](super::frame::read_frame) / [`write_frame`](super::frame::write_frame)
-//! on quinn's `RecvStream` / `SendStream` directly, as many frames as needed.
+//! special: open one with `conn.open_bi()` and use [`read_frame`] /
+//! [`write_frame`] on quinn's `RecvStream` / `SendStream` directly, as many
+//! frames as needed.
 
 use std::future::Future;
 use std::net::SocketAddr;
