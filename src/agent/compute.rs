@@ -1,0 +1,319 @@
+//! The compute agent: keeps one connection to the leader, registers the node,
+//! and reconciles the tasks it runs to the desired state it is sent
+//! (level-triggered: start what is desired and absent, stop what runs and is
+//! not desired). Task starts and ends are buffered and replayed until the
+//! leader acknowledges them as committed, so a reconnect or a control-plane
+//! outage loses nothing and a repeat changes nothing (events are keyed by
+//! job, attempt and rank).
+//!
+//! While no leader is reachable, running tasks keep running: nothing is
+//! started or stopped on a desired state that may be stale.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{mpsc, watch};
+
+use crate::model::{NodeInventory, TaskEnd, TaskEvent, TaskEventKind};
+use crate::net::agent_proto::{AgentHello, AgentMsg, DesiredTask, ServerMsg};
+use crate::net::endpoint::{Endpoint, ALPN_AGENT};
+use crate::net::frame::{read_frame, write_frame, DEFAULT_MAX_FRAME};
+
+/// A task's key: (job, attempt, rank).
+pub type TaskKey = (u64, u32, u32);
+
+/// What the runner sees of a task.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Observed {
+    Running,
+    Ended(TaskEnd),
+}
+
+/// Runs tasks on this node: real processes under shims, or simulated ones.
+pub trait TaskRunner: Send + Sync + 'static {
+    /// Starts a task; an error is a launch failure reported for the rank.
+    fn start(&self, task: &DesiredTask) -> Result<(), String>;
+    /// Asks a running task to stop (signal, grace, kill).
+    fn stop(&self, key: TaskKey);
+    /// Every task the runner knows of, running or ended, including tasks
+    /// started by an earlier agent process (re-adoption).
+    fn scan(&self) -> Vec<(TaskKey, Observed)>;
+    /// Drops an ended task whose end was committed.
+    fn forget(&self, key: TaskKey);
+}
+
+fn key_of(t: &DesiredTask) -> TaskKey {
+    (t.job.0, t.attempt, t.rank)
+}
+
+fn event(key: TaskKey, kind: TaskEventKind) -> TaskEvent {
+    TaskEvent {
+        job: crate::model::JobId(key.0),
+        attempt: key.1,
+        rank: key.2,
+        kind,
+    }
+}
+
+/// The agent's memory of what it reported and what it was told.
+#[derive(Default)]
+struct Ledger {
+    /// The desired set of the current connection; `None` until it arrived.
+    desired: Option<HashMap<TaskKey, DesiredTask>>,
+    started_reported: BTreeSet<TaskKey>,
+    ended_reported: BTreeSet<TaskKey>,
+    /// Ends the leader has committed.
+    ended_committed: BTreeSet<TaskKey>,
+    /// Event batches not yet acknowledged, by sequence number.
+    unacked: BTreeMap<u64, Vec<TaskEvent>>,
+    next_seq: u64,
+}
+
+impl Ledger {
+    /// One reconcile step: returns the new events to send.
+    fn reconcile(&mut self, runner: &dyn TaskRunner) -> Vec<TaskEvent> {
+        let observed = runner.scan();
+        let mut events = Vec::new();
+        let mut seen = BTreeSet::new();
+        for (key, obs) in observed {
+            seen.insert(key);
+            let desired = self.desired.as_ref().map(|d| d.contains_key(&key));
+            match obs {
+                Observed::Running => {
+                    if self.started_reported.insert(key) {
+                        events.push(event(key, TaskEventKind::Started));
+                    }
+                    if desired == Some(false) {
+                        runner.stop(key);
+                    }
+                }
+                Observed::Ended(end) => {
+                    if self.started_reported.insert(key)
+                        && !matches!(end, TaskEnd::LaunchFailed { .. })
+                    {
+                        events.push(event(key, TaskEventKind::Started));
+                    }
+                    if self.ended_reported.insert(key) {
+                        events.push(event(key, TaskEventKind::Ended(end)));
+                    }
+                    if self.ended_committed.contains(&key) && desired == Some(false) {
+                        runner.forget(key);
+                        self.started_reported.remove(&key);
+                        self.ended_reported.remove(&key);
+                        self.ended_committed.remove(&key);
+                    }
+                }
+            }
+        }
+        if let Some(desired) = &self.desired {
+            for (key, task) in desired {
+                if seen.contains(key) || self.ended_reported.contains(key) {
+                    continue;
+                }
+                if let Err(reason) = runner.start(task) {
+                    tracing::warn!(job = key.0, rank = key.2, %reason, "task could not start");
+                    self.started_reported.insert(*key);
+                    self.ended_reported.insert(*key);
+                    events.push(event(*key, TaskEventKind::Ended(TaskEnd::LaunchFailed { reason })));
+                }
+            }
+        }
+        events
+    }
+
+    fn queue(&mut self, events: Vec<TaskEvent>) -> Option<(u64, Vec<TaskEvent>)> {
+        if events.is_empty() {
+            return None;
+        }
+        self.next_seq += 1;
+        self.unacked.insert(self.next_seq, events.clone());
+        Some((self.next_seq, events))
+    }
+
+    fn committed(&mut self, seq: u64) {
+        let acked: Vec<u64> = self.unacked.range(..=seq).map(|(s, _)| *s).collect();
+        for s in acked {
+            if let Some(batch) = self.unacked.remove(&s) {
+                for ev in batch {
+                    if let TaskEventKind::Ended(_) = ev.kind {
+                        self.ended_committed.insert((ev.job.0, ev.attempt, ev.rank));
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// How a compute agent reaches the control plane.
+pub struct ComputeAgent {
+    pub endpoint: Endpoint,
+    pub servers: Vec<SocketAddr>,
+    pub inventory: NodeInventory,
+    /// The port advertised with this node's address (MASTER_ADDR host is the
+    /// local address of the connection to the leader).
+    pub advertise: Option<String>,
+    pub runner: Arc<dyn TaskRunner>,
+    /// How often tasks are re-examined.
+    pub reconcile_every: Duration,
+}
+
+enum Session {
+    /// The leader is elsewhere: try this address next.
+    Redirect(Option<SocketAddr>),
+    /// The connection ended; back off and retry.
+    Lost(String),
+    /// Refused for good (e.g. a duplicate node name).
+    Refused(String),
+}
+
+impl ComputeAgent {
+    /// Runs until `shutdown`; reconnects with backoff.
+    pub async fn run(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) -> anyhow::Result<()> {
+        let boot_id: u64 = rand::random();
+        let mut ledger = Ledger::default();
+        let mut backoff = Duration::from_millis(100);
+        let mut hint: Option<SocketAddr> = None;
+        let mut idx = 0usize;
+        loop {
+            if *shutdown.borrow() {
+                return Ok(());
+            }
+            let addr = match hint.take() {
+                Some(a) => a,
+                None => {
+                    let a = self.servers[idx % self.servers.len()];
+                    idx += 1;
+                    a
+                }
+            };
+            match self.session(addr, boot_id, &mut ledger, &mut shutdown).await {
+                Session::Redirect(to) => {
+                    hint = to;
+                    continue;
+                }
+                Session::Lost(why) => {
+                    tracing::info!(server = %addr, %why, "no leader connection; retrying");
+                }
+                Session::Refused(why) => {
+                    tracing::error!(server = %addr, "registration refused: {why}");
+                }
+            }
+            // Meanwhile keep observing tasks so ends are buffered, but start
+            // and stop nothing on a desired state that may be stale.
+            ledger.desired = None;
+            let events = ledger.reconcile(self.runner.as_ref());
+            ledger.queue(events);
+            tokio::select! {
+                _ = tokio::time::sleep(backoff) => {}
+                _ = shutdown.changed() => return Ok(()),
+            }
+            backoff = (backoff * 2).min(Duration::from_secs(3));
+        }
+    }
+
+    async fn session(
+        &self,
+        addr: SocketAddr,
+        boot_id: u64,
+        ledger: &mut Ledger,
+        shutdown: &mut watch::Receiver<bool>,
+    ) -> Session {
+        let conn = match self.endpoint.connect(addr, ALPN_AGENT).await {
+            Ok(c) => c,
+            Err(e) => return Session::Lost(e.to_string()),
+        };
+        let (mut send, mut recv) = match conn.open_bi().await {
+            Ok(s) => s,
+            Err(e) => return Session::Lost(e.to_string()),
+        };
+        let host = conn
+            .local_ip()
+            .map(|ip| ip.to_string())
+            .unwrap_or_else(|| "127.0.0.1".into());
+        let hello = AgentHello {
+            inventory: self.inventory.clone(),
+            addr: self.advertise.clone().unwrap_or_else(|| format!("{host}:0")),
+            boot_id,
+        };
+        if let Err(e) = write_frame(&mut send, &hello).await {
+            return Session::Lost(e.to_string());
+        }
+        match read_frame::<_, ServerMsg>(&mut recv, DEFAULT_MAX_FRAME).await {
+            Ok(Some(ServerMsg::Welcome { .. })) => {}
+            Ok(Some(ServerMsg::Refused {
+                leader_addr: Some(l),
+                ..
+            })) => return Session::Redirect(l.parse().ok()),
+            Ok(Some(ServerMsg::Refused { reason, .. })) => {
+                if reason.contains("not the leader") {
+                    return Session::Lost(reason);
+                }
+                return Session::Refused(reason);
+            }
+            Ok(other) => return Session::Lost(format!("unexpected first answer {other:?}")),
+            Err(e) => return Session::Lost(e.to_string()),
+        }
+        tracing::info!(server = %addr, node = %self.inventory.name, "connected to the leader");
+        // Replay what the last connection may not have delivered.
+        for (seq, events) in ledger.unacked.clone() {
+            if write_frame(&mut send, &AgentMsg::Events { seq, events }).await.is_err() {
+                return Session::Lost("connection lost while replaying".into());
+            }
+        }
+        let (tx, mut rx) = mpsc::channel::<ServerMsg>(16);
+        let reader = tokio::spawn(async move {
+            while let Ok(Some(m)) = read_frame::<_, ServerMsg>(&mut recv, DEFAULT_MAX_FRAME).await {
+                if tx.send(m).await.is_err() {
+                    break;
+                }
+            }
+        });
+        let mut tick = tokio::time::interval(self.reconcile_every);
+        let mut heartbeat = tokio::time::interval(Duration::from_secs(1));
+        let outcome = loop {
+            let mut reconcile = false;
+            tokio::select! {
+                m = rx.recv() => match m {
+                    Some(ServerMsg::Desired { tasks, .. }) => {
+                        ledger.desired = Some(tasks.into_iter().map(|t| (key_of(&t), t)).collect());
+                        reconcile = true;
+                    }
+                    Some(ServerMsg::EventsCommitted { seq }) => {
+                        ledger.committed(seq);
+                        reconcile = true;
+                    }
+                    Some(ServerMsg::Refused { reason, leader_addr }) => {
+                        break match leader_addr.and_then(|l| l.parse().ok()) {
+                            Some(a) => Session::Redirect(Some(a)),
+                            None => Session::Lost(reason),
+                        };
+                    }
+                    Some(ServerMsg::Welcome { .. }) => {}
+                    None => break Session::Lost("the leader closed the connection".into()),
+                },
+                _ = tick.tick() => reconcile = true,
+                _ = heartbeat.tick() => {
+                    if write_frame(&mut send, &AgentMsg::Heartbeat).await.is_err() {
+                        break Session::Lost("heartbeat failed".into());
+                    }
+                }
+                _ = shutdown.changed() => break Session::Lost("shutting down".into()),
+            }
+            if reconcile {
+                let events = ledger.reconcile(self.runner.as_ref());
+                if let Some((seq, events)) = ledger.queue(events) {
+                    if write_frame(&mut send, &AgentMsg::Events { seq, events }).await.is_err() {
+                        break Session::Lost("connection lost".into());
+                    }
+                }
+            }
+        };
+        reader.abort();
+        outcome
+    }
+}
+
+#[cfg(test)]
+mod tests;
