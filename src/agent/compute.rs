@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use tokio::sync::{mpsc, watch};
 
-use crate::model::{NodeInventory, TaskEnd, TaskEvent, TaskEventKind};
+use crate::model::{NodeInventory, Role, TaskEnd, TaskEvent, TaskEventKind};
 use crate::net::agent_proto::{AgentHello, AgentMsg, DesiredTask, ServerMsg};
 use crate::net::endpoint::{Endpoint, ALPN_AGENT};
 use crate::net::frame::{read_frame, write_frame, DEFAULT_MAX_FRAME};
@@ -220,8 +220,8 @@ impl ComputeAgent {
         ledger: &mut Ledger,
         shutdown: &mut watch::Receiver<bool>,
     ) -> Session {
-        let conn = match self.endpoint.connect(addr, ALPN_AGENT).await {
-            Ok(c) => c,
+        let conn = match self.endpoint.dial(addr, ALPN_AGENT, &[Role::Server]).await {
+            Ok(p) => p.conn,
             Err(e) => return Session::Lost(e.to_string()),
         };
         let (mut send, mut recv) = match conn.open_bi().await {
@@ -315,5 +315,3 @@ impl ComputeAgent {
     }
 }
 
-#[cfg(test)]
-mod tests;

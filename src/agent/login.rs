@@ -13,7 +13,7 @@ use crate::model::Role;
 use crate::net::endpoint::{Endpoint, ALPN_API};
 use crate::net::local;
 use crate::net::proto::{ApiRequest, ApiResponse, Caller, ErrorKind, Vouched};
-use crate::net::rpc;
+use crate::net::{rpc, DEFAULT_MAX_FRAME};
 
 /// A running login agent.
 pub struct LoginAgent {
@@ -28,8 +28,14 @@ impl LoginAgent {
         let mut last = String::from("no servers are configured (set servers in [agent])");
         for addr in &self.servers {
             let attempt = async {
-                let conn = self.endpoint.connect(*addr, ALPN_API).await?;
-                rpc::call::<Vouched, ApiResponse>(&conn, &v).await
+                let peer = self
+                    .endpoint
+                    .dial(*addr, ALPN_API, &[Role::Server])
+                    .await
+                    .map_err(|e| e.to_string())?;
+                rpc::call::<Vouched, ApiResponse>(&peer.conn, &v, DEFAULT_MAX_FRAME)
+                    .await
+                    .map_err(|e| e.to_string())
             };
             match attempt.await {
                 Ok(resp) => return resp,
@@ -75,7 +81,13 @@ pub async fn start_login(
             servers.insert(0, a);
         }
     }
-    let endpoint = Endpoint::client(&identity).context("cannot open a QUIC client endpoint")?;
+    let bind = crate::net::endpoint::unspecified_for(
+        *servers
+            .first()
+            .context("no server to talk to: give --join HOST:PORT or servers in [agent]")?,
+    );
+    let endpoint =
+        Endpoint::client(&identity, bind).context("cannot open a QUIC client endpoint")?;
     let agent = Arc::new(LoginAgent { endpoint, servers });
 
     let listener = local::bind(&cfg.socket)

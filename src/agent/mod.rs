@@ -2,6 +2,7 @@
 //! a login agent runs none and only vouches for the users of its host, so
 //! `gpuq submit` works from a login node without cluster keys in the CLI.
 
+pub mod compute;
 mod identity;
 mod login;
 

@@ -123,6 +123,12 @@ pub enum ClientCommand {
         #[command(flatten)]
         json: JsonFlag,
     },
+    /// Compute nodes: state, GPUs, CPUs and memory in use (--json adds per-GPU
+    /// UUIDs, PCI ids and topology).
+    Nodes {
+        #[command(flatten)]
+        json: JsonFlag,
+    },
     /// Create, list and revoke join tokens (admins).
     Token {
         #[command(subcommand)]
@@ -307,6 +313,16 @@ pub async fn run(cmd: ClientCommand) -> Result<(), CliError> {
             }
             other => Err(unexpected(other)),
         },
+        ClientCommand::Nodes { json } => match call(ApiRequest::Nodes).await? {
+            ApiResponse::Nodes { nodes } => {
+                if json.json {
+                    return print_json(&nodes);
+                }
+                print!("{}", nodes_table(&nodes));
+                Ok(())
+            }
+            other => Err(unexpected(other)),
+        },
         ClientCommand::Token { cmd } => token(cmd).await,
     }
 }
@@ -392,6 +408,36 @@ fn queue_table(jobs: &[Job]) -> String {
                 .unwrap_or_else(|| "UNLIMITED".into()),
             fmt_time(j.submit_time),
             j.reason.clone().unwrap_or_default(),
+        ]);
+    }
+    t.render()
+}
+
+fn nodes_table(nodes: &[crate::net::proto::NodeInfo]) -> String {
+    let mut t = Table::new(&[
+        "NODE", "STATE", "GPU_MODEL", "GPUS", "CPUS", "MEMORY", "JOBS", "TOPOLOGY", "REASON",
+    ]);
+    for n in nodes {
+        let inv = &n.inventory;
+        let state = if n.connected || n.state != "up" {
+            n.state.clone()
+        } else {
+            "up (not connected)".into()
+        };
+        t.row(vec![
+            n.name.clone(),
+            state,
+            inv.gpu_model().unwrap_or("-").to_string(),
+            format!("{}/{}", n.gpus_used, inv.gpus.len()),
+            format!("{}/{}", n.cpus_used, inv.cpus),
+            format!(
+                "{}/{}",
+                crate::spec::memory::format_mem(n.memory_used_mb),
+                crate::spec::memory::format_mem(inv.memory_mb)
+            ),
+            n.running_jobs.to_string(),
+            if inv.topology.is_empty() { "-".into() } else { inv.topology.clone() },
+            n.reason.clone().unwrap_or_default(),
         ]);
     }
     t.render()

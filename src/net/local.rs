@@ -13,7 +13,7 @@ use tokio::sync::watch;
 
 use super::frame::{read_frame, write_frame, FrameError, DEFAULT_MAX_FRAME};
 use super::proto::{ApiRequest, ApiResponse, ErrorKind};
-use super::PROTOCOL_VERSION;
+use super::hello::PROTOCOL_VERSION;
 
 /// The first frame on a local connection, each way.
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
@@ -156,7 +156,7 @@ where
     H: Fn(PeerCred, ApiRequest) -> F + Send + Sync + 'static,
     F: Future<Output = ApiResponse> + Send + 'static,
 {
-    let cred = stream.peer_cred().map_err(|e| FrameError::Io(e))?;
+    let cred = stream.peer_cred().map_err(FrameError::Io)?;
     let cred = PeerCred {
         uid: cred.uid(),
         gid: cred.gid(),

@@ -14,7 +14,7 @@ use crate::net::pki::NodeIdentity;
 use crate::net::proto::{
     ApiRequest, ApiResponse, Caller, ClusterStatus, ErrorKind, Member, TokenInfo, Vouched,
 };
-use crate::net::rpc;
+use crate::net::{rpc, DEFAULT_MAX_FRAME};
 use crate::net::token::JoinToken;
 use crate::raft::RaftNode;
 use crate::state::{Command, CommandResult, Rejection, State};
@@ -128,6 +128,11 @@ impl Api {
             job.reason = reasons.get(&job.id).cloned();
         }
         job
+    }
+
+    /// The cluster CA certificate this server trusts.
+    pub fn ca_cert_pem(&self) -> String {
+        self.identity.ca_cert_pem.clone()
     }
 
     /// The replicated state as applied on this server.
@@ -268,7 +273,10 @@ impl Api {
             Ok(fp) => fp,
             Err(e) => return ApiResponse::error(ErrorKind::Internal, e.to_string()),
         };
-        let token = JoinToken::generate(&ca_fp);
+        let token = match JoinToken::generate(&ca_fp) {
+            Ok(t) => t,
+            Err(e) => return ApiResponse::error(ErrorKind::Internal, e.to_string()),
+        };
         let now = now_ms();
         let record = TokenRecord {
             id: token.id.clone(),
@@ -341,8 +349,14 @@ impl Api {
             request: req.clone(),
         };
         let result = async {
-            let conn = self.endpoint.connect(addr, ALPN_API).await?;
-            rpc::call::<Vouched, ApiResponse>(&conn, &v).await
+            let peer = self
+                .endpoint
+                .dial(addr, ALPN_API, &[Role::Server])
+                .await
+                .map_err(|e| e.to_string())?;
+            rpc::call::<Vouched, ApiResponse>(&peer.conn, &v, DEFAULT_MAX_FRAME)
+                .await
+                .map_err(|e| e.to_string())
         };
         Some(match result.await {
             Ok(r) => r,

@@ -4,7 +4,10 @@
 //! decides, never the one the CSR claims.
 
 use crate::model::Role;
-use crate::net::join::{JoinRequest, JoinResponse};
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use crate::net::join::{JoinAuthority, JoinRequest};
 use crate::net::pki::ClusterCa;
 use crate::state::Command;
 
@@ -40,8 +43,8 @@ pub fn check(api: &Api, req: &JoinRequest, now: u64) -> Result<String, String> {
             req.token_id
         )
     })?;
-    let offered = crate::net::token::sha256_hex(req.secret.as_bytes());
-    if !crate::net::token::constant_time_eq(offered.as_bytes(), token.secret_sha256.as_bytes()) {
+    let offered = crate::net::token::secret_sha256(&req.secret);
+    if !crate::net::token::hashes_equal(&offered, &token.secret_sha256) {
         return Err(format!("token {}: the secret does not match", token.id));
     }
     if token.revoked {
@@ -72,10 +75,20 @@ pub fn check(api: &Api, req: &JoinRequest, now: u64) -> Result<String, String> {
         .map_err(|e| format!("the certificate request was refused: {e}"))
 }
 
+/// The server's join authority.
+pub struct Admission(pub Arc<Api>);
+
+#[async_trait::async_trait]
+impl JoinAuthority for Admission {
+    async fn admit(&self, req: &JoinRequest, from: SocketAddr) -> Result<String, String> {
+        admit(&self.0, req, from).await
+    }
+}
+
 /// Answers a join request.
-pub async fn admit(api: &Api, req: JoinRequest) -> JoinResponse {
+async fn admit(api: &Api, req: &JoinRequest, from: SocketAddr) -> Result<String, String> {
     let now = now_ms();
-    match check(api, &req, now) {
+    match check(api, req, now) {
         Ok(cert_pem) => {
             // Counting uses is bookkeeping; a follower cannot write, which is fine.
             let _ = api
@@ -84,20 +97,12 @@ pub async fn admit(api: &Api, req: JoinRequest) -> JoinResponse {
                     now,
                 })
                 .await;
-            tracing::info!(node = %req.name, role = %req.role, token = %req.token_id, "admitted a joining daemon");
-            JoinResponse::Ok {
-                cert_pem,
-                ca_cert_pem: api
-                    .state()
-                    .cluster
-                    .as_ref()
-                    .map(|c| c.ca_cert_pem.clone())
-                    .unwrap_or_default(),
-            }
+            tracing::info!(node = %req.name, role = %req.role, token = %req.token_id, %from, "admitted a joining daemon");
+            Ok(cert_pem)
         }
         Err(reason) => {
-            tracing::warn!(node = %req.name, token = %req.token_id, %reason, "refused a joining daemon");
-            JoinResponse::Refused { reason }
+            tracing::warn!(node = %req.name, token = %req.token_id, %from, %reason, "refused a joining daemon");
+            Err(reason)
         }
     }
 }

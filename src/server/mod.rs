@@ -17,7 +17,8 @@ use anyhow::Context;
 use tokio::sync::watch;
 
 use crate::config::ServerConfig;
-use crate::net::endpoint::{Endpoint, ALPN_AGENT, ALPN_API, ALPN_JOIN, ALPN_RAFT};
+use crate::net::endpoint::{Endpoint, Service, ALPN_AGENT, ALPN_API, ALPN_JOIN, ALPN_RAFT};
+use crate::net::DEFAULT_MAX_FRAME;
 use crate::net::{local, rpc};
 use crate::raft::{self, RaftNode, ServerNode};
 use crate::state::Command;
@@ -78,7 +79,12 @@ pub async fn start(
     let endpoint = Endpoint::server(
         cfg.listen,
         &identity,
-        &[ALPN_RAFT, ALPN_API, ALPN_JOIN, ALPN_AGENT],
+        vec![
+            Service::raft(),
+            Service::api(),
+            Service::join(),
+            Service::agent(),
+        ],
     )
         .with_context(|| format!("cannot listen on {} (UDP)", cfg.listen))?;
     let quic_addr = endpoint.local_addr()?;
@@ -150,26 +156,31 @@ pub async fn start(
                 tokio::spawn(async move {
                     let alpn = peer.alpn.clone();
                     if alpn == ALPN_RAFT {
-                        rpc::serve(peer, move |_p, req| {
-                            let raft = raft.clone();
-                            async move { raft::network::handle(&raft, req).await }
-                        })
+                        rpc::serve(
+                            peer,
+                            move |_p, req| {
+                                let raft = raft.clone();
+                                async move { raft::network::handle(&raft, req).await }
+                            },
+                            DEFAULT_MAX_FRAME,
+                        )
                         .await;
                     } else if alpn == ALPN_API {
-                        rpc::serve(peer, move |p, req| {
-                            let api = api.clone();
-                            async move { api.handle_vouched(&p, req).await }
-                        })
+                        rpc::serve(
+                            peer,
+                            move |p, req| {
+                                let api = api.clone();
+                                async move { api.handle_vouched(&p, req).await }
+                            },
+                            DEFAULT_MAX_FRAME,
+                        )
                         .await;
                     } else if alpn == ALPN_AGENT {
                         let hub = api.hub.clone();
                         agents::serve(api, hub, peer).await;
                     } else if alpn == ALPN_JOIN {
-                        rpc::serve(peer, move |_p, req| {
-                            let api = api.clone();
-                            async move { join::admit(&api, req).await }
-                        })
-                        .await;
+                        let ca_pem = api.ca_cert_pem();
+                        crate::net::serve_join(peer, Arc::new(join::Admission(api)), ca_pem).await;
                     }
                 });
             }

@@ -4,7 +4,8 @@
 use std::sync::Arc;
 
 use crate::net::endpoint::{Endpoint, ALPN_RAFT};
-use crate::net::rpc;
+use crate::model::Role;
+use crate::net::{rpc, DEFAULT_MAX_FRAME};
 use crate::raft::network::{RaftRequest, RaftResponse, RaftTransport};
 use crate::raft::ServerNode;
 
@@ -26,12 +27,12 @@ impl RaftTransport for QuicRaftNetwork {
             .addr
             .parse()
             .map_err(|_| format!("server {} has an invalid address {:?}", node.name, node.addr))?;
-        let conn = self
+        let peer = self
             .endpoint
-            .connect(addr, ALPN_RAFT)
+            .dial(addr, ALPN_RAFT, &[Role::Server])
             .await
             .map_err(|e| e.to_string())?;
-        rpc::call::<RaftRequest, RaftResponse>(&conn, &req)
+        rpc::call::<RaftRequest, RaftResponse>(&peer.conn, &req, DEFAULT_MAX_FRAME)
             .await
             .map_err(|e| e.to_string())
     }
