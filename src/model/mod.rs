@@ -3,9 +3,11 @@
 //! which job state may follow which). Nothing here does I/O or reads a clock.
 
 mod job;
+mod node;
 mod token;
 
 pub use job::*;
+pub use node::*;
 pub use token::*;
 
 /// Milliseconds since the Unix epoch. The leader stamps it into commands; apply

@@ -1,0 +1,122 @@
+//! Nodes and their hardware: what an agent reports (`NodeInventory`) and what
+//! a job is given on a node (`NodeAllocation`).
+
+use serde::{Deserialize, Serialize};
+
+use super::{JobId, NodeName};
+
+/// How two GPUs of a node are connected, closest first (nvidia-smi topo's
+/// words: NV#, PIX, PXB, PHB, NODE, SYS).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum GpuLink {
+    /// The same GPU.
+    SelfLink,
+    /// NVLink with this many links.
+    NvLink(u8),
+    /// Through at most one PCIe switch.
+    PcieSwitch,
+    /// Through several PCIe switches, not the host bridge.
+    PcieMultiSwitch,
+    /// Through a PCIe host bridge (same CPU socket).
+    HostBridge,
+    /// Across PCIe host bridges within one NUMA node.
+    SameNuma,
+    /// Across NUMA nodes (the SMP interconnect).
+    CrossNuma,
+}
+
+impl GpuLink {
+    /// A closeness rank: lower is closer. More NVLinks are closer.
+    pub fn distance(self) -> u32 {
+        match self {
+            GpuLink::SelfLink => 0,
+            GpuLink::NvLink(n) => 20 - u32::from(n.min(18)),
+            GpuLink::PcieSwitch => 30,
+            GpuLink::PcieMultiSwitch => 40,
+            GpuLink::HostBridge => 50,
+            GpuLink::SameNuma => 60,
+            GpuLink::CrossNuma => 70,
+        }
+    }
+}
+
+/// One GPU as the inventory backend found it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuInfo {
+    /// The index CUDA uses with `CUDA_DEVICE_ORDER=PCI_BUS_ID`.
+    pub index: u32,
+    pub uuid: String,
+    /// Marketing name, e.g. `NVIDIA H100 80GB HBM3`.
+    pub model: String,
+    pub memory_mb: u64,
+    /// PCI bus id, e.g. `00000000:18:00.0`.
+    pub pci_bus_id: String,
+    /// The NUMA node the GPU hangs off, when known.
+    pub numa_node: Option<u32>,
+    /// False once a critical fault was seen; no new work goes there.
+    #[serde(default = "yes")]
+    pub healthy: bool,
+    /// Why the GPU is unhealthy.
+    #[serde(default)]
+    pub fault: Option<String>,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// A NUMA node: its CPUs and memory.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NumaNode {
+    pub id: u32,
+    /// Logical CPU ids.
+    pub cpus: Vec<u32>,
+    pub memory_mb: u64,
+}
+
+/// What an agent reports about its node when it registers.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeInventory {
+    pub name: NodeName,
+    pub gpus: Vec<GpuInfo>,
+    /// `gpu_links[i][j]`: how GPU i reaches GPU j (square, `SelfLink` on the diagonal).
+    pub gpu_links: Vec<Vec<GpuLink>>,
+    pub numa: Vec<NumaNode>,
+    /// Logical CPUs available to jobs (after `reserved_cpus`).
+    pub cpus: u32,
+    /// Memory available to jobs in MiB (after `reserved_memory_mb`).
+    pub memory_mb: u64,
+    /// Topology domain path, e.g. `spine1/leaf3` (empty: unknown).
+    #[serde(default)]
+    pub topology: String,
+    /// Node features for `--constraint` (e.g. `ib`, `nvme`).
+    #[serde(default)]
+    pub features: Vec<String>,
+}
+
+impl NodeInventory {
+    /// The GPU model most of the node's GPUs have, for tables.
+    pub fn gpu_model(&self) -> Option<&str> {
+        self.gpus.first().map(|g| g.model.as_str())
+    }
+}
+
+/// What one job holds on one node.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeAllocation {
+    pub node: NodeName,
+    /// GPU indices on that node.
+    pub gpus: Vec<u32>,
+    /// Logical CPU ids (a cpuset), or empty with `cpu_count` only.
+    #[serde(default)]
+    pub cpus: Vec<u32>,
+    pub cpu_count: u32,
+    pub memory_mb: u64,
+}
+
+/// Where a job's ranks run: node rank i is `nodes[i]`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Allocation {
+    pub job: JobId,
+    pub nodes: Vec<NodeAllocation>,
+}
