@@ -28,6 +28,9 @@ mod gpus;
 mod plan;
 mod view;
 
+#[cfg(test)]
+mod tests;
+
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet};
 
