@@ -1,0 +1,76 @@
+//! The output of a pass: what to start, and why the rest waits.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::model::{Allocation, JobId};
+
+/// What one pass decided. The leader proposes it as one `Command::Schedule`;
+/// apply re-checks each allocation with [`super::check_allocation`].
+///
+/// Preemptions (victims to signal) and reservations (backfill's promised start
+/// times) join as further fields, `#[serde(default)]`, when those policies land.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Plan {
+    /// Jobs to start, in queue order; a gang job is one entry, whole.
+    pub allocations: Vec<Allocation>,
+    /// Every other pending job, in queue order, with why it waits.
+    pub pending: Vec<(JobId, PendingReason)>,
+}
+
+/// Why a job is still pending (Slurm's `REASON` column). New variants are added
+/// as policies arrive; the ones the planner does not produce yet are here so the
+/// state, CLI and API speak one vocabulary.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum PendingReason {
+    /// It fits the cluster but not the resources free now.
+    Resources,
+    /// A job ahead of it in the queue waits, and it may not overtake.
+    Priority,
+    /// No set of up nodes could hold it even if they were empty.
+    Unsatisfiable(String),
+    /// It waits for other jobs (`--dependency`).
+    Dependency,
+    /// Its account or user is at a quota.
+    QuotaExceeded,
+    /// A user or admin holds it.
+    Held,
+    /// Its `--begin` time has not come.
+    BeginTime,
+}
+
+impl PendingReason {
+    /// A short word for tables (Slurm's reason names).
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            PendingReason::Resources => "Resources",
+            PendingReason::Priority => "Priority",
+            PendingReason::Unsatisfiable(_) => "Unsatisfiable",
+            PendingReason::Dependency => "Dependency",
+            PendingReason::QuotaExceeded => "QuotaExceeded",
+            PendingReason::Held => "Held",
+            PendingReason::BeginTime => "BeginTime",
+        }
+    }
+}
+
+impl fmt::Display for PendingReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PendingReason::Resources => {
+                f.write_str("waiting for resources: not enough free GPUs, CPUs or memory now")
+            }
+            PendingReason::Priority => {
+                f.write_str("waiting behind a higher-priority job that cannot start yet")
+            }
+            PendingReason::Unsatisfiable(why) => {
+                write!(f, "cannot run on the nodes that are up: {why}")
+            }
+            PendingReason::Dependency => f.write_str("waiting for its dependencies"),
+            PendingReason::QuotaExceeded => f.write_str("its account is at its quota"),
+            PendingReason::Held => f.write_str("held; release it to let it start"),
+            PendingReason::BeginTime => f.write_str("its begin time has not come"),
+        }
+    }
+}

@@ -1,0 +1,215 @@
+//! The read-only input of a pass: nodes with what is in use on them, and the
+//! pending jobs. The server builds it from the replicated state; the scheduler
+//! only reads it.
+
+use std::collections::BTreeSet;
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::model::{Job, JobId, Millis, NodeAllocation, NodeInventory, NodeName};
+
+/// Memory a job gets per CPU on each node when it gives no `--mem` (Slurm's
+/// `DefMemPerCPU`). Per CPU rather than per task so a 1-task job with 16 CPUs
+/// gets 16 GiB, not 1. It is reserved like any other request: the scheduler never
+/// oversubscribes memory, so a default is a real claim on the node. A partition
+/// default from the config replaces this constant once partitions exist.
+pub const DEFAULT_MEM_PER_CPU_MB: u64 = 1024;
+
+/// Everything a pass looks at.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClusterView {
+    /// Every known node, whatever its state. Names are unique.
+    pub nodes: Vec<NodeView>,
+    /// Jobs waiting to start. Ids are unique; order does not matter.
+    pub pending: Vec<PendingJob>,
+}
+
+/// Whether a node takes new work.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum NodeState {
+    /// Heartbeating and accepting work.
+    Up,
+    /// Alive but taking no new work (admin drain or a health fault).
+    Drained,
+    /// Silent past its TTL; its tasks are lost.
+    Down,
+}
+
+impl fmt::Display for NodeState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            NodeState::Up => "up",
+            NodeState::Drained => "drained",
+            NodeState::Down => "down",
+        })
+    }
+}
+
+/// What the active jobs on a node hold.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Usage {
+    /// GPU indices held by some job.
+    pub gpus: BTreeSet<u32>,
+    /// CPUs held (a count; cpusets come with NUMA-aware CPU placement).
+    pub cpus: u32,
+    pub memory_mb: u64,
+}
+
+impl Usage {
+    /// Adds what `alloc` holds on this node.
+    pub fn charge(&mut self, alloc: &NodeAllocation) {
+        self.gpus.extend(alloc.gpus.iter().copied());
+        self.cpus = self.cpus.saturating_add(alloc.cpu_count);
+        self.memory_mb = self.memory_mb.saturating_add(alloc.memory_mb);
+    }
+
+    /// Removes what `alloc` held on this node (when its job ends).
+    pub fn release(&mut self, alloc: &NodeAllocation) {
+        for g in &alloc.gpus {
+            self.gpus.remove(g);
+        }
+        self.cpus = self.cpus.saturating_sub(alloc.cpu_count);
+        self.memory_mb = self.memory_mb.saturating_sub(alloc.memory_mb);
+    }
+}
+
+/// One node as a pass sees it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeView {
+    /// The node's name; the scheduler uses this one, not `inventory.name`.
+    pub name: NodeName,
+    /// Capacity: the healthy GPUs, `cpus` and `memory_mb` of the inventory.
+    pub inventory: NodeInventory,
+    pub state: NodeState,
+    pub used: Usage,
+}
+
+impl NodeView {
+    /// A node with nothing in use.
+    pub fn new(inventory: NodeInventory, state: NodeState) -> NodeView {
+        NodeView {
+            name: inventory.name.clone(),
+            inventory,
+            state,
+            used: Usage::default(),
+        }
+    }
+
+    /// Indices of the healthy GPUs no job holds.
+    pub fn free_gpus(&self) -> BTreeSet<u32> {
+        self.inventory
+            .gpus
+            .iter()
+            .filter(|g| g.healthy && !self.used.gpus.contains(&g.index))
+            .map(|g| g.index)
+            .collect()
+    }
+
+    /// CPUs no job holds.
+    pub fn free_cpus(&self) -> u64 {
+        u64::from(self.inventory.cpus.saturating_sub(self.used.cpus))
+    }
+
+    /// Memory no job holds, in MiB.
+    pub fn free_memory_mb(&self) -> u64 {
+        self.inventory.memory_mb.saturating_sub(self.used.memory_mb)
+    }
+
+    /// What the node could hold if it were empty: its healthy GPUs, CPUs, memory.
+    pub fn capacity(&self) -> Capacity {
+        Capacity {
+            gpus: self.inventory.gpus.iter().filter(|g| g.healthy).count() as u64,
+            cpus: u64::from(self.inventory.cpus),
+            memory_mb: self.inventory.memory_mb,
+        }
+    }
+}
+
+/// Amounts of the three resources a node has (or has free).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Capacity {
+    pub gpus: u64,
+    pub cpus: u64,
+    pub memory_mb: u64,
+}
+
+impl Capacity {
+    /// Whether one node of this capacity holds one node's share of `shape`.
+    pub fn holds(&self, shape: &Shape) -> bool {
+        self.gpus >= u64::from(shape.gpus)
+            && self.cpus >= shape.cpus
+            && self.memory_mb >= shape.memory_mb
+    }
+}
+
+/// What a job needs on each of its nodes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Shape {
+    pub gpus: u32,
+    /// `ntasks_per_node * cpus_per_task` (u64: the product of two u32 may overflow u32).
+    pub cpus: u64,
+    /// `--mem`, or [`DEFAULT_MEM_PER_CPU_MB`] times `cpus`.
+    pub memory_mb: u64,
+}
+
+/// A job waiting to start, with just what scheduling needs.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PendingJob {
+    pub id: JobId,
+    pub user: String,
+    pub nodes: u32,
+    pub ntasks_per_node: u32,
+    pub gpus_per_node: u32,
+    pub cpus_per_task: u32,
+    /// `None`: [`DEFAULT_MEM_PER_CPU_MB`] per CPU.
+    pub mem_per_node_mb: Option<u64>,
+    pub submit_time: Millis,
+    /// Higher starts first. 0 until multifactor priority exists.
+    pub priority: i64,
+}
+
+impl PendingJob {
+    /// What the job needs on each node, with the memory default applied.
+    pub fn per_node(&self) -> Shape {
+        let cpus = u64::from(self.ntasks_per_node) * u64::from(self.cpus_per_task);
+        Shape {
+            gpus: self.gpus_per_node,
+            cpus,
+            memory_mb: self
+                .mem_per_node_mb
+                .unwrap_or_else(|| DEFAULT_MEM_PER_CPU_MB.saturating_mul(cpus)),
+        }
+    }
+
+    /// The invariants `JobSpec::check_invariants` gives every accepted job,
+    /// re-checked because a view can be built by hand.
+    pub fn check_shape(&self) -> Result<(), String> {
+        if self.nodes == 0 {
+            return Err("asks for 0 nodes; a job needs at least 1".into());
+        }
+        if self.ntasks_per_node == 0 {
+            return Err("asks for 0 tasks per node; a job needs at least 1".into());
+        }
+        if self.cpus_per_task == 0 {
+            return Err("asks for 0 CPUs per task; a task needs at least 1".into());
+        }
+        Ok(())
+    }
+}
+
+impl From<&Job> for PendingJob {
+    fn from(job: &Job) -> PendingJob {
+        PendingJob {
+            id: job.id,
+            user: job.user.clone(),
+            nodes: job.spec.nodes,
+            ntasks_per_node: job.spec.ntasks_per_node,
+            gpus_per_node: job.spec.gpus_per_node,
+            cpus_per_task: job.spec.cpus_per_task,
+            mem_per_node_mb: job.spec.mem_per_node_mb,
+            submit_time: job.submit_time,
+            priority: 0,
+        }
+    }
+}
