@@ -315,3 +315,148 @@ impl ComputeAgent {
     }
 }
 
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use super::*;
+    use crate::model::{JobId, Program};
+
+    #[derive(Default)]
+    struct FakeRunner {
+        tasks: Mutex<BTreeMap<TaskKey, Observed>>,
+        started: Mutex<Vec<TaskKey>>,
+        stopped: Mutex<Vec<TaskKey>>,
+        refuse: Mutex<bool>,
+    }
+
+    impl TaskRunner for FakeRunner {
+        fn start(&self, task: &DesiredTask) -> Result<(), String> {
+            if *self.refuse.lock().unwrap() {
+                return Err("no shim".into());
+            }
+            self.started.lock().unwrap().push(key_of(task));
+            self.tasks.lock().unwrap().insert(key_of(task), Observed::Running);
+            Ok(())
+        }
+        fn stop(&self, key: TaskKey) {
+            self.stopped.lock().unwrap().push(key);
+        }
+        fn scan(&self) -> Vec<(TaskKey, Observed)> {
+            self.tasks.lock().unwrap().iter().map(|(k, v)| (*k, v.clone())).collect()
+        }
+        fn forget(&self, key: TaskKey) {
+            self.tasks.lock().unwrap().remove(&key);
+        }
+    }
+
+    fn task(job: u64, rank: u32) -> DesiredTask {
+        DesiredTask {
+            job: JobId(job),
+            attempt: 0,
+            rank,
+            node_rank: 0,
+            local_rank: rank,
+            ntasks_per_node: 2,
+            num_nodes: 1,
+            nodelist: vec!["n1".into()],
+            user: "alice".into(),
+            job_name: "j".into(),
+            program: Program::Command {
+                argv: vec!["true".into()],
+            },
+            workdir: "/tmp".into(),
+            env: vec![],
+            output: None,
+            error: None,
+            gpus: vec![0, 1],
+            cpus: vec![],
+            cpu_count: 2,
+            memory_mb: 1024,
+            time_limit_secs: None,
+            master_addr: "127.0.0.1".into(),
+            master_port: 29500,
+        }
+    }
+
+    fn desire(ledger: &mut Ledger, tasks: &[DesiredTask]) {
+        ledger.desired = Some(tasks.iter().map(|t| (key_of(t), t.clone())).collect());
+    }
+
+    #[test]
+    fn starts_desired_tasks_once_and_reports_each_event_once() {
+        let runner = FakeRunner::default();
+        let mut ledger = Ledger::default();
+        desire(&mut ledger, &[task(1, 0), task(1, 1)]);
+        assert!(ledger.reconcile(&runner).is_empty(), "nothing observed yet");
+        assert_eq!(runner.started.lock().unwrap().len(), 2);
+        let ev = ledger.reconcile(&runner);
+        assert_eq!(ev.len(), 2);
+        assert!(ev.iter().all(|e| e.kind == TaskEventKind::Started));
+        assert!(ledger.reconcile(&runner).is_empty(), "no repeats");
+        assert_eq!(runner.started.lock().unwrap().len(), 2, "never started twice");
+
+        runner
+            .tasks
+            .lock()
+            .unwrap()
+            .insert((1, 0, 0), Observed::Ended(TaskEnd::Completed));
+        let ev = ledger.reconcile(&runner);
+        assert_eq!(ev, vec![event((1, 0, 0), TaskEventKind::Ended(TaskEnd::Completed))]);
+        // Still desired (the other rank runs): kept, not restarted.
+        ledger.reconcile(&runner);
+        assert_eq!(runner.started.lock().unwrap().len(), 2);
+        assert!(runner.tasks.lock().unwrap().contains_key(&(1, 0, 0)));
+    }
+
+    #[test]
+    fn forgets_ended_tasks_only_after_commit_and_when_not_desired() {
+        let runner = FakeRunner::default();
+        let mut ledger = Ledger::default();
+        desire(&mut ledger, &[task(2, 0)]);
+        ledger.reconcile(&runner);
+        runner
+            .tasks
+            .lock()
+            .unwrap()
+            .insert((2, 0, 0), Observed::Ended(TaskEnd::Completed));
+        let ev = ledger.reconcile(&runner);
+        let (seq, _) = ledger.queue(ev).unwrap();
+        desire(&mut ledger, &[]);
+        ledger.reconcile(&runner);
+        assert!(runner.tasks.lock().unwrap().contains_key(&(2, 0, 0)), "kept until committed");
+        ledger.committed(seq);
+        assert!(ledger.unacked.is_empty());
+        ledger.reconcile(&runner);
+        assert!(runner.tasks.lock().unwrap().is_empty(), "forgotten after commit");
+    }
+
+    #[test]
+    fn stops_undesired_tasks_but_not_while_disconnected() {
+        let runner = FakeRunner::default();
+        let mut ledger = Ledger::default();
+        runner.tasks.lock().unwrap().insert((3, 0, 0), Observed::Running);
+        // No desired state yet (no leader): observe only.
+        let ev = ledger.reconcile(&runner);
+        assert_eq!(ev.len(), 1, "the re-adopted task's start is reported");
+        assert!(runner.stopped.lock().unwrap().is_empty());
+        desire(&mut ledger, &[]);
+        ledger.reconcile(&runner);
+        assert_eq!(*runner.stopped.lock().unwrap(), vec![(3, 0, 0)]);
+    }
+
+    #[test]
+    fn a_launch_failure_is_reported_as_the_rank_ending() {
+        let runner = FakeRunner::default();
+        *runner.refuse.lock().unwrap() = true;
+        let mut ledger = Ledger::default();
+        desire(&mut ledger, &[task(4, 0)]);
+        let ev = ledger.reconcile(&runner);
+        assert!(matches!(
+            &ev[..],
+            [TaskEvent { kind: TaskEventKind::Ended(TaskEnd::LaunchFailed { .. }), .. }]
+        ));
+        assert!(ledger.reconcile(&runner).is_empty(), "not retried in this attempt");
+    }
+}
