@@ -20,7 +20,7 @@ const META: TableDefinition<&str, &[u8]> = TableDefinition::new("state_meta");
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     #[error("state database error: {0}")]
-    Db(#[from] redb::Error),
+    Db(Box<redb::Error>),
     #[error("state record {what} could not be decoded ({source}); the data dir may come from a newer gpuq")]
     Decode {
         what: String,
@@ -32,7 +32,7 @@ pub enum StoreError {
 
 macro_rules! db {
     ($e:expr) => {
-        $e.map_err(|e| StoreError::Db(e.into()))
+        $e.map_err(|e| StoreError::Db(Box::new(e.into())))
     };
 }
 
@@ -68,7 +68,7 @@ pub fn load(txn: &ReadTransaction) -> Result<State, StoreError> {
             }
         }
         Err(redb::TableError::TableDoesNotExist(_)) => return Ok(state),
-        Err(e) => return Err(StoreError::Db(e.into())),
+        Err(e) => return Err(StoreError::Db(Box::new(e.into()))),
     }
     let jobs = db!(txn.open_table(JOBS))?;
     for row in db!(jobs.iter())? {
