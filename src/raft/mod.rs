@@ -1,10 +1,12 @@
-//! openraft glue: the type config, the log store and state machine on redb.
+//! openraft glue: the type config, the log store and state machine on redb, and
+//! the transport-agnostic network adapter.
 //!
 //! Log and state share one redb file (`Arc<redb::Database>`). The log store makes
 //! entries fsync-durable before openraft hears they are flushed, and group-commits
 //! concurrent appends on one writer thread. The state machine persists each applied
 //! batch in one transaction that is made durable by the log's next fsync (see
-//! `state_machine` for why that is safe).
+//! `state_machine` for why that is safe). The network side is a trait
+//! (`RaftTransport`) that the server role implements over QUIC.
 
 // openraft's `StorageError` (over 200 bytes) is what its storage traits return;
 // the helpers here return it as well rather than box and unbox it at every
@@ -12,6 +14,7 @@
 #![allow(clippy::result_large_err)]
 
 mod log_store;
+pub mod network;
 mod state_machine;
 
 #[cfg(test)]
@@ -27,6 +30,7 @@ use openraft::{Config, RaftNetworkFactory, StorageError};
 use serde::{Deserialize, Serialize};
 
 pub use log_store::{LogStats, LogStore};
+pub use network::{handle, Network, PeerClient, RaftRequest, RaftResponse, RaftTransport};
 pub use state_machine::{SnapshotBuilder, StateMachine};
 
 use crate::state::{Command, CommandResult, State};
