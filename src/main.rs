@@ -149,8 +149,10 @@ fn agent_config(a: &AgentArgs) -> anyhow::Result<AgentConfig> {
 fn init_logging() {
     let filter = tracing_subscriber::EnvFilter::try_from_env("GPUQ_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,openraft=warn,quinn=warn"));
+    use std::io::IsTerminal;
     tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr)
         .with_target(false)
         .init();

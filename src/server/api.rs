@@ -389,7 +389,7 @@ impl Api {
             cancelled_by: None,
             run: None,
         };
-        crate::sched::feasible(&inventories, &crate::sched::PendingJob::from_job(&probe))
+        crate::sched::feasible(&inventories, &crate::sched::PendingJob::from(&probe))
     }
 
     fn nodes(&self) -> Vec<crate::net::proto::NodeInfo> {

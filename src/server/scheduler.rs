@@ -37,7 +37,7 @@ pub async fn run(api: Arc<Api>, mut shutdown: watch::Receiver<bool>) {
             let state = api.state();
             let view = state.cluster_view();
             if view.pending.is_empty() {
-                api.set_pending_reasons(Vec::new());
+                api.set_pending_reasons(Default::default());
                 continue;
             }
             crate::sched::plan(&view, now_ms())

@@ -79,7 +79,7 @@ impl State {
                 skipped.push((alloc.job, format!("job is {}", job.state)));
                 continue;
             }
-            let pending = crate::sched::PendingJob::from_job(job);
+            let pending = crate::sched::PendingJob::from(job);
             if let Err(why) = crate::sched::check_allocation(&views, alloc, &pending) {
                 skipped.push((alloc.job, why));
                 continue;

@@ -49,7 +49,7 @@ impl State {
                 .jobs
                 .values()
                 .filter(|j| j.state == JobState::Pending)
-                .map(PendingJob::from_job)
+                .map(PendingJob::from)
                 .collect(),
         }
     }

@@ -399,6 +399,7 @@ fn a_pending_job_is_built_from_the_recorded_job() {
         reason: None,
         exit_code: None,
         cancelled_by: None,
+        run: None,
     };
     let p = PendingJob::from(&recorded);
     assert_eq!(
