@@ -1,3 +1,4 @@
 //! (being built)
 
 pub mod gpu;
+pub mod host;
