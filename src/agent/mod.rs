@@ -1,8 +1,11 @@
-//! The agent role. A compute agent runs tasks (coming with the agents issue);
-//! a login agent runs none and only vouches for the users of its host, so
+//! The agent role. A compute agent discovers its node (`gpu`, `host`), keeps
+//! one connection to the leader and runs the tasks it is given (`compute`); a
+//! login agent runs none and only vouches for the users of its host, so
 //! `gpuq submit` works from a login node without cluster keys in the CLI.
 
 pub mod compute;
+pub mod gpu;
+pub mod host;
 mod identity;
 mod login;
 
