@@ -36,7 +36,12 @@ fn spec() -> JobSpec {
 }
 
 async fn submit(c: &mut LocalClient) {
-    match c.call(&ApiRequest::Submit { spec: spec() }).await {
+    match c
+        .call(&ApiRequest::Submit {
+            spec: Box::new(spec()),
+        })
+        .await
+    {
         Ok(ApiResponse::Submitted { .. }) => {}
         other => panic!("submit failed: {other:?}"),
     }

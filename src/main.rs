@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
 
-use gpuq::cli::{self, ClientCommand, CliError};
+use gpuq::cli::{self, CliError, ClientCommand};
 use gpuq::config::{AgentConfig, AgentRole, ServerConfig};
 
 /// gpuq: a GPU cluster workload manager. One binary runs the Raft-replicated
@@ -186,7 +186,10 @@ fn main() -> ExitCode {
             return ExitCode::from(code);
         }
     };
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(r) => r,
         Err(e) => return CliError::internal(format!("cannot start the runtime: {e}")).exit(),
     };

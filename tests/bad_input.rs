@@ -33,19 +33,52 @@ fn bad_submissions_are_refused_and_queue_nothing() {
     let dir = shared_tempdir();
     let server = Server::bootstrap(dir.path());
     let script = dir.path().join("typo.sh");
-    std::fs::write(&script, "#!/bin/sh\n#GPUQ --nodes 1\n#GPUQ --gpu 8\necho hi\n").unwrap();
+    std::fs::write(
+        &script,
+        "#!/bin/sh\n#GPUQ --nodes 1\n#GPUQ --gpu 8\necho hi\n",
+    )
+    .unwrap();
     let empty = dir.path().join("empty.sh");
     std::fs::write(&empty, "").unwrap();
     let missing = dir.path().join("nope.sh");
     let cases: Vec<(Vec<String>, &str)> = vec![
-        (vec!["--time".into(), "25:99".into(), "--".into(), "true".into()], "25:99"),
-        (vec!["--time".into(), "-1".into(), "--".into(), "true".into()], "-1"),
-        (vec!["--mem".into(), "12XB".into(), "--".into(), "true".into()], "12XB"),
-        (vec!["--nodes".into(), "0".into(), "--".into(), "true".into()], "0"),
-        (vec!["--nodes".into(), "-2".into(), "--".into(), "true".into()], "-2"),
-        (vec!["--nodes".into(), "many".into(), "--".into(), "true".into()], "many"),
-        (vec!["--gpus-per-node".into(), "x".into(), "--".into(), "true".into()], "x"),
-        (vec!["--frobnicate".into(), "--".into(), "true".into()], "--frobnicate"),
+        (
+            vec!["--time".into(), "25:99".into(), "--".into(), "true".into()],
+            "25:99",
+        ),
+        (
+            vec!["--time".into(), "-1".into(), "--".into(), "true".into()],
+            "-1",
+        ),
+        (
+            vec!["--mem".into(), "12XB".into(), "--".into(), "true".into()],
+            "12XB",
+        ),
+        (
+            vec!["--nodes".into(), "0".into(), "--".into(), "true".into()],
+            "0",
+        ),
+        (
+            vec!["--nodes".into(), "-2".into(), "--".into(), "true".into()],
+            "-2",
+        ),
+        (
+            vec!["--nodes".into(), "many".into(), "--".into(), "true".into()],
+            "many",
+        ),
+        (
+            vec![
+                "--gpus-per-node".into(),
+                "x".into(),
+                "--".into(),
+                "true".into(),
+            ],
+            "x",
+        ),
+        (
+            vec!["--frobnicate".into(), "--".into(), "true".into()],
+            "--frobnicate",
+        ),
         (vec![missing.display().to_string()], "nope.sh"),
         (vec![empty.display().to_string()], "empty"),
         (vec![], "command"),
@@ -62,7 +95,10 @@ fn bad_submissions_are_refused_and_queue_nothing() {
     let out = server.cli(&["submit", script.to_str().unwrap()]);
     let err = stderr(&out);
     assert!(err.contains("line 3"), "names the line: {err}");
-    assert!(err.contains("--gpus"), "suggests the nearest directive: {err}");
+    assert!(
+        err.contains("--gpus"),
+        "suggests the nearest directive: {err}"
+    );
     assert_eq!(queue_len(&server), 0, "nothing was queued");
     // A CPU-only job with no GPU flag is valid.
     server.ok(&["submit", "--", "true"]);
@@ -81,7 +117,11 @@ fn unreadable_script_is_refused() {
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o600)).unwrap();
     let alice = ensure_user("gpuqt-alice");
-    let out = cli_as(&alice, &server.socket, &["submit", script.to_str().unwrap()]);
+    let out = cli_as(
+        &alice,
+        &server.socket,
+        &["submit", script.to_str().unwrap()],
+    );
     refused(&out, "secret.sh");
     assert_eq!(queue_len(&server), 0);
 }
@@ -96,7 +136,11 @@ fn cancel_checks_existence_and_ownership() {
     let alice = ensure_user("gpuqt-alice");
     let bob = ensure_user("gpuqt-bob");
 
-    let out = cli_as(&alice, &server.socket, &["submit", "--parsable", "--", "sleep", "100"]);
+    let out = cli_as(
+        &alice,
+        &server.socket,
+        &["submit", "--parsable", "--", "sleep", "100"],
+    );
     assert!(out.status.success(), "{}", stderr(&out));
     let id = String::from_utf8_lossy(&out.stdout).trim().to_string();
 
@@ -104,7 +148,10 @@ fn cancel_checks_existence_and_ownership() {
     let out = cli_as(&bob, &server.socket, &["cancel", &id]);
     refused(&out, "gpuqt-alice");
     // All or nothing: a good id next to a missing one cancels neither.
-    refused(&cli_as(&alice, &server.socket, &["cancel", &id, "999"]), "999");
+    refused(
+        &cli_as(&alice, &server.socket, &["cancel", &id, "999"]),
+        "999",
+    );
     let show: serde_json::Value =
         serde_json::from_str(&server.ok(&["show", &id, "--json"])).unwrap();
     assert_eq!(show["state"], "PENDING");
@@ -116,7 +163,11 @@ fn cancel_checks_existence_and_ownership() {
     refused(&server.cli(&["cancel", &id]), "already ended");
 
     // An admin (root) may cancel anyone's job.
-    let out = cli_as(&bob, &server.socket, &["submit", "--parsable", "--", "true"]);
+    let out = cli_as(
+        &bob,
+        &server.socket,
+        &["submit", "--parsable", "--", "true"],
+    );
     let bob_id = String::from_utf8_lossy(&out.stdout).trim().to_string();
     server.ok(&["cancel", &bob_id]);
     // Non-admins cannot create tokens.
@@ -142,7 +193,10 @@ fn bad_config_files_are_refused_naming_the_key() {
     };
     refused(&run("[server]\nlisten_port = 1\n"), "listen_port");
     refused(&run("[server]\nlisten = 7\n"), "listen");
-    refused(&run("[server]\n[server.raft]\nheartbeat_ms = \"fast\"\n"), "heartbeat_ms");
+    refused(
+        &run("[server]\n[server.raft]\nheartbeat_ms = \"fast\"\n"),
+        "heartbeat_ms",
+    );
     let out = std::process::Command::new(common::gpuq_bin())
         .args(["server", "--config", "/nonexistent/gpuq.toml"])
         .output()

@@ -17,14 +17,21 @@ fn spec(i: usize) -> JobSpec {
         ntasks_per_node: 1,
         gpus_per_node: (i % 9) as u32,
         cpus_per_task: 1 + (i % 4) as u32,
-        mem_per_node_mb: if i % 2 == 0 { Some(1024 * (i as u64 % 7 + 1)) } else { None },
+        mem_per_node_mb: if i % 2 == 0 {
+            Some(1024 * (i as u64 % 7 + 1))
+        } else {
+            None
+        },
         time_limit_secs: Some(60 + i as u64),
         account: (i % 5 == 0).then(|| "research".to_string()),
         partition: None,
         output: Some("out-%j.txt".into()),
         error: None,
         workdir: "/tmp".into(),
-        env: vec![("INDEX".into(), i.to_string()), ("PATH".into(), "/usr/bin".into())],
+        env: vec![
+            ("INDEX".into(), i.to_string()),
+            ("PATH".into(), "/usr/bin".into()),
+        ],
         export: Default::default(),
         program: if i % 2 == 0 {
             Program::Command {
@@ -65,7 +72,9 @@ async fn acknowledged_jobs_survive_sigkill_and_ids_continue() {
     for i in 0..1000 {
         let s = spec(i);
         match client
-            .call(&ApiRequest::Submit { spec: s.clone() })
+            .call(&ApiRequest::Submit {
+                spec: Box::new(s.clone()),
+            })
             .await
             .expect("submit")
         {
@@ -75,7 +84,11 @@ async fn acknowledged_jobs_survive_sigkill_and_ids_continue() {
     }
     drop(client);
     let ids: Vec<u64> = acked.iter().map(|(id, _)| id.0).collect();
-    assert_eq!(ids, (1..=1000).collect::<Vec<_>>(), "ids are 1..=1000 in order");
+    assert_eq!(
+        ids,
+        (1..=1000).collect::<Vec<_>>(),
+        "ids are 1..=1000 in order"
+    );
 
     tokio::task::block_in_place(|| {
         server.kill();
@@ -87,7 +100,11 @@ async fn acknowledged_jobs_survive_sigkill_and_ids_continue() {
         .unwrap()
         .name;
     let jobs = all_jobs(&server.socket).await;
-    assert_eq!(jobs.len(), 1000, "every acknowledged job is back after SIGKILL");
+    assert_eq!(
+        jobs.len(),
+        1000,
+        "every acknowledged job is back after SIGKILL"
+    );
     for (job, (id, s)) in jobs.iter().zip(&acked) {
         assert_eq!(job.id, *id);
         assert_eq!(&job.spec, s, "job {id} has the spec it was submitted with");
@@ -96,7 +113,9 @@ async fn acknowledged_jobs_survive_sigkill_and_ids_continue() {
 
     let mut client = LocalClient::connect(&server.socket).await.expect("connect");
     match client
-        .call(&ApiRequest::Submit { spec: spec(1000) })
+        .call(&ApiRequest::Submit {
+            spec: Box::new(spec(1000)),
+        })
         .await
         .expect("submit after restart")
     {

@@ -54,12 +54,19 @@ fn login_agent_joins_and_vouches_for_its_users() {
 
     if is_root() {
         let alice = ensure_user("gpuqt-alice");
-        let out = cli_as(&alice, &agent.socket, &["submit", "--parsable", "--", "true"]);
+        let out = cli_as(
+            &alice,
+            &agent.socket,
+            &["submit", "--parsable", "--", "true"],
+        );
         assert!(out.status.success(), "{}", stderr(&out));
         let id = String::from_utf8_lossy(&out.stdout).trim().to_string();
         let job: serde_json::Value =
             serde_json::from_str(&server.ok(&["show", &id, "--json"])).unwrap();
-        assert_eq!(job["user"], "gpuqt-alice", "the login agent vouched for alice");
+        assert_eq!(
+            job["user"], "gpuqt-alice",
+            "the login agent vouched for alice"
+        );
     }
 
     let tokens: serde_json::Value =
@@ -67,7 +74,9 @@ fn login_agent_joins_and_vouches_for_its_users() {
     let t = &tokens.as_array().unwrap()[0];
     assert_eq!(t["uses"], 1);
     assert!(
-        !server.ok(&["token", "list", "--json"]).contains(tok.split('.').nth(1).unwrap()),
+        !server
+            .ok(&["token", "list", "--json"])
+            .contains(tok.split('.').nth(1).unwrap()),
         "the secret is never listed"
     );
 

@@ -116,7 +116,10 @@ impl Ledger {
                     tracing::warn!(job = key.0, rank = key.2, %reason, "task could not start");
                     self.started_reported.insert(*key);
                     self.ended_reported.insert(*key);
-                    events.push(event(*key, TaskEventKind::Ended(TaskEnd::LaunchFailed { reason })));
+                    events.push(event(
+                        *key,
+                        TaskEventKind::Ended(TaskEnd::LaunchFailed { reason }),
+                    ));
                 }
             }
         }
@@ -188,7 +191,10 @@ impl ComputeAgent {
                     a
                 }
             };
-            match self.session(addr, boot_id, &mut ledger, &mut shutdown).await {
+            match self
+                .session(addr, boot_id, &mut ledger, &mut shutdown)
+                .await
+            {
                 Session::Redirect(to) => {
                     hint = to;
                     continue;
@@ -234,7 +240,10 @@ impl ComputeAgent {
             .unwrap_or_else(|| "127.0.0.1".into());
         let hello = AgentHello {
             inventory: self.inventory.clone(),
-            addr: self.advertise.clone().unwrap_or_else(|| format!("{host}:0")),
+            addr: self
+                .advertise
+                .clone()
+                .unwrap_or_else(|| format!("{host}:0")),
             boot_id,
         };
         if let Err(e) = write_frame(&mut send, &hello).await {
@@ -258,7 +267,10 @@ impl ComputeAgent {
         tracing::info!(server = %addr, node = %self.inventory.name, "connected to the leader");
         // Replay what the last connection may not have delivered.
         for (seq, events) in ledger.unacked.clone() {
-            if write_frame(&mut send, &AgentMsg::Events { seq, events }).await.is_err() {
+            if write_frame(&mut send, &AgentMsg::Events { seq, events })
+                .await
+                .is_err()
+            {
                 return Session::Lost("connection lost while replaying".into());
             }
         }
@@ -304,7 +316,10 @@ impl ComputeAgent {
             if reconcile {
                 let events = ledger.reconcile(self.runner.as_ref());
                 if let Some((seq, events)) = ledger.queue(events) {
-                    if write_frame(&mut send, &AgentMsg::Events { seq, events }).await.is_err() {
+                    if write_frame(&mut send, &AgentMsg::Events { seq, events })
+                        .await
+                        .is_err()
+                    {
                         break Session::Lost("connection lost".into());
                     }
                 }
@@ -314,7 +329,6 @@ impl ComputeAgent {
         outcome
     }
 }
-
 
 #[cfg(test)]
 mod tests {
@@ -337,14 +351,22 @@ mod tests {
                 return Err("no shim".into());
             }
             self.started.lock().unwrap().push(key_of(task));
-            self.tasks.lock().unwrap().insert(key_of(task), Observed::Running);
+            self.tasks
+                .lock()
+                .unwrap()
+                .insert(key_of(task), Observed::Running);
             Ok(())
         }
         fn stop(&self, key: TaskKey) {
             self.stopped.lock().unwrap().push(key);
         }
         fn scan(&self) -> Vec<(TaskKey, Observed)> {
-            self.tasks.lock().unwrap().iter().map(|(k, v)| (*k, v.clone())).collect()
+            self.tasks
+                .lock()
+                .unwrap()
+                .iter()
+                .map(|(k, v)| (*k, v.clone()))
+                .collect()
         }
         fn forget(&self, key: TaskKey) {
             self.tasks.lock().unwrap().remove(&key);
@@ -395,7 +417,11 @@ mod tests {
         assert_eq!(ev.len(), 2);
         assert!(ev.iter().all(|e| e.kind == TaskEventKind::Started));
         assert!(ledger.reconcile(&runner).is_empty(), "no repeats");
-        assert_eq!(runner.started.lock().unwrap().len(), 2, "never started twice");
+        assert_eq!(
+            runner.started.lock().unwrap().len(),
+            2,
+            "never started twice"
+        );
 
         runner
             .tasks
@@ -403,7 +429,10 @@ mod tests {
             .unwrap()
             .insert((1, 0, 0), Observed::Ended(TaskEnd::Completed));
         let ev = ledger.reconcile(&runner);
-        assert_eq!(ev, vec![event((1, 0, 0), TaskEventKind::Ended(TaskEnd::Completed))]);
+        assert_eq!(
+            ev,
+            vec![event((1, 0, 0), TaskEventKind::Ended(TaskEnd::Completed))]
+        );
         // Still desired (the other rank runs): kept, not restarted.
         ledger.reconcile(&runner);
         assert_eq!(runner.started.lock().unwrap().len(), 2);
@@ -425,18 +454,28 @@ mod tests {
         let (seq, _) = ledger.queue(ev).unwrap();
         desire(&mut ledger, &[]);
         ledger.reconcile(&runner);
-        assert!(runner.tasks.lock().unwrap().contains_key(&(2, 0, 0)), "kept until committed");
+        assert!(
+            runner.tasks.lock().unwrap().contains_key(&(2, 0, 0)),
+            "kept until committed"
+        );
         ledger.committed(seq);
         assert!(ledger.unacked.is_empty());
         ledger.reconcile(&runner);
-        assert!(runner.tasks.lock().unwrap().is_empty(), "forgotten after commit");
+        assert!(
+            runner.tasks.lock().unwrap().is_empty(),
+            "forgotten after commit"
+        );
     }
 
     #[test]
     fn stops_undesired_tasks_but_not_while_disconnected() {
         let runner = FakeRunner::default();
         let mut ledger = Ledger::default();
-        runner.tasks.lock().unwrap().insert((3, 0, 0), Observed::Running);
+        runner
+            .tasks
+            .lock()
+            .unwrap()
+            .insert((3, 0, 0), Observed::Running);
         // No desired state yet (no leader): observe only.
         let ev = ledger.reconcile(&runner);
         assert_eq!(ev.len(), 1, "the re-adopted task's start is reported");
@@ -455,8 +494,14 @@ mod tests {
         let ev = ledger.reconcile(&runner);
         assert!(matches!(
             &ev[..],
-            [TaskEvent { kind: TaskEventKind::Ended(TaskEnd::LaunchFailed { .. }), .. }]
+            [TaskEvent {
+                kind: TaskEventKind::Ended(TaskEnd::LaunchFailed { .. }),
+                ..
+            }]
         ));
-        assert!(ledger.reconcile(&runner).is_empty(), "not retried in this attempt");
+        assert!(
+            ledger.reconcile(&runner).is_empty(),
+            "not retried in this attempt"
+        );
     }
 }

@@ -42,7 +42,10 @@ impl LoginAgent {
                 Err(e) => last = format!("server {addr}: {e}"),
             }
         }
-        ApiResponse::error(ErrorKind::Unavailable, format!("no server answered; last error: {last}"))
+        ApiResponse::error(
+            ErrorKind::Unavailable,
+            format!("no server answered; last error: {last}"),
+        )
     }
 }
 

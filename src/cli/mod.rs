@@ -84,7 +84,7 @@ pub enum ClientCommand {
     /// Queue a batch job (a script with #GPUQ/#SBATCH directives, or a command).
     Submit {
         #[command(flatten)]
-        args: SubmitArgs,
+        args: Box<SubmitArgs>,
         /// Print only the job id.
         #[arg(long)]
         parsable: bool,
@@ -221,9 +221,13 @@ pub async fn run(cmd: ClientCommand) -> Result<(), CliError> {
             let env: Vec<(String, String)> = std::env::vars().collect();
             let cwd = std::env::current_dir()
                 .map_err(|e| CliError::input(format!("cannot read the current directory: {e}")))?;
-            let spec =
-                crate::spec::build_spec(&args, &env, &cwd).map_err(|e| CliError::input(e.to_string()))?;
-            match call(ApiRequest::Submit { spec }).await? {
+            let spec = crate::spec::build_spec(&args, &env, &cwd)
+                .map_err(|e| CliError::input(e.to_string()))?;
+            match call(ApiRequest::Submit {
+                spec: Box::new(spec),
+            })
+            .await?
+            {
                 ApiResponse::Submitted { id } => {
                     if json.json {
                         print_json(&serde_json::json!({ "id": id.0 }))?;
@@ -307,8 +311,19 @@ pub async fn run(cmd: ClientCommand) -> Result<(), CliError> {
                     ]);
                 }
                 print!("{}", t.render());
-                let jobs: Vec<String> = status.jobs.iter().map(|(s, n)| format!("{s} {n}")).collect();
-                println!("jobs: {}", if jobs.is_empty() { "none".into() } else { jobs.join(", ") });
+                let jobs: Vec<String> = status
+                    .jobs
+                    .iter()
+                    .map(|(s, n)| format!("{s} {n}"))
+                    .collect();
+                println!(
+                    "jobs: {}",
+                    if jobs.is_empty() {
+                        "none".into()
+                    } else {
+                        jobs.join(", ")
+                    }
+                );
                 Ok(())
             }
             other => Err(unexpected(other)),
@@ -330,7 +345,12 @@ pub async fn run(cmd: ClientCommand) -> Result<(), CliError> {
 async fn token(cmd: TokenCommand) -> Result<(), CliError> {
     match cmd {
         TokenCommand::Create { role, ttl, json } => {
-            match call(ApiRequest::TokenCreate { role, ttl_secs: ttl }).await? {
+            match call(ApiRequest::TokenCreate {
+                role,
+                ttl_secs: ttl,
+            })
+            .await?
+            {
                 ApiResponse::Token { token, info } => {
                     if json.json {
                         return print_json(&serde_json::json!({ "token": token, "info": info }));
@@ -392,7 +412,15 @@ fn opt_time(t: Option<u64>) -> String {
 
 fn queue_table(jobs: &[Job]) -> String {
     let mut t = Table::new(&[
-        "JOBID", "NAME", "USER", "STATE", "NODES", "GPUS", "TIME_LIMIT", "SUBMIT", "REASON",
+        "JOBID",
+        "NAME",
+        "USER",
+        "STATE",
+        "NODES",
+        "GPUS",
+        "TIME_LIMIT",
+        "SUBMIT",
+        "REASON",
     ]);
     for j in jobs {
         t.row(vec![
@@ -415,7 +443,15 @@ fn queue_table(jobs: &[Job]) -> String {
 
 fn nodes_table(nodes: &[crate::net::proto::NodeInfo]) -> String {
     let mut t = Table::new(&[
-        "NODE", "STATE", "GPU_MODEL", "GPUS", "CPUS", "MEMORY", "JOBS", "TOPOLOGY", "REASON",
+        "NODE",
+        "STATE",
+        "GPU_MODEL",
+        "GPUS",
+        "CPUS",
+        "MEMORY",
+        "JOBS",
+        "TOPOLOGY",
+        "REASON",
     ]);
     for n in nodes {
         let inv = &n.inventory;
@@ -436,7 +472,11 @@ fn nodes_table(nodes: &[crate::net::proto::NodeInfo]) -> String {
                 crate::spec::memory::format_mem(inv.memory_mb)
             ),
             n.running_jobs.to_string(),
-            if inv.topology.is_empty() { "-".into() } else { inv.topology.clone() },
+            if inv.topology.is_empty() {
+                "-".into()
+            } else {
+                inv.topology.clone()
+            },
             n.reason.clone().unwrap_or_default(),
         ]);
     }
@@ -476,9 +516,18 @@ fn show_text(j: &Job) -> String {
             .map(fmt_duration)
             .unwrap_or_else(|| "UNLIMITED".into()),
     );
-    kv("Account", s.account.clone().unwrap_or_else(|| "default".into()));
-    kv("Partition", s.partition.clone().unwrap_or_else(|| "default".into()));
-    kv("Output", s.output.clone().unwrap_or_else(|| "gpuq-%j.out".into()));
+    kv(
+        "Account",
+        s.account.clone().unwrap_or_else(|| "default".into()),
+    );
+    kv(
+        "Partition",
+        s.partition.clone().unwrap_or_else(|| "default".into()),
+    );
+    kv(
+        "Output",
+        s.output.clone().unwrap_or_else(|| "gpuq-%j.out".into()),
+    );
     kv("SubmitTime", fmt_time(j.submit_time));
     kv("StartTime", opt_time(j.start_time));
     kv("EndTime", opt_time(j.end_time));

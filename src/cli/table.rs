@@ -70,7 +70,12 @@ pub fn fmt_time(ms: Millis) -> String {
 
 /// Formats seconds as Slurm does: `D-HH:MM:SS`, or `HH:MM:SS` under a day.
 pub fn fmt_duration(secs: u64) -> String {
-    let (d, h, m, s) = (secs / 86_400, secs % 86_400 / 3600, secs % 3600 / 60, secs % 60);
+    let (d, h, m, s) = (
+        secs / 86_400,
+        secs % 86_400 / 3600,
+        secs % 3600 / 60,
+        secs % 60,
+    );
     if d > 0 {
         format!("{d}-{h:02}:{m:02}:{s:02}")
     } else {

@@ -12,8 +12,8 @@ use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::watch;
 
 use super::frame::{read_frame, write_frame, FrameError, DEFAULT_MAX_FRAME};
-use super::proto::{ApiRequest, ApiResponse, ErrorKind};
 use super::hello::PROTOCOL_VERSION;
+use super::proto::{ApiRequest, ApiResponse, ErrorKind};
 
 /// The first frame on a local connection, each way.
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
@@ -201,9 +201,8 @@ pub fn resolve_caller(
     let mut admin = cred.uid == 0;
     if let (false, Some(group)) = (admin, admin_group) {
         if let Ok(Some(g)) = Group::from_name(group) {
-            admin = g.mem.iter().any(|m| *m == user.name)
-                || g.gid == user.gid
-                || g.gid == Gid::from_raw(cred.gid);
+            admin =
+                g.mem.contains(&user.name) || g.gid == user.gid || g.gid == Gid::from_raw(cred.gid);
         }
     }
     Ok(super::proto::Caller {

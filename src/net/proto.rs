@@ -11,7 +11,7 @@ use crate::model::{Job, JobId, JobSpec, JobState, Millis, NodeInventory, Role};
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum ApiRequest {
     /// Queue a job; answered with `Submitted` only after the job is committed.
-    Submit { spec: JobSpec },
+    Submit { spec: Box<JobSpec> },
     /// Cancel jobs, all or none.
     Cancel { ids: Vec<JobId> },
     /// List jobs. Without `all`, finished jobs are left out.

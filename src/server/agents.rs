@@ -106,7 +106,12 @@ pub fn desired_tasks(state: &State, node: &str) -> Vec<DesiredTask> {
                 local_rank,
                 ntasks_per_node: per_node,
                 num_nodes: job.spec.nodes,
-                nodelist: run.allocation.nodes.iter().map(|n| n.node.clone()).collect(),
+                nodelist: run
+                    .allocation
+                    .nodes
+                    .iter()
+                    .map(|n| n.node.clone())
+                    .collect(),
                 user: job.user.clone(),
                 job_name: job.spec.name.clone(),
                 program: job.spec.program.clone(),
@@ -128,7 +133,14 @@ pub fn desired_tasks(state: &State, node: &str) -> Vec<DesiredTask> {
 }
 
 async fn refuse(send: &mut quinn::SendStream, reason: String, leader_addr: Option<String>) {
-    let _ = write_frame(send, &ServerMsg::Refused { reason, leader_addr }).await;
+    let _ = write_frame(
+        send,
+        &ServerMsg::Refused {
+            reason,
+            leader_addr,
+        },
+    )
+    .await;
     let _ = send.finish();
     // Give the frame a moment to leave before the stream is dropped.
     tokio::time::sleep(Duration::from_millis(50)).await;

@@ -14,8 +14,8 @@ use crate::net::pki::NodeIdentity;
 use crate::net::proto::{
     ApiRequest, ApiResponse, Caller, ClusterStatus, ErrorKind, Member, TokenInfo, Vouched,
 };
-use crate::net::{rpc, DEFAULT_MAX_FRAME};
 use crate::net::token::JoinToken;
+use crate::net::{rpc, DEFAULT_MAX_FRAME};
 use crate::raft::RaftNode;
 use crate::state::{Command, CommandResult, Rejection, State};
 
@@ -79,7 +79,9 @@ impl Api {
     }
 
     /// Raft metrics: changes whenever anything is applied or leadership moves.
-    pub fn metrics(&self) -> tokio::sync::watch::Receiver<openraft::RaftMetrics<u64, crate::raft::ServerNode>> {
+    pub fn metrics(
+        &self,
+    ) -> tokio::sync::watch::Receiver<openraft::RaftMetrics<u64, crate::raft::ServerNode>> {
         self.node.raft.metrics()
     }
 
@@ -115,7 +117,10 @@ impl Api {
     }
 
     /// Records the reasons of the last scheduling pass.
-    pub fn set_pending_reasons(&self, reasons: std::collections::HashMap<crate::model::JobId, String>) {
+    pub fn set_pending_reasons(
+        &self,
+        reasons: std::collections::HashMap<crate::model::JobId, String>,
+    ) {
         *self
             .pending_reasons
             .write()
@@ -124,7 +129,10 @@ impl Api {
 
     fn with_reason(&self, mut job: crate::model::Job) -> crate::model::Job {
         if job.state == JobState::Pending && job.reason.is_none() {
-            let reasons = self.pending_reasons.read().unwrap_or_else(|p| p.into_inner());
+            let reasons = self
+                .pending_reasons
+                .read()
+                .unwrap_or_else(|p| p.into_inner());
             job.reason = reasons.get(&job.id).cloned();
         }
         job
@@ -178,7 +186,7 @@ impl Api {
                 }
                 let cmd = Command::Submit {
                     user: caller.user,
-                    spec,
+                    spec: *spec,
                     now: now_ms(),
                 };
                 match self.write(cmd).await {
@@ -313,13 +321,17 @@ impl Api {
     pub async fn write(&self, cmd: Command) -> Result<CommandResult, ApiResponse> {
         match self.node.raft.client_write(cmd).await {
             Ok(resp) => Ok(resp.data),
-            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => Err(ApiResponse::error(
-                ErrorKind::Unavailable,
-                match f.leader_node {
-                    Some(n) => format!("not leader; the leader is {} at {}: retry", n.name, n.addr),
-                    None => "no leader is elected yet: retry in a moment".to_string(),
-                },
-            )),
+            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => {
+                Err(ApiResponse::error(
+                    ErrorKind::Unavailable,
+                    match f.leader_node {
+                        Some(n) => {
+                            format!("not leader; the leader is {} at {}: retry", n.name, n.addr)
+                        }
+                        None => "no leader is elected yet: retry in a moment".to_string(),
+                    },
+                ))
+            }
             Err(e) => Err(ApiResponse::error(
                 ErrorKind::Unavailable,
                 format!("the write was not committed: {e}"),
@@ -334,7 +346,11 @@ impl Api {
         if leader == metrics.id {
             return None;
         }
-        let node = metrics.membership_config.membership().get_node(&leader)?.clone();
+        let node = metrics
+            .membership_config
+            .membership()
+            .get_node(&leader)?
+            .clone();
         let addr = match node.addr.parse() {
             Ok(a) => a,
             Err(_) => {
@@ -362,7 +378,10 @@ impl Api {
             Ok(r) => r,
             Err(e) => ApiResponse::error(
                 ErrorKind::Unavailable,
-                format!("cannot reach the leader {} at {}: {e}", node.name, node.addr),
+                format!(
+                    "cannot reach the leader {} at {}: {e}",
+                    node.name, node.addr
+                ),
             ),
         })
     }
@@ -461,10 +480,16 @@ impl Api {
             members,
             jobs: JobState::ALL
                 .iter()
-                .filter_map(|st| counts.get(st.as_str()).map(|n| (st.as_str().to_string(), *n)))
+                .filter_map(|st| {
+                    counts
+                        .get(st.as_str())
+                        .map(|n| (st.as_str().to_string(), *n))
+                })
                 .collect(),
             log_entries_written: stats.entries.load(std::sync::atomic::Ordering::Relaxed),
-            log_write_txns: stats.appends_txns.load(std::sync::atomic::Ordering::Relaxed),
+            log_write_txns: stats
+                .appends_txns
+                .load(std::sync::atomic::Ordering::Relaxed),
         }
     }
 }

@@ -46,8 +46,12 @@ impl DataDir {
 
     /// The node identity (key, certificate, CA certificate).
     pub fn identity(&self) -> anyhow::Result<NodeIdentity> {
-        NodeIdentity::load(&self.tls_dir())
-            .with_context(|| format!("cannot read the node identity in {}", self.tls_dir().display()))
+        NodeIdentity::load(&self.tls_dir()).with_context(|| {
+            format!(
+                "cannot read the node identity in {}",
+                self.tls_dir().display()
+            )
+        })
     }
 
     /// Makes sure the directory holds an identity and a node id. With

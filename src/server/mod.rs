@@ -86,13 +86,12 @@ pub async fn start(
             Service::agent(),
         ],
     )
-        .with_context(|| format!("cannot listen on {} (UDP)", cfg.listen))?;
+    .with_context(|| format!("cannot listen on {} (UDP)", cfg.listen))?;
     let quic_addr = endpoint.local_addr()?;
     let endpoint = Arc::new(endpoint);
 
-    let network = raft::network::Network::new(Arc::new(transport::QuicRaftNetwork::new(
-        endpoint.clone(),
-    )));
+    let network =
+        raft::network::Network::new(Arc::new(transport::QuicRaftNetwork::new(endpoint.clone())));
     let node = raft::open(&dir.db_path(), boot.node_id, raft_config(&cfg)?, network)
         .await
         .context("cannot open the Raft store")?;

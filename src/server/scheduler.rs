@@ -60,7 +60,12 @@ pub async fn run(api: Arc<Api>, mut shutdown: watch::Receiver<bool>) {
             .await
         {
             Ok(CommandResult::Scheduled { started, skipped }) => {
-                tracing::debug!(planned = n, started = started.len(), periodic, "scheduling pass");
+                tracing::debug!(
+                    planned = n,
+                    started = started.len(),
+                    periodic,
+                    "scheduling pass"
+                );
                 for (job, why) in skipped {
                     tracing::debug!(%job, %why, "allocation no longer fits");
                 }

@@ -3,8 +3,8 @@
 
 use std::sync::Arc;
 
-use crate::net::endpoint::{Endpoint, ALPN_RAFT};
 use crate::model::Role;
+use crate::net::endpoint::{Endpoint, ALPN_RAFT};
 use crate::net::{rpc, DEFAULT_MAX_FRAME};
 use crate::raft::network::{RaftRequest, RaftResponse, RaftTransport};
 use crate::raft::ServerNode;
@@ -22,11 +22,18 @@ impl QuicRaftNetwork {
 
 #[async_trait::async_trait]
 impl RaftTransport for QuicRaftNetwork {
-    async fn call(&self, _target: u64, node: &ServerNode, req: RaftRequest) -> Result<RaftResponse, String> {
-        let addr = node
-            .addr
-            .parse()
-            .map_err(|_| format!("server {} has an invalid address {:?}", node.name, node.addr))?;
+    async fn call(
+        &self,
+        _target: u64,
+        node: &ServerNode,
+        req: RaftRequest,
+    ) -> Result<RaftResponse, String> {
+        let addr = node.addr.parse().map_err(|_| {
+            format!(
+                "server {} has an invalid address {:?}",
+                node.name, node.addr
+            )
+        })?;
         let peer = self
             .endpoint
             .dial(addr, ALPN_RAFT, &[Role::Server])

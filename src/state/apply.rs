@@ -119,7 +119,9 @@ impl State {
                 addr,
                 now,
             } => Ok(self.register_node(inventory, addr, *now, dirty)),
-            Command::Schedule { allocations, now } => Ok(self.apply_schedule(allocations, *now, dirty)),
+            Command::Schedule { allocations, now } => {
+                Ok(self.apply_schedule(allocations, *now, dirty))
+            }
             Command::TaskEvents { node, events, now } => {
                 Ok(self.apply_task_events(node, events, *now, dirty))
             }

@@ -59,7 +59,6 @@ pub enum Command {
     },
 }
 
-
 /// What applying a command answered. Returned to the proposer after commit.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub enum CommandResult {

@@ -47,9 +47,13 @@ impl Default for Counters {
 pub enum NodeStatus {
     Up,
     /// Finishes its work, takes no new work.
-    Drained { reason: String },
+    Drained {
+        reason: String,
+    },
     /// Not heard from; its tasks are lost.
-    Down { reason: String },
+    Down {
+        reason: String,
+    },
 }
 
 impl NodeStatus {

@@ -126,7 +126,12 @@ fn ids_are_monotonic_and_never_reused() {
                 },
                 &mut d,
             );
-            assert_eq!(r, CommandResult::Cancelled { ids: vec![JobId(last)] });
+            assert_eq!(
+                r,
+                CommandResult::Cancelled {
+                    ids: vec![JobId(last)]
+                }
+            );
         }
     }
     assert_eq!(s.counters.next_job_id, 51);
@@ -205,7 +210,15 @@ fn transition_table_is_exactly_as_documented() {
         ),
         (
             Completing,
-            &[Completed, Failed, Cancelled, Timeout, NodeFail, OutOfMemory, Pending],
+            &[
+                Completed,
+                Failed,
+                Cancelled,
+                Timeout,
+                NodeFail,
+                OutOfMemory,
+                Pending,
+            ],
         ),
         (NodeFail, &[Pending]),
         (Preempted, &[Pending]),
@@ -218,11 +231,7 @@ fn transition_table_is_exactly_as_documented() {
     for from in JobState::ALL {
         let row = allowed.iter().find(|(f, _)| *f == from).expect("row");
         for to in JobState::ALL {
-            assert_eq!(
-                from.can_move_to(to),
-                row.1.contains(&to),
-                "{from} -> {to}"
-            );
+            assert_eq!(from.can_move_to(to), row.1.contains(&to), "{from} -> {to}");
         }
     }
 }

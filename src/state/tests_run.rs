@@ -3,8 +3,8 @@
 
 use super::*;
 use crate::model::{
-    Allocation, GpuInfo, GpuLink, JobSpec, NodeAllocation, NodeInventory, NumaNode, Program, TaskEnd,
-    TaskEvent, TaskEventKind,
+    Allocation, GpuInfo, GpuLink, JobSpec, NodeAllocation, NodeInventory, NumaNode, Program,
+    TaskEnd, TaskEvent, TaskEventKind,
 };
 
 fn inventory(name: &str, gpus: u32) -> NodeInventory {
@@ -25,7 +25,13 @@ fn inventory(name: &str, gpus: u32) -> NodeInventory {
         gpu_links: (0..gpus)
             .map(|i| {
                 (0..gpus)
-                    .map(|j| if i == j { GpuLink::SelfLink } else { GpuLink::NvLink(18) })
+                    .map(|j| {
+                        if i == j {
+                            GpuLink::SelfLink
+                        } else {
+                            GpuLink::NvLink(18)
+                        }
+                    })
                     .collect()
             })
             .collect(),
@@ -195,7 +201,13 @@ fn apply_rechecks_allocations_and_never_oversubscribes() {
     let c = submit(&mut s, &mut d, 2, 8);
     s.apply(
         &Command::Schedule {
-            allocations: vec![alloc(c.0, &[("n2", &[0, 1, 2, 3, 4, 5, 6, 7]), ("n1", &[0, 1, 2, 3, 4, 5, 6, 7])])],
+            allocations: vec![alloc(
+                c.0,
+                &[
+                    ("n2", &[0, 1, 2, 3, 4, 5, 6, 7]),
+                    ("n1", &[0, 1, 2, 3, 4, 5, 6, 7]),
+                ],
+            )],
             now: 7,
         },
         &mut d,
@@ -210,28 +222,54 @@ fn all_ranks_completing_completes_the_job_and_repeats_change_nothing() {
     let a = submit(&mut s, &mut d, 2, 8);
     s.apply(
         &Command::Schedule {
-            allocations: vec![alloc(a.0, &[("n1", &[0, 1, 2, 3, 4, 5, 6, 7]), ("n2", &[0, 1, 2, 3, 4, 5, 6, 7])])],
+            allocations: vec![alloc(
+                a.0,
+                &[
+                    ("n1", &[0, 1, 2, 3, 4, 5, 6, 7]),
+                    ("n2", &[0, 1, 2, 3, 4, 5, 6, 7]),
+                ],
+            )],
             now: 5,
         },
         &mut d,
     );
-    assert_eq!(report(&mut s, &mut d, "n1", vec![ev(a, 0, TaskEventKind::Started)]), 1);
-    assert_eq!(report(&mut s, &mut d, "n1", vec![ev(a, 0, TaskEventKind::Started)]), 0);
+    assert_eq!(
+        report(&mut s, &mut d, "n1", vec![ev(a, 0, TaskEventKind::Started)]),
+        1
+    );
+    assert_eq!(
+        report(&mut s, &mut d, "n1", vec![ev(a, 0, TaskEventKind::Started)]),
+        0
+    );
     // A report for rank 1 from the wrong node is ignored.
     assert_eq!(
-        report(&mut s, &mut d, "n1", vec![ev(a, 1, TaskEventKind::Ended(TaskEnd::Completed))]),
+        report(
+            &mut s,
+            &mut d,
+            "n1",
+            vec![ev(a, 1, TaskEventKind::Ended(TaskEnd::Completed))]
+        ),
         0
     );
     let done = TaskEventKind::Ended(TaskEnd::Completed);
     report(&mut s, &mut d, "n1", vec![ev(a, 0, done.clone())]);
     assert_eq!(s.jobs[&a].state, JobState::Running);
-    assert!(s.desired_on("n1").len() == 1, "the job still runs on n1 until all ranks end");
+    assert!(
+        s.desired_on("n1").len() == 1,
+        "the job still runs on n1 until all ranks end"
+    );
     report(&mut s, &mut d, "n2", vec![ev(a, 1, done.clone())]);
     assert_eq!(s.jobs[&a].state, JobState::Completed);
     assert_eq!(s.jobs[&a].exit_code, Some(0));
     assert!(s.desired_on("n1").is_empty());
     assert_eq!(report(&mut s, &mut d, "n2", vec![ev(a, 1, done)]), 0);
-    assert_eq!(s.node_views().iter().map(|v| v.used.gpus.len()).sum::<usize>(), 0);
+    assert_eq!(
+        s.node_views()
+            .iter()
+            .map(|v| v.used.gpus.len())
+            .sum::<usize>(),
+        0
+    );
 }
 
 #[test]
@@ -240,7 +278,13 @@ fn one_failing_rank_stops_the_others_and_names_itself() {
     let a = submit(&mut s, &mut d, 2, 8);
     s.apply(
         &Command::Schedule {
-            allocations: vec![alloc(a.0, &[("n1", &[0, 1, 2, 3, 4, 5, 6, 7]), ("n2", &[0, 1, 2, 3, 4, 5, 6, 7])])],
+            allocations: vec![alloc(
+                a.0,
+                &[
+                    ("n1", &[0, 1, 2, 3, 4, 5, 6, 7]),
+                    ("n2", &[0, 1, 2, 3, 4, 5, 6, 7]),
+                ],
+            )],
             now: 5,
         },
         &mut d,
@@ -261,11 +305,28 @@ fn one_failing_rank_stops_the_others_and_names_itself() {
     let job = &s.jobs[&a];
     assert_eq!(job.state, JobState::Completing);
     let reason = job.reason.clone().unwrap();
-    assert!(reason.contains("rank 1") && reason.contains("n2") && reason.contains("code 3"), "{reason}");
-    assert!(s.desired_on("n1").is_empty(), "rank 0 is no longer desired: the agent stops it");
+    assert!(
+        reason.contains("rank 1") && reason.contains("n2") && reason.contains("code 3"),
+        "{reason}"
+    );
+    assert!(
+        s.desired_on("n1").is_empty(),
+        "rank 0 is no longer desired: the agent stops it"
+    );
     // Its GPUs stay held until rank 0 has stopped.
-    assert_eq!(s.node_views().iter().map(|v| v.used.gpus.len()).sum::<usize>(), 16);
-    report(&mut s, &mut d, "n1", vec![ev(a, 0, TaskEventKind::Ended(TaskEnd::Cancelled))]);
+    assert_eq!(
+        s.node_views()
+            .iter()
+            .map(|v| v.used.gpus.len())
+            .sum::<usize>(),
+        16
+    );
+    report(
+        &mut s,
+        &mut d,
+        "n1",
+        vec![ev(a, 0, TaskEventKind::Ended(TaskEnd::Cancelled))],
+    );
     assert_eq!(s.jobs[&a].state, JobState::Failed);
     assert_eq!(s.jobs[&a].exit_code, Some(3));
 }
@@ -298,6 +359,11 @@ fn cancel_of_a_running_job_completes_through_completing() {
         ..ev(a, 0, TaskEventKind::Ended(TaskEnd::Completed))
     };
     assert_eq!(report(&mut s, &mut d, "n1", vec![stale]), 0);
-    report(&mut s, &mut d, "n1", vec![ev(a, 0, TaskEventKind::Ended(TaskEnd::Cancelled))]);
+    report(
+        &mut s,
+        &mut d,
+        "n1",
+        vec![ev(a, 0, TaskEventKind::Ended(TaskEnd::Cancelled))],
+    );
     assert_eq!(s.jobs[&a].state, JobState::Cancelled);
 }

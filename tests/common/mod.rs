@@ -43,7 +43,10 @@ pub fn require_root(test: &str) -> bool {
 pub fn wait_for(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
     let start = Instant::now();
     while !cond() {
-        assert!(start.elapsed() < timeout, "timed out after {timeout:?} waiting for {what}");
+        assert!(
+            start.elapsed() < timeout,
+            "timed out after {timeout:?} waiting for {what}"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
 }
@@ -59,6 +62,7 @@ pub struct Server {
 impl Server {
     /// Bootstraps a one-server cluster in `dir` and waits until it accepts writes.
     pub fn bootstrap(dir: &Path) -> Server {
+        std::fs::create_dir_all(dir).expect("server dir");
         let mut s = Server {
             dir: dir.to_path_buf(),
             port: free_port(),
@@ -88,14 +92,18 @@ impl Server {
             .expect("spawn gpuq server");
         self.child = Some(child);
         let sock = self.socket.clone();
-        wait_for("the server to lead an initialised cluster", Duration::from_secs(30), || {
-            let out = cli(&sock, &["cluster", "--json"]);
-            out.status.success()
-                && serde_json::from_slice::<serde_json::Value>(&out.stdout)
-                    .map(|v| !v["leader"].is_null() && v["cluster_name"].is_string())
-                    .unwrap_or(false)
-                && String::from_utf8_lossy(&cli(&sock, &["token", "list"]).stderr).is_empty()
-        });
+        wait_for(
+            "the server to lead an initialised cluster",
+            Duration::from_secs(30),
+            || {
+                let out = cli(&sock, &["cluster", "--json"]);
+                out.status.success()
+                    && serde_json::from_slice::<serde_json::Value>(&out.stdout)
+                        .map(|v| !v["leader"].is_null() && v["cluster_name"].is_string())
+                        .unwrap_or(false)
+                    && String::from_utf8_lossy(&cli(&sock, &["token", "list"]).stderr).is_empty()
+            },
+        );
     }
 
     /// SIGKILL: no shutdown path runs.
@@ -180,7 +188,13 @@ pub fn ensure_user(name: &str) -> TestUser {
     use nix::unistd::User;
     if User::from_name(name).ok().flatten().is_none() {
         let st = Command::new("useradd")
-            .args(["--system", "--no-create-home", "--shell", "/usr/sbin/nologin", name])
+            .args([
+                "--system",
+                "--no-create-home",
+                "--shell",
+                "/usr/sbin/nologin",
+                name,
+            ])
             .status()
             .expect("run useradd");
         // Another test may have created it meanwhile.
@@ -267,7 +281,10 @@ impl LoginAgent {
             if cli(&socket, &["cluster"]).status.success() {
                 return Ok(LoginAgent { socket, child });
             }
-            assert!(Instant::now() < deadline, "login agent neither served nor failed");
+            assert!(
+                Instant::now() < deadline,
+                "login agent neither served nor failed"
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
     }
