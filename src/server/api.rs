@@ -5,8 +5,6 @@
 
 use std::sync::Arc;
 
-use openraft::error::{ClientWriteError, RaftError};
-
 use crate::config::ServerConfig;
 use crate::model::{JobState, Role, TokenRecord};
 use crate::net::endpoint::{Endpoint, Peer, ALPN_API};
@@ -31,6 +29,7 @@ pub struct Api {
     pending_reasons: std::sync::RwLock<std::collections::HashMap<crate::model::JobId, String>>,
     /// Connected agents (leader only).
     pub hub: Arc<super::agents::AgentHub>,
+    proposer: super::propose::Proposer,
 }
 
 fn token_info(t: &TokenRecord) -> TokenInfo {
@@ -70,11 +69,12 @@ impl Api {
     ) -> Api {
         Api {
             cfg,
-            node,
             endpoint,
             identity,
             pending_reasons: Default::default(),
             hub: Default::default(),
+            proposer: super::propose::Proposer::start(node.raft.clone()),
+            node,
         }
     }
 
@@ -319,24 +319,7 @@ impl Api {
 
     /// Proposes a command and waits until it is committed and applied.
     pub async fn write(&self, cmd: Command) -> Result<CommandResult, ApiResponse> {
-        match self.node.raft.client_write(cmd).await {
-            Ok(resp) => Ok(resp.data),
-            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => {
-                Err(ApiResponse::error(
-                    ErrorKind::Unavailable,
-                    match f.leader_node {
-                        Some(n) => {
-                            format!("not leader; the leader is {} at {}: retry", n.name, n.addr)
-                        }
-                        None => "no leader is elected yet: retry in a moment".to_string(),
-                    },
-                ))
-            }
-            Err(e) => Err(ApiResponse::error(
-                ErrorKind::Unavailable,
-                format!("the write was not committed: {e}"),
-            )),
-        }
+        self.proposer.propose(cmd).await
     }
 
     /// On a follower, sends the request to the leader and returns its answer.

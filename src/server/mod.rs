@@ -6,6 +6,7 @@ mod agents;
 mod api;
 mod datadir;
 mod join;
+mod propose;
 mod scheduler;
 mod transport;
 

@@ -125,6 +125,14 @@ impl State {
             Command::TaskEvents { node, events, now } => {
                 Ok(self.apply_task_events(node, events, *now, dirty))
             }
+            Command::Batch(cmds) => Ok(CommandResult::Batch(
+                cmds.iter()
+                    .map(|c| match c {
+                        Command::Batch(_) => CommandResult::Rejected(Rejection::NestedBatch),
+                        c => self.apply(c, dirty),
+                    })
+                    .collect(),
+            )),
             Command::TokenUsed { id, .. } => {
                 let t = self
                     .tokens

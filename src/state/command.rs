@@ -50,6 +50,10 @@ pub enum Command {
         allocations: Vec<Allocation>,
         now: Millis,
     },
+    /// Several commands proposed together as one log entry (group commit:
+    /// one fsync for a burst of concurrent writes). Each is applied in order
+    /// and answered on its own; a batch inside a batch is rejected.
+    Batch(Vec<Command>),
     /// Task starts and ends reported by a node's agent. Idempotent: keyed by
     /// (job, attempt, rank), a repeat changes nothing.
     TaskEvents {
@@ -85,6 +89,8 @@ pub enum CommandResult {
     TaskEventsApplied {
         applied: u32,
     },
+    /// The answers of a `Batch`, in order.
+    Batch(Vec<CommandResult>),
     Rejected(Rejection),
 }
 
@@ -107,4 +113,6 @@ pub enum Rejection {
     DuplicateToken(String),
     #[error("nothing to do: no job ids given")]
     Empty,
+    #[error("a batch may not contain a batch")]
+    NestedBatch,
 }

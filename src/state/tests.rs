@@ -262,3 +262,34 @@ fn store_round_trips_dirty_records() {
     txn.commit().unwrap();
     assert_eq!(store::load(&db2.begin_read().unwrap()).unwrap(), s);
 }
+
+#[test]
+fn a_batch_applies_each_command_and_answers_each() {
+    let mut s = State::default();
+    let mut d = Dirty::default();
+    let batch = Command::Batch(vec![
+        submit("a", 1),
+        Command::Submit {
+            user: "b".into(),
+            spec: JobSpec {
+                nodes: 0,
+                ..spec("bad")
+            },
+            now: 1,
+        },
+        submit("c", 1),
+        Command::Batch(vec![submit("d", 1)]),
+    ]);
+    let r = s.apply(&batch, &mut d);
+    let CommandResult::Batch(results) = r else {
+        panic!("{r:?}")
+    };
+    assert_eq!(results[0], CommandResult::Submitted { id: JobId(1) });
+    assert!(matches!(
+        results[1],
+        CommandResult::Rejected(Rejection::InvalidSpec(_))
+    ));
+    assert_eq!(results[2], CommandResult::Submitted { id: JobId(2) });
+    assert_eq!(results[3], CommandResult::Rejected(Rejection::NestedBatch));
+    assert_eq!(s.jobs.len(), 2);
+}

@@ -1,0 +1,97 @@
+//! Group commit at the proposal level. openraft 0.9 keeps one log append in
+//! flight at a time, so concurrent `client_write`s each pay an fsync. The
+//! proposer instead queues writes while one proposal is in flight and sends
+//! everything queued as one `Command::Batch` entry: a burst of N concurrent
+//! submits costs one log write, and each caller still gets its own answer
+//! only after commit.
+
+use tokio::sync::{mpsc, oneshot};
+
+use crate::net::proto::{ApiResponse, ErrorKind};
+use crate::raft::GpuqRaft;
+use crate::state::{Command, CommandResult};
+
+/// The most commands one log entry carries.
+const MAX_BATCH: usize = 512;
+
+type Reply = oneshot::Sender<Result<CommandResult, ApiResponse>>;
+
+/// A handle for proposing commands through the batching task.
+#[derive(Clone)]
+pub struct Proposer {
+    tx: mpsc::Sender<(Command, Reply)>,
+}
+
+impl Proposer {
+    /// Starts the batching task for `raft`.
+    pub fn start(raft: GpuqRaft) -> Proposer {
+        let (tx, rx) = mpsc::channel(4096);
+        tokio::spawn(run(raft, rx));
+        Proposer { tx }
+    }
+
+    /// Proposes `cmd` and waits until it is committed and applied.
+    pub async fn propose(&self, cmd: Command) -> Result<CommandResult, ApiResponse> {
+        let (reply, answer) = oneshot::channel();
+        let stopped = || ApiResponse::error(ErrorKind::Unavailable, "the server is shutting down");
+        self.tx.send((cmd, reply)).await.map_err(|_| stopped())?;
+        answer.await.map_err(|_| stopped())?
+    }
+}
+
+async fn run(raft: GpuqRaft, mut rx: mpsc::Receiver<(Command, Reply)>) {
+    while let Some(first) = rx.recv().await {
+        let mut batch = vec![first];
+        while batch.len() < MAX_BATCH {
+            match rx.try_recv() {
+                Ok(next) => batch.push(next),
+                Err(_) => break,
+            }
+        }
+        if batch.len() == 1 {
+            let (cmd, reply) = batch.pop().expect("one command");
+            let _ = reply.send(write(&raft, cmd).await);
+            continue;
+        }
+        let (cmds, replies): (Vec<Command>, Vec<Reply>) = batch.into_iter().unzip();
+        match write(&raft, Command::Batch(cmds)).await {
+            Ok(CommandResult::Batch(results)) if results.len() == replies.len() => {
+                for (reply, r) in replies.into_iter().zip(results) {
+                    let _ = reply.send(Ok(r));
+                }
+            }
+            Ok(other) => {
+                let e = ApiResponse::error(
+                    ErrorKind::Internal,
+                    format!("unexpected answer to a batch: {other:?}"),
+                );
+                for reply in replies {
+                    let _ = reply.send(Err(e.clone()));
+                }
+            }
+            Err(e) => {
+                for reply in replies {
+                    let _ = reply.send(Err(e.clone()));
+                }
+            }
+        }
+    }
+}
+
+async fn write(raft: &GpuqRaft, cmd: Command) -> Result<CommandResult, ApiResponse> {
+    use openraft::error::{ClientWriteError, RaftError};
+    match raft.client_write(cmd).await {
+        Ok(resp) => Ok(resp.data),
+        Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => Err(ApiResponse::error(
+            ErrorKind::Unavailable,
+            match f.leader_node {
+                Some(n) => format!("not leader; the leader is {} at {}: retry", n.name, n.addr),
+                None => "no leader is elected yet: retry in a moment".to_string(),
+            },
+        )),
+        Err(e) => Err(ApiResponse::error(
+            ErrorKind::Unavailable,
+            format!("the write was not committed: {e}"),
+        )),
+    }
+}
