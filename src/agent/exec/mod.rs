@@ -1,5 +1,9 @@
-//! Running tasks on this node (being built): the task files and the task's
-//! environment contract.
+//! Running tasks on this node (being built): the task files, the task's
+//! environment contract, cgroups and what /proc says about processes.
 
+mod cgroup;
 pub mod env;
+mod process;
 pub mod task;
+
+pub use cgroup::CgroupMode;
