@@ -30,6 +30,12 @@ enum Cmd {
     Agent(AgentArgs),
     #[command(flatten)]
     Client(ClientCommand),
+    /// Parent of one task's process, started detached by the agent.
+    #[command(hide = true)]
+    Shim {
+        #[arg(long)]
+        task_dir: PathBuf,
+    },
 }
 
 /// `gpuq server`
@@ -173,7 +179,7 @@ async fn daemon(cmd: Cmd) -> anyhow::Result<()> {
                 ),
             }
         }
-        Cmd::Client(_) => unreachable!("client commands are not daemons"),
+        Cmd::Client(_) | Cmd::Shim { .. } => unreachable!("not a daemon"),
     }
 }
 
@@ -186,6 +192,10 @@ fn main() -> ExitCode {
             return ExitCode::from(code);
         }
     };
+    if let Cmd::Shim { task_dir } = &cli.cmd {
+        // Before any runtime or thread exists: the shim forks.
+        std::process::exit(gpuq::agent::exec::shim_main(task_dir));
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -4,6 +4,7 @@
 //! `gpuq submit` works from a login node without cluster keys in the CLI.
 
 pub mod compute;
+pub mod exec;
 pub mod gpu;
 pub mod host;
 mod identity;

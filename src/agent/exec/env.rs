@@ -1,0 +1,481 @@
+//! The task's view of the job: its environment contract and its output file
+//! names. Pure functions, so the contract is tested without starting anything.
+//!
+//! `WORLD_SIZE`, `RANK`, `LOCAL_RANK` and `LOCAL_WORLD_SIZE` describe gpuq's own
+//! tasks (as Slurm's `SLURM_NTASKS`/`SLURM_PROCID` do), which is right for one
+//! process per GPU started by gpuq. The `PET_*` variables describe a torchrun
+//! launch with the task as the launcher: `PET_NPROC_PER_NODE` is the number of
+//! GPUs the task sees (1 without GPUs), so a bare `torchrun train.py` in a
+//! one-task-per-node job starts one worker per GPU; torchrun then sets
+//! `WORLD_SIZE` and `RANK` for its workers itself.
+
+use std::path::{Path, PathBuf};
+
+use crate::model::JobId;
+
+/// The stdout pattern when the job gives none (Slurm's `slurm-%j.out`).
+pub const DEFAULT_OUTPUT_PATTERN: &str = "gpuq-%j.out";
+
+/// What `%` sequences in an output pattern expand to.
+#[derive(Clone, Copy, Debug)]
+pub struct PatternVars<'a> {
+    /// `%j`
+    pub job: JobId,
+    /// `%x`
+    pub job_name: &'a str,
+    /// `%t`: the task's global rank.
+    pub rank: u32,
+    /// `%n`: the node rank.
+    pub node_rank: u32,
+    /// `%u`
+    pub user: &'a str,
+    /// Relative patterns are relative to it.
+    pub workdir: &'a Path,
+}
+
+/// Expands `%j %t %n %x %u %%` in an output pattern (`None`: the default
+/// `gpuq-%j.out`) and makes it absolute against the working directory. Other
+/// `%` sequences are kept as written.
+pub fn expand_output_pattern(pattern: Option<&str>, vars: &PatternVars<'_>) -> PathBuf {
+    let pattern = pattern.unwrap_or(DEFAULT_OUTPUT_PATTERN);
+    let mut out = String::with_capacity(pattern.len() + 16);
+    let mut chars = pattern.chars();
+    while let Some(c) = chars.next() {
+        if c != '%' {
+            out.push(c);
+            continue;
+        }
+        match chars.next() {
+            Some('j') => out.push_str(&vars.job.to_string()),
+            Some('t') => out.push_str(&vars.rank.to_string()),
+            Some('n') => out.push_str(&vars.node_rank.to_string()),
+            Some('x') => out.push_str(vars.job_name),
+            Some('u') => out.push_str(vars.user),
+            Some('%') => out.push('%'),
+            Some(other) => {
+                out.push('%');
+                out.push(other);
+            }
+            None => out.push('%'),
+        }
+    }
+    vars.workdir.join(out)
+}
+
+/// The task's stdout and stderr paths; without an `--error` pattern stderr
+/// goes to the stdout file.
+pub fn output_paths(
+    output: Option<&str>,
+    error: Option<&str>,
+    vars: &PatternVars<'_>,
+) -> (PathBuf, PathBuf) {
+    let stdout = expand_output_pattern(output, vars);
+    let stderr = match error {
+        Some(pattern) => expand_output_pattern(Some(pattern), vars),
+        None => stdout.clone(),
+    };
+    (stdout, stderr)
+}
+
+/// Where a task sits in its job, for the environment contract.
+#[derive(Clone, Copy, Debug)]
+pub struct TaskContext<'a> {
+    pub job: JobId,
+    pub job_name: &'a str,
+    /// The job's restart count.
+    pub restart_count: u32,
+    /// The directory `gpuq submit` ran in.
+    pub submit_dir: &'a str,
+    /// The job's nodes in node-rank order.
+    pub nodes: &'a [String],
+    pub node_rank: u32,
+    pub ntasks_per_node: u32,
+    pub local_rank: u32,
+    /// The GPU indices this task sees (see `gpus_for_local_rank`).
+    pub gpus: &'a [u32],
+    /// Address of the rank-0 node, as the other nodes reach it.
+    pub master_addr: &'a str,
+    /// A port unique among the jobs on the rank-0 node.
+    pub master_port: u16,
+}
+
+/// The task's environment: the job's own variables, then the contract, whose
+/// variables replace any of the user's with the same name.
+pub fn task_env(job_env: &[(String, String)], ctx: &TaskContext<'_>) -> Vec<(String, String)> {
+    let num_nodes = ctx.nodes.len() as u64;
+    let per_node = u64::from(ctx.ntasks_per_node);
+    let rank = u64::from(ctx.node_rank) * per_node + u64::from(ctx.local_rank);
+    let visible = ctx
+        .gpus
+        .iter()
+        .map(u32::to_string)
+        .collect::<Vec<_>>()
+        .join(",");
+    let nproc = ctx.gpus.len().max(1);
+    let contract: Vec<(&str, String)> = vec![
+        ("GPUQ_JOB_ID", ctx.job.to_string()),
+        ("GPUQ_JOB_NAME", ctx.job_name.to_string()),
+        ("GPUQ_NODE_RANK", ctx.node_rank.to_string()),
+        ("GPUQ_NUM_NODES", num_nodes.to_string()),
+        ("GPUQ_NODELIST", compress_hostlist(ctx.nodes)),
+        ("GPUQ_RESTART_COUNT", ctx.restart_count.to_string()),
+        ("TORCHELASTIC_RESTART_COUNT", ctx.restart_count.to_string()),
+        ("GPUQ_SUBMIT_DIR", ctx.submit_dir.to_string()),
+        ("CUDA_VISIBLE_DEVICES", visible),
+        ("CUDA_DEVICE_ORDER", "PCI_BUS_ID".to_string()),
+        ("MASTER_ADDR", ctx.master_addr.to_string()),
+        ("MASTER_PORT", ctx.master_port.to_string()),
+        ("WORLD_SIZE", (num_nodes * per_node).to_string()),
+        ("RANK", rank.to_string()),
+        ("LOCAL_RANK", ctx.local_rank.to_string()),
+        ("LOCAL_WORLD_SIZE", per_node.to_string()),
+        ("NODE_RANK", ctx.node_rank.to_string()),
+        ("PET_NNODES", num_nodes.to_string()),
+        ("PET_NODE_RANK", ctx.node_rank.to_string()),
+        ("PET_NPROC_PER_NODE", nproc.to_string()),
+        ("PET_MASTER_ADDR", ctx.master_addr.to_string()),
+        ("PET_MASTER_PORT", ctx.master_port.to_string()),
+    ];
+    let mut env: Vec<(String, String)> = job_env
+        .iter()
+        .filter(|(name, _)| !contract.iter().any(|(c, _)| c == name))
+        .cloned()
+        .collect();
+    env.extend(contract.into_iter().map(|(k, v)| (k.to_string(), v)));
+    env
+}
+
+/// The GPUs local task `local_rank` of `ntasks_per_node` gets out of the node's
+/// allocation: an equal, disjoint, contiguous share. GPUs that do not divide
+/// evenly are left unused (the spec is expected to reject such jobs).
+pub fn gpus_for_local_rank(node_gpus: &[u32], ntasks_per_node: u32, local_rank: u32) -> Vec<u32> {
+    let tasks = ntasks_per_node.max(1) as usize;
+    let share = node_gpus.len() / tasks;
+    let start = local_rank as usize * share;
+    node_gpus
+        .get(start..start + share)
+        .map(<[u32]>::to_vec)
+        .unwrap_or_default()
+}
+
+/// A host name split into a prefix and a numeric suffix (`node` + `007`).
+struct HostName<'a> {
+    prefix: &'a str,
+    digits: &'a str,
+    number: u64,
+}
+
+fn split_host(name: &str) -> Option<HostName<'_>> {
+    let cut = name.trim_end_matches(|c: char| c.is_ascii_digit()).len();
+    let digits = &name[cut..];
+    let number = digits.parse().ok()?;
+    Some(HostName {
+        prefix: &name[..cut],
+        digits,
+        number,
+    })
+}
+
+fn is_padded(digits: &str) -> bool {
+    digits.len() > 1 && digits.starts_with('0')
+}
+
+/// Compresses host names Slurm-style (`node[001-064]`, `a1,b[2-3]`). The order
+/// is kept, so expanding the result gives the node-rank order back: only
+/// neighbours with the same prefix (and, when zero-padded, the same width)
+/// share brackets, and only ascending runs become ranges.
+pub fn compress_hostlist<S: AsRef<str>>(names: &[S]) -> String {
+    struct Group<'a> {
+        prefix: &'a str,
+        width: usize,
+        /// Every member's suffix has `width` digits.
+        uniform: bool,
+        padded: bool,
+        numbers: Vec<u64>,
+    }
+    let mut groups: Vec<Result<Group<'_>, &str>> = Vec::new();
+    for name in names.iter().map(AsRef::as_ref) {
+        let Some(host) = split_host(name) else {
+            groups.push(Err(name));
+            continue;
+        };
+        let padded = is_padded(host.digits);
+        if let Some(Ok(group)) = groups.last_mut() {
+            let same_width = group.uniform && group.width == host.digits.len();
+            if group.prefix == host.prefix && (same_width || !(group.padded || padded)) {
+                group.padded |= padded;
+                group.uniform = same_width;
+                group.numbers.push(host.number);
+                continue;
+            }
+        }
+        groups.push(Ok(Group {
+            prefix: host.prefix,
+            width: host.digits.len(),
+            uniform: true,
+            padded,
+            numbers: vec![host.number],
+        }));
+    }
+    let parts: Vec<String> = groups
+        .into_iter()
+        .map(|group| match group {
+            Err(name) => name.to_string(),
+            Ok(group) => {
+                let fmt = |n: u64| {
+                    if group.padded {
+                        format!("{n:0width$}", width = group.width)
+                    } else {
+                        n.to_string()
+                    }
+                };
+                if group.numbers.len() == 1 {
+                    return format!("{}{}", group.prefix, fmt(group.numbers[0]));
+                }
+                let mut ranges: Vec<String> = Vec::new();
+                let mut i = 0;
+                while i < group.numbers.len() {
+                    let start = group.numbers[i];
+                    let mut end = start;
+                    while i + 1 < group.numbers.len() && group.numbers[i + 1] == end + 1 {
+                        end += 1;
+                        i += 1;
+                    }
+                    ranges.push(if start == end {
+                        fmt(start)
+                    } else {
+                        format!("{}-{}", fmt(start), fmt(end))
+                    });
+                    i += 1;
+                }
+                format!("{}[{}]", group.prefix, ranges.join(","))
+            }
+        })
+        .collect();
+    parts.join(",")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// Expands a compressed host list, to check that compression loses nothing.
+    fn expand(list: &str) -> Vec<String> {
+        let mut out = Vec::new();
+        let mut rest = list;
+        while !rest.is_empty() {
+            let next_comma = rest.find(',').unwrap_or(rest.len());
+            let bracket = rest.find('[').filter(|&b| b < next_comma);
+            let Some(open) = bracket else {
+                out.push(rest[..next_comma].to_string());
+                rest = rest.get(next_comma + 1..).unwrap_or("");
+                continue;
+            };
+            let close = rest.find(']').unwrap();
+            let prefix = &rest[..open];
+            for range in rest[open + 1..close].split(',') {
+                let (lo, hi) = range.split_once('-').unwrap_or((range, range));
+                let width = if lo.len() > 1 && lo.starts_with('0') {
+                    lo.len()
+                } else {
+                    0
+                };
+                for n in lo.parse::<u64>().unwrap()..=hi.parse::<u64>().unwrap() {
+                    out.push(format!("{prefix}{n:0width$}"));
+                }
+            }
+            rest = rest.get(close + 2..).unwrap_or("");
+        }
+        out
+    }
+
+    fn names(list: &[&str]) -> Vec<String> {
+        list.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn hostlist_compresses_ranges() {
+        let nodes: Vec<String> = (1..=64).map(|i| format!("node{i:03}")).collect();
+        assert_eq!(compress_hostlist(&nodes), "node[001-064]");
+        assert_eq!(compress_hostlist(&names(&["a1", "b2", "b3"])), "a1,b[2-3]");
+        assert_eq!(compress_hostlist(&names(&["gpu7"])), "gpu7");
+        assert_eq!(compress_hostlist(&names(&["login"])), "login");
+        assert_eq!(compress_hostlist::<String>(&[]), "");
+        assert_eq!(
+            compress_hostlist(&names(&["n1", "n2", "n3", "n5", "n7", "n8"])),
+            "n[1-3,5,7-8]"
+        );
+        assert_eq!(compress_hostlist(&names(&["n9", "n10", "n11"])), "n[9-11]");
+        assert_eq!(
+            compress_hostlist(&names(&["node099", "node100"])),
+            "node[099-100]"
+        );
+    }
+
+    #[test]
+    fn hostlist_keeps_node_rank_order_and_widths_apart() {
+        assert_eq!(compress_hostlist(&names(&["n3", "n1", "n2"])), "n[3,1-2]");
+        assert_eq!(compress_hostlist(&names(&["a1", "b1", "a2"])), "a1,b1,a2");
+        assert_eq!(compress_hostlist(&names(&["n01", "n1"])), "n01,n1");
+        assert_eq!(compress_hostlist(&names(&["n1", "n01"])), "n1,n01");
+        assert_eq!(compress_hostlist(&names(&["n01", "n100"])), "n01,n100");
+        assert_eq!(
+            compress_hostlist(&names(&["n10", "n5", "n07"])),
+            "n[10,5],n07"
+        );
+        assert_eq!(
+            compress_hostlist(&names(&["rack1-node1", "rack1-node2"])),
+            "rack1-node[1-2]"
+        );
+    }
+
+    proptest! {
+        #[test]
+        fn hostlist_expands_back_to_its_input(
+            hosts in proptest::collection::vec((0usize..3, 0u64..40, 0usize..3), 0..20)
+        ) {
+            let prefixes = ["gpu", "node", "x"];
+            let list: Vec<String> = hosts
+                .iter()
+                .map(|&(p, n, w)| format!("{}{n:0w$}", prefixes[p], w = w + 1))
+                .collect();
+            prop_assert_eq!(expand(&compress_hostlist(&list)), list);
+        }
+    }
+
+    fn vars(workdir: &Path) -> PatternVars<'_> {
+        PatternVars {
+            job: JobId(812),
+            job_name: "train",
+            rank: 5,
+            node_rank: 1,
+            user: "alice",
+            workdir,
+        }
+    }
+
+    #[test]
+    fn output_patterns_expand_against_the_workdir() {
+        let wd = Path::new("/home/alice/run");
+        let v = vars(wd);
+        assert_eq!(
+            expand_output_pattern(None, &v),
+            PathBuf::from("/home/alice/run/gpuq-812.out")
+        );
+        assert_eq!(
+            expand_output_pattern(Some("logs/%x-%j.%t.%n.%u.out"), &v),
+            PathBuf::from("/home/alice/run/logs/train-812.5.1.alice.out")
+        );
+        assert_eq!(
+            expand_output_pattern(Some("/scratch/100%%-%q%"), &v),
+            PathBuf::from("/scratch/100%-%q%")
+        );
+        let (out, err) = output_paths(Some("o-%j"), None, &v);
+        assert_eq!(out, err);
+        let (out, err) = output_paths(None, Some("e-%j"), &v);
+        assert_eq!(out, PathBuf::from("/home/alice/run/gpuq-812.out"));
+        assert_eq!(err, PathBuf::from("/home/alice/run/e-812"));
+    }
+
+    #[test]
+    fn gpus_split_evenly_and_disjointly() {
+        let gpus = [0, 1, 2, 3, 4, 5, 6, 7];
+        assert_eq!(gpus_for_local_rank(&gpus, 1, 0), gpus.to_vec());
+        assert_eq!(gpus_for_local_rank(&gpus, 4, 0), vec![0, 1]);
+        assert_eq!(gpus_for_local_rank(&gpus, 4, 3), vec![6, 7]);
+        assert_eq!(gpus_for_local_rank(&gpus, 8, 5), vec![5]);
+        assert_eq!(gpus_for_local_rank(&[2, 5, 6], 3, 1), vec![5]);
+        assert_eq!(gpus_for_local_rank(&[], 2, 1), Vec::<u32>::new());
+        assert_eq!(gpus_for_local_rank(&gpus, 3, 2), vec![4, 5]);
+    }
+
+    fn lookup<'a>(env: &'a [(String, String)], name: &str) -> Option<&'a str> {
+        let found: Vec<&str> = env
+            .iter()
+            .filter(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+            .collect();
+        assert!(found.len() <= 1, "{name} set {} times", found.len());
+        found.first().copied()
+    }
+
+    #[test]
+    fn env_contract_for_a_distributed_job() {
+        let nodes: Vec<String> = (1..=4).map(|i| format!("node{i:03}")).collect();
+        let node_gpus = [0, 1, 2, 3, 4, 5, 6, 7];
+        let gpus = gpus_for_local_rank(&node_gpus, 2, 1);
+        let ctx = TaskContext {
+            job: JobId(77),
+            job_name: "llm",
+            restart_count: 2,
+            submit_dir: "/home/alice/llm",
+            nodes: &nodes,
+            node_rank: 2,
+            ntasks_per_node: 2,
+            local_rank: 1,
+            gpus: &gpus,
+            master_addr: "node001",
+            master_port: 29517,
+        };
+        let user = vec![
+            ("PATH".to_string(), "/usr/bin".to_string()),
+            ("RANK".to_string(), "99".to_string()),
+            ("CUDA_VISIBLE_DEVICES".to_string(), "0".to_string()),
+        ];
+        let env = task_env(&user, &ctx);
+        let expect = [
+            ("PATH", "/usr/bin"),
+            ("GPUQ_JOB_ID", "77"),
+            ("GPUQ_JOB_NAME", "llm"),
+            ("GPUQ_NODE_RANK", "2"),
+            ("GPUQ_NUM_NODES", "4"),
+            ("GPUQ_NODELIST", "node[001-004]"),
+            ("GPUQ_RESTART_COUNT", "2"),
+            ("TORCHELASTIC_RESTART_COUNT", "2"),
+            ("GPUQ_SUBMIT_DIR", "/home/alice/llm"),
+            ("CUDA_VISIBLE_DEVICES", "4,5,6,7"),
+            ("CUDA_DEVICE_ORDER", "PCI_BUS_ID"),
+            ("MASTER_ADDR", "node001"),
+            ("MASTER_PORT", "29517"),
+            ("WORLD_SIZE", "8"),
+            ("RANK", "5"),
+            ("LOCAL_RANK", "1"),
+            ("LOCAL_WORLD_SIZE", "2"),
+            ("NODE_RANK", "2"),
+            ("PET_NNODES", "4"),
+            ("PET_NODE_RANK", "2"),
+            ("PET_NPROC_PER_NODE", "4"),
+            ("PET_MASTER_ADDR", "node001"),
+            ("PET_MASTER_PORT", "29517"),
+        ];
+        for (name, value) in expect {
+            assert_eq!(lookup(&env, name), Some(value), "{name}");
+        }
+        assert_eq!(env.len(), expect.len());
+    }
+
+    #[test]
+    fn env_contract_without_gpus() {
+        let nodes = vec!["cpu1".to_string()];
+        let ctx = TaskContext {
+            job: JobId(1),
+            job_name: "prep",
+            restart_count: 0,
+            submit_dir: "/tmp",
+            nodes: &nodes,
+            node_rank: 0,
+            ntasks_per_node: 1,
+            local_rank: 0,
+            gpus: &[],
+            master_addr: "cpu1",
+            master_port: 20001,
+        };
+        let env = task_env(&[], &ctx);
+        assert_eq!(lookup(&env, "CUDA_VISIBLE_DEVICES"), Some(""));
+        assert_eq!(lookup(&env, "WORLD_SIZE"), Some("1"));
+        assert_eq!(lookup(&env, "RANK"), Some("0"));
+        assert_eq!(lookup(&env, "PET_NPROC_PER_NODE"), Some("1"));
+        assert_eq!(lookup(&env, "GPUQ_NODELIST"), Some("cpu1"));
+    }
+}

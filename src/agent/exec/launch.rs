@@ -1,0 +1,381 @@
+//! Starting the user's process: everything is prepared in the shim (names
+//! resolved, strings converted, files opened), then the forked child runs only
+//! system calls (join the cgroup, new session, groups/gid/uid, chdir, open the
+//! output files as the user, exec). A failing step writes which step and the
+//! errno to a close-on-exec pipe, so the shim tells "could not start" (with the
+//! path and the OS error) from a program that ran and exited 127.
+//!
+//! The shim is single-threaded, which is what makes the few allocations it
+//! still does before the child execs harmless; keep it that way.
+
+use std::ffi::{CString, OsStr};
+use std::fs::File;
+use std::io::{self, Read};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::ptr;
+
+use nix::fcntl::OFlag;
+use nix::unistd::{pipe2, Pid};
+
+use super::task::TaskSpec;
+
+/// The PATH used to find a command when the task's environment has none.
+const DEFAULT_PATH: &str = "/usr/local/bin:/usr/bin:/bin";
+
+/// The steps the child takes, in order; the number travels through the pipe.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u32)]
+enum Step {
+    JoinCgroup = 1,
+    NewSession,
+    Groups,
+    SetGid,
+    SetUid,
+    Chdir,
+    Stdin,
+    Stdout,
+    Stderr,
+    Affinity,
+    Exec,
+}
+
+impl Step {
+    fn from_u32(n: u32) -> Option<Step> {
+        use Step::*;
+        [
+            JoinCgroup, NewSession, Groups, SetGid, SetUid, Chdir, Stdin, Stdout, Stderr, Affinity,
+            Exec,
+        ]
+        .into_iter()
+        .find(|s| *s as u32 == n)
+    }
+}
+
+/// Who the task runs as.
+#[derive(Clone, Debug)]
+pub struct Identity {
+    pub name: String,
+    pub uid: u32,
+    pub gid: u32,
+    /// Supplementary groups, from the node's group database.
+    pub groups: Vec<u32>,
+}
+
+/// The user's process, ready to be forked.
+pub struct Prepared {
+    identity: Identity,
+    argv: Vec<CString>,
+    envp: Vec<CString>,
+    /// Paths to try with execve, in order (one, or the PATH search).
+    candidates: Vec<CString>,
+    /// How the program was named, for messages.
+    program: String,
+    search_path: Option<String>,
+    workdir: CString,
+    stdout: CString,
+    stderr: Option<CString>,
+    cgroup_procs: Option<(OwnedFd, PathBuf)>,
+    affinity: Option<(libc::cpu_set_t, String)>,
+}
+
+fn cstring(s: impl AsRef<OsStr>, what: &str) -> Result<CString, String> {
+    CString::new(s.as_ref().as_bytes())
+        .map_err(|_| format!("{what} {:?} contains a NUL byte", s.as_ref()))
+}
+
+impl Prepared {
+    /// Converts the spec into what the child needs. `script` is the written
+    /// `script` file of a script job, `cgroup_procs` the task cgroup's
+    /// `cgroup.procs`, `pin_cpus` whether the child pins itself to `spec.cpus`
+    /// (when no cpuset did it). Errors are sentences for the user.
+    pub fn new(
+        spec: &TaskSpec,
+        identity: Identity,
+        script: Option<&Path>,
+        cgroup_procs: Option<PathBuf>,
+        pin_cpus: bool,
+    ) -> Result<Prepared, String> {
+        let argv: Vec<String> = match (&spec.program, script) {
+            (_, Some(path)) => vec![path.to_string_lossy().into_owned()],
+            (crate::model::Program::Command { argv }, None) if !argv.is_empty() => argv.clone(),
+            _ => return Err("the task has no command to run".to_string()),
+        };
+        let program = argv[0].clone();
+        let (candidates, search_path) = if program.contains('/') {
+            (vec![cstring(&program, "program")?], None)
+        } else {
+            let path = spec
+                .env
+                .iter()
+                .rev()
+                .find(|(k, _)| k == "PATH")
+                .map_or(DEFAULT_PATH, |(_, v)| v.as_str())
+                .to_string();
+            let candidates = path
+                .split(':')
+                .map(|dir| {
+                    let dir = if dir.is_empty() { "." } else { dir };
+                    cstring(format!("{dir}/{program}"), "program")
+                })
+                .collect::<Result<_, _>>()?;
+            (candidates, Some(path))
+        };
+        let mut envp: Vec<CString> = Vec::new();
+        let has = |name: &str| spec.env.iter().any(|(k, _)| k == name);
+        for (k, v) in &spec.env {
+            envp.push(cstring(format!("{k}={v}"), "environment variable")?);
+        }
+        // A login sets these; fill them in from this node's user database
+        // when the job did not bring them.
+        for (name, value) in [("USER", &identity.name), ("LOGNAME", &identity.name)] {
+            if !has(name) {
+                envp.push(cstring(format!("{name}={value}"), "environment variable")?);
+            }
+        }
+        let cgroup_procs = match cgroup_procs {
+            Some(path) => {
+                let file = std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(&path)
+                    .map_err(|e| format!("cannot open {}: {e}", path.display()))?;
+                Some((OwnedFd::from(file), path))
+            }
+            None => None,
+        };
+        let affinity = (pin_cpus && !spec.cpus.is_empty()).then(|| {
+            // SAFETY: cpu_set_t is a plain bit array; all zeroes is the empty set.
+            let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+            for &cpu in &spec.cpus {
+                if (cpu as usize) < libc::CPU_SETSIZE as usize {
+                    // SAFETY: the index is below CPU_SETSIZE.
+                    unsafe { libc::CPU_SET(cpu as usize, &mut set) };
+                }
+            }
+            let list: Vec<String> = spec.cpus.iter().map(u32::to_string).collect();
+            (set, list.join(","))
+        });
+        Ok(Prepared {
+            argv: argv
+                .iter()
+                .map(|a| cstring(a, "argument"))
+                .collect::<Result<_, _>>()?,
+            envp,
+            candidates,
+            program,
+            search_path,
+            workdir: cstring(&spec.workdir, "working directory")?,
+            stdout: cstring(&spec.stdout, "output path")?,
+            stderr: if spec.stderr == spec.stdout {
+                None
+            } else {
+                Some(cstring(&spec.stderr, "error path")?)
+            },
+            cgroup_procs,
+            affinity,
+            identity,
+        })
+    }
+
+    /// Forks the child. The returned report is read once the child has exited:
+    /// it says whether the exec happened.
+    pub fn spawn(&self) -> io::Result<(Pid, LaunchReport)> {
+        let (read, write) = pipe2(OFlag::O_CLOEXEC)?;
+        let argv = null_terminated(&self.argv);
+        let envp = null_terminated(&self.envp);
+        // SAFETY: the shim is single-threaded; the child only makes system
+        // calls on memory prepared above and then execs or exits.
+        match unsafe { libc::fork() } {
+            -1 => Err(io::Error::last_os_error()),
+            0 => unsafe { self.child(write.as_raw_fd(), &argv, &envp) },
+            pid => {
+                drop(write);
+                Ok((Pid::from_raw(pid), LaunchReport { pipe: read }))
+            }
+        }
+    }
+
+    /// The child: never returns.
+    unsafe fn child(
+        &self,
+        report: RawFd,
+        argv: &[*const libc::c_char],
+        envp: &[*const libc::c_char],
+    ) -> ! {
+        let fail = |step: Step, index: usize| -> ! {
+            let errno = *libc::__errno_location();
+            let mut msg = [0u8; 12];
+            msg[..4].copy_from_slice(&(step as u32).to_ne_bytes());
+            msg[4..8].copy_from_slice(&errno.to_ne_bytes());
+            msg[8..].copy_from_slice(&(index as u32).to_ne_bytes());
+            libc::write(report, msg.as_ptr().cast(), msg.len());
+            libc::_exit(127)
+        };
+        // Inherited: the shim's blocked signals and ignored dispositions.
+        let mut empty: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut empty);
+        libc::sigprocmask(libc::SIG_SETMASK, &empty, ptr::null_mut());
+        for sig in 1..32 {
+            if sig != libc::SIGKILL && sig != libc::SIGSTOP {
+                libc::signal(sig, libc::SIG_DFL);
+            }
+        }
+        // Nothing the shim holds leaks into the task (the kernel may lack
+        // close_range; everything the shim opens is close-on-exec anyway).
+        libc::syscall(
+            libc::SYS_close_range,
+            3 as libc::c_uint,
+            libc::c_uint::MAX,
+            libc::CLOSE_RANGE_CLOEXEC,
+        );
+        if let Some((fd, _)) = &self.cgroup_procs {
+            if libc::write(fd.as_raw_fd(), b"0".as_ptr().cast(), 1) != 1 {
+                fail(Step::JoinCgroup, 0);
+            }
+        }
+        if libc::setsid() < 0 {
+            fail(Step::NewSession, 0);
+        }
+        let id = &self.identity;
+        if libc::setgroups(id.groups.len(), id.groups.as_ptr()) < 0 {
+            fail(Step::Groups, 0);
+        }
+        if libc::setgid(id.gid) < 0 {
+            fail(Step::SetGid, 0);
+        }
+        if libc::setuid(id.uid) < 0 {
+            fail(Step::SetUid, 0);
+        }
+        if libc::chdir(self.workdir.as_ptr()) < 0 {
+            fail(Step::Chdir, 0);
+        }
+        let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC);
+        if null < 0 || libc::dup2(null, 0) < 0 {
+            fail(Step::Stdin, 0);
+        }
+        let flags = libc::O_WRONLY | libc::O_CREAT | libc::O_APPEND | libc::O_CLOEXEC;
+        let out = libc::open(self.stdout.as_ptr(), flags, 0o644 as libc::c_uint);
+        if out < 0 || libc::dup2(out, 1) < 0 {
+            fail(Step::Stdout, 0);
+        }
+        let err = match &self.stderr {
+            Some(path) => libc::open(path.as_ptr(), flags, 0o644 as libc::c_uint),
+            None => out,
+        };
+        if err < 0 || libc::dup2(err, 2) < 0 {
+            fail(Step::Stderr, 0);
+        }
+        if let Some((set, _)) = &self.affinity {
+            if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), set) < 0 {
+                fail(Step::Affinity, 0);
+            }
+        }
+        // execvp's rules: skip missing candidates, remember a permission
+        // error, stop at any other error.
+        let mut denied = None;
+        for (i, path) in self.candidates.iter().enumerate() {
+            libc::execve(path.as_ptr(), argv.as_ptr(), envp.as_ptr());
+            match *libc::__errno_location() {
+                libc::ENOENT | libc::ENOTDIR | libc::ESTALE => {}
+                libc::EACCES => {
+                    denied.get_or_insert(i);
+                }
+                _ => fail(Step::Exec, i),
+            }
+        }
+        if let Some(i) = denied {
+            *libc::__errno_location() = libc::EACCES;
+            fail(Step::Exec, i);
+        }
+        *libc::__errno_location() = libc::ENOENT;
+        fail(Step::Exec, usize::MAX)
+    }
+
+    /// The sentence for a failed step, naming the path and the OS error.
+    fn describe(&self, step: Step, errno: i32, index: u32) -> String {
+        let err = io::Error::from_raw_os_error(errno);
+        let id = &self.identity;
+        let show = |c: &CString| c.to_string_lossy().into_owned();
+        match step {
+            Step::JoinCgroup => format!(
+                "cannot join cgroup {}: {err}",
+                self.cgroup_procs
+                    .as_ref()
+                    .map_or(String::new(), |(_, p)| p.display().to_string())
+            ),
+            Step::NewSession => format!("cannot start a new session: {err}"),
+            Step::Groups => format!(
+                "cannot set the supplementary groups {:?} of user {}: {err}",
+                id.groups, id.name
+            ),
+            Step::SetGid => format!("cannot switch to gid {} of user {}: {err}", id.gid, id.name),
+            Step::SetUid => format!("cannot switch to uid {} of user {}: {err}", id.uid, id.name),
+            Step::Chdir => format!(
+                "cannot use working directory {} as user {}: {err}",
+                show(&self.workdir),
+                id.name
+            ),
+            Step::Stdin => format!("cannot open /dev/null for stdin: {err}"),
+            Step::Stdout => format!(
+                "cannot open output file {} as user {}: {err}",
+                show(&self.stdout),
+                id.name
+            ),
+            Step::Stderr => format!(
+                "cannot open error file {} as user {}: {err}",
+                show(self.stderr.as_ref().unwrap_or(&self.stdout)),
+                id.name
+            ),
+            Step::Affinity => format!(
+                "cannot pin the task to CPUs {}: {err}",
+                self.affinity.as_ref().map_or("", |(_, l)| l.as_str())
+            ),
+            Step::Exec => match self.candidates.get(index as usize) {
+                Some(path) => {
+                    let path = show(path);
+                    if errno == libc::ENOENT && Path::new(&path).exists() {
+                        format!(
+                            "cannot execute {path}: the interpreter on its #! line was not found"
+                        )
+                    } else {
+                        format!("cannot execute {path} as user {}: {err}", id.name)
+                    }
+                }
+                None => match &self.search_path {
+                    Some(search) => {
+                        format!("command {:?} not found in PATH {search}", self.program)
+                    }
+                    None => format!("cannot execute {}: {err}", self.program),
+                },
+            },
+        }
+    }
+}
+
+fn null_terminated(strings: &[CString]) -> Vec<*const libc::c_char> {
+    strings
+        .iter()
+        .map(|s| s.as_ptr())
+        .chain(std::iter::once(ptr::null()))
+        .collect()
+}
+
+/// The read end of the child's report pipe.
+pub struct LaunchReport {
+    pipe: OwnedFd,
+}
+
+impl LaunchReport {
+    /// After the child exited: `Some(reason)` when it never reached exec.
+    pub fn failure(self, prepared: &Prepared) -> Option<String> {
+        let mut file = File::from(self.pipe);
+        let mut msg = Vec::new();
+        if file.read_to_end(&mut msg).is_err() || msg.len() < 12 {
+            return None;
+        }
+        let word = |i: usize| u32::from_ne_bytes([msg[i], msg[i + 1], msg[i + 2], msg[i + 3]]);
+        let step = Step::from_u32(word(0))?;
+        Some(prepared.describe(step, word(4) as i32, word(8)))
+    }
+}

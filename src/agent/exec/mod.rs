@@ -1,0 +1,338 @@
+//! Running tasks on this node: the agent-side `Executor` and the `gpuq shim`
+//! that parents each task.
+//!
+//! Each task has a directory `<root>/<job>.<attempt>.<rank>/` (see `task` for
+//! its files). The agent writes `task.json` and starts a shim, detached in its
+//! own session (a double fork, so the shim is nobody's zombie); the shim runs
+//! the task as the user, in a cgroup where the node has cgroup v2, and writes
+//! `status.json` when it is over. Because all state lives in those
+//! directories, an agent that restarts calls `scan()` and re-adopts what runs:
+//! liveness is the shim's pid *and* its start time, so a reused pid is never
+//! taken for a live shim.
+//!
+//! The root and task directories are 0711: the task (running as its user)
+//! must reach its `script`, but nobody lists or reads the others' specs.
+
+mod cgroup;
+pub mod env;
+mod launch;
+mod process;
+mod shim;
+pub mod task;
+
+use std::fs;
+use std::io::{self, Read};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use nix::fcntl::OFlag;
+use nix::sys::signal::{kill, killpg, Signal};
+use nix::unistd::{pipe2, Pid};
+
+pub use cgroup::CgroupMode;
+pub use shim::shim_main;
+pub use task::{
+    LimitSignal, ProcessId, StopReason, TaskKey, TaskOutcome, TaskPid, TaskSpec, TaskStatus,
+};
+
+use cgroup::TaskCgroup;
+use task::{
+    read_json, write_atomic, write_json, PID_FILE, SHIM_LOG_FILE, SHIM_PID_FILE, STATUS_FILE,
+    STOP_FILE, TASK_FILE,
+};
+
+/// What the executor can see of a task.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TaskObserved {
+    /// The shim runs; `pid` is the user's process once it was started.
+    Running { shim_pid: u32, pid: Option<u32> },
+    /// The shim wrote the final status.
+    Ended(TaskStatus),
+    /// No live shim and no status: the shim died (or never started); the
+    /// reason says what is known.
+    Unknown { reason: String },
+}
+
+/// An executor operation failed; each message names the task or the file.
+#[derive(Debug, thiserror::Error)]
+pub enum ExecError {
+    #[error("task {key} was already started on this node ({} exists)", dir.display())]
+    AlreadyStarted { key: TaskKey, dir: PathBuf },
+    #[error("no task {key} on this node")]
+    NoSuchTask { key: TaskKey },
+    #[error("task {key} is still running; stop it before forgetting it")]
+    StillRunning { key: TaskKey },
+    #[error("cannot {action} {}: {source}", path.display())]
+    Io {
+        action: &'static str,
+        path: PathBuf,
+        source: io::Error,
+    },
+    #[error("cannot start the shim {}: {source}", program.display())]
+    SpawnShim { program: PathBuf, source: io::Error },
+}
+
+fn io_err(action: &'static str, path: &Path) -> impl FnOnce(io::Error) -> ExecError {
+    let path = path.to_path_buf();
+    move |source| ExecError::Io {
+        action,
+        path,
+        source,
+    }
+}
+
+/// Starts, stops and finds tasks under `root`.
+#[derive(Clone, Debug)]
+pub struct Executor {
+    /// Where task directories live, e.g. `/var/lib/gpuq/tasks`.
+    pub root: PathBuf,
+    /// The binary run as `<shim_program> shim --task-dir DIR` (usually
+    /// `std::env::current_exe()`).
+    pub shim_program: PathBuf,
+}
+
+impl Executor {
+    /// An executor; logs once, at warn level, when tasks will run without
+    /// resource limits on this node.
+    pub fn new(root: PathBuf, shim_program: PathBuf) -> Executor {
+        CgroupMode::detect().warn_if_degraded();
+        Executor { root, shim_program }
+    }
+
+    /// The directory of a task.
+    pub fn task_dir(&self, key: TaskKey) -> PathBuf {
+        self.root.join(key.dir_name())
+    }
+
+    /// Creates the task directory, writes `task.json` and starts the shim
+    /// detached. Does not wait for the task. Starting a key twice is refused,
+    /// so a repeated desired state never runs a task twice.
+    pub fn start(&self, spec: &TaskSpec) -> Result<(), ExecError> {
+        let key = spec.key();
+        let dir = self.task_dir(key);
+        if !self.root.exists() {
+            fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o711)
+                .create(&self.root)
+                .map_err(io_err("create the task root", &self.root))?;
+        }
+        match fs::DirBuilder::new().mode(0o711).create(&dir) {
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                return Err(ExecError::AlreadyStarted { key, dir })
+            }
+            other => other.map_err(io_err("create the task directory", &dir))?,
+        }
+        // Nothing half-made stays behind to block a retry.
+        self.launch(spec, &dir).inspect_err(|_| {
+            let _ = fs::remove_dir_all(&dir);
+        })
+    }
+
+    fn launch(&self, spec: &TaskSpec, dir: &Path) -> Result<(), ExecError> {
+        let key = spec.key();
+        // The umask may have narrowed the mode given to mkdir.
+        fs::set_permissions(dir, fs::Permissions::from_mode(0o711))
+            .map_err(io_err("set the mode of", dir))?;
+        let task_file = dir.join(TASK_FILE);
+        write_json(&task_file, spec).map_err(io_err("write", &task_file))?;
+        let log_path = dir.join(SHIM_LOG_FILE);
+        let log = fs::File::create(&log_path).map_err(io_err("create", &log_path))?;
+        let log_err = log.try_clone().map_err(io_err("open", &log_path))?;
+
+        let spawn_err = |source| ExecError::SpawnShim {
+            program: self.shim_program.clone(),
+            source,
+        };
+        let (pid_read, pid_write) = pipe2(OFlag::O_CLOEXEC).map_err(|e| spawn_err(e.into()))?;
+        let pid_fd = pid_write.as_raw_fd();
+        let mut command = Command::new(&self.shim_program);
+        command
+            .arg("shim")
+            .arg("--task-dir")
+            .arg(dir)
+            .stdin(Stdio::null())
+            .stdout(log)
+            .stderr(log_err);
+        // SAFETY: between fork and exec the closure only makes system calls
+        // (setsid, fork, write, _exit) on values copied into it.
+        unsafe {
+            command.pre_exec(move || {
+                if libc::setsid() < 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                match libc::fork() {
+                    -1 => Err(io::Error::last_os_error()),
+                    0 => Ok(()),
+                    shim => {
+                        let bytes = shim.to_ne_bytes();
+                        libc::write(pid_fd, bytes.as_ptr().cast(), bytes.len());
+                        libc::_exit(0)
+                    }
+                }
+            });
+        }
+        let mut intermediate = command.spawn().map_err(spawn_err)?;
+        drop(command);
+        drop(pid_write);
+        let _ = intermediate.wait();
+        let mut bytes = [0u8; 4];
+        let shim_pid = fs::File::from(pid_read)
+            .read_exact(&mut bytes)
+            .map(|()| i32::from_ne_bytes(bytes));
+        match shim_pid.ok().and_then(|pid| process::identify(pid as u32)) {
+            // The shim writes this too, first thing; whichever comes first
+            // lets `scan` tell a starting shim from a dead one.
+            Some(shim) => {
+                let _ = write_json(&dir.join(SHIM_PID_FILE), &shim);
+            }
+            None => tracing::debug!(task = %key, "the shim exited before its pid was recorded"),
+        }
+        tracing::info!(task = %key, user = %spec.user, "task handed to the shim");
+        Ok(())
+    }
+
+    /// Asks a task to stop: the reason goes to the `stop` file and the shim
+    /// gets SIGTERM; it signals the task, waits the grace time and kills it.
+    /// A task that already ended is left alone. When the shim is gone, what
+    /// is left of the task is killed here.
+    pub fn stop(&self, key: TaskKey, reason: StopReason) -> Result<(), ExecError> {
+        let dir = self.task_dir(key);
+        if !dir.is_dir() {
+            return Err(ExecError::NoSuchTask { key });
+        }
+        if dir.join(STATUS_FILE).exists() {
+            return Ok(());
+        }
+        let stop_file = dir.join(STOP_FILE);
+        write_atomic(&stop_file, reason.as_str().as_bytes())
+            .map_err(io_err("write", &stop_file))?;
+        match live_shim(&dir) {
+            Some(shim) => {
+                let _ = kill(Pid::from_raw(shim.pid as i32), Signal::SIGTERM);
+            }
+            None => kill_orphaned_task(&dir),
+        }
+        Ok(())
+    }
+
+    /// What is known about one task.
+    pub fn observe(&self, key: TaskKey) -> TaskObserved {
+        let dir = self.task_dir(key);
+        let ended = || match read_json::<TaskStatus>(&dir.join(STATUS_FILE)) {
+            Ok(Some(status)) => Some(Ok(status)),
+            Ok(None) => None,
+            Err(e) => Some(Err(format!(
+                "{} is unreadable: {e}",
+                dir.join(STATUS_FILE).display()
+            ))),
+        };
+        match ended() {
+            Some(Ok(status)) => return TaskObserved::Ended(status),
+            Some(Err(reason)) => return TaskObserved::Unknown { reason },
+            None => {}
+        }
+        if let Some(shim) = live_shim(&dir) {
+            let pid = read_json::<TaskPid>(&dir.join(PID_FILE))
+                .ok()
+                .flatten()
+                .map(|p| p.process.pid);
+            return TaskObserved::Running {
+                shim_pid: shim.pid,
+                pid,
+            };
+        }
+        // The shim may have written its status and exited just now.
+        match ended() {
+            Some(Ok(status)) => TaskObserved::Ended(status),
+            Some(Err(reason)) => TaskObserved::Unknown { reason },
+            None => TaskObserved::Unknown {
+                reason: unknown_reason(&dir),
+            },
+        }
+    }
+
+    /// Every task directory under the root and what is known about it; how an
+    /// agent that restarted finds its running tasks again.
+    pub fn scan(&self) -> Vec<(TaskKey, TaskObserved)> {
+        let Ok(entries) = fs::read_dir(&self.root) else {
+            return Vec::new();
+        };
+        let mut keys: Vec<TaskKey> = entries
+            .filter_map(|e| {
+                let e = e.ok()?;
+                e.file_type().ok()?.is_dir().then_some(())?;
+                e.file_name().to_str()?.parse().ok()
+            })
+            .collect();
+        keys.sort();
+        keys.into_iter().map(|k| (k, self.observe(k))).collect()
+    }
+
+    /// Removes a task's directory once its outcome was reported. A task whose
+    /// shim still runs is refused; one whose shim died has its leftovers
+    /// killed first.
+    pub fn forget(&self, key: TaskKey) -> Result<(), ExecError> {
+        let dir = self.task_dir(key);
+        if !dir.is_dir() {
+            return Ok(());
+        }
+        if live_shim(&dir).is_some() {
+            return Err(ExecError::StillRunning { key });
+        }
+        if !dir.join(STATUS_FILE).exists() {
+            kill_orphaned_task(&dir);
+        }
+        fs::remove_dir_all(&dir).map_err(io_err("remove", &dir))
+    }
+}
+
+/// The task's shim, if it still runs.
+fn live_shim(dir: &Path) -> Option<ProcessId> {
+    let shim: ProcessId = read_json(&dir.join(SHIM_PID_FILE)).ok().flatten()?;
+    process::is_running(&shim).then_some(shim)
+}
+
+/// Says what is known of a task whose shim is gone without a status.
+fn unknown_reason(dir: &Path) -> String {
+    let log = dir.join(SHIM_LOG_FILE).display().to_string();
+    let shim: Option<ProcessId> = read_json(&dir.join(SHIM_PID_FILE)).ok().flatten();
+    let task: Option<TaskPid> = read_json(&dir.join(PID_FILE)).ok().flatten();
+    match (shim, task) {
+        (None, _) => format!("the shim never recorded its pid (see {log})"),
+        (Some(shim), Some(task)) if process::is_running(&task.process) => format!(
+            "the shim (pid {}) is gone without a status while the task (pid {}) still runs \
+             (see {log})",
+            shim.pid, task.process.pid
+        ),
+        (Some(shim), _) => format!(
+            "the shim (pid {}) is gone without a status (see {log})",
+            shim.pid
+        ),
+    }
+}
+
+/// Kills what is left of a task whose shim is gone: its cgroup and, if its
+/// pid is still the same process, its process group.
+fn kill_orphaned_task(dir: &Path) {
+    let Ok(Some(task)) = read_json::<TaskPid>(&dir.join(PID_FILE)) else {
+        return;
+    };
+    if process::is_running(&task.process) {
+        let _ = killpg(Pid::from_raw(task.process.pid as i32), Signal::SIGKILL);
+    }
+    if let Some(path) = task.cgroup {
+        let cgroup = TaskCgroup::at(path);
+        for _ in 0..100 {
+            if cgroup.is_empty() {
+                break;
+            }
+            cgroup.kill_all();
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        let _ = cgroup.remove();
+    }
+}

@@ -1,0 +1,466 @@
+//! `gpuq shim --task-dir DIR`: the parent of one task's process. The agent
+//! starts it in a new session and does not wait for it, so it outlives agent
+//! restarts; everything it learns goes to files in the task directory, and
+//! `status.json` is written once, atomically, at the end.
+//!
+//! The shim is a child subreaper: a task's orphaned descendants are
+//! reparented to it, so even without cgroups it can find and stop every
+//! process the task left behind, including ones that left the process group.
+//! It waits on signals with `sigtimedwait` (SIGCHLD for exits, SIGTERM/SIGINT
+//! for stop requests) with a short tick for the `stop` file and the clock, so
+//! it has no handlers and no threads.
+
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{kill, killpg, SigSet, Signal};
+use nix::sys::wait::{waitpid, WaitPidFlag};
+use nix::unistd::{Pid, User};
+
+use super::cgroup::{CgroupMode, TaskCgroup};
+use super::launch::{Identity, Prepared};
+use super::process::{self, Snapshot};
+use super::task::{
+    now_ms, read_json, write_json, StopReason, TaskOutcome, TaskPid, TaskSpec, TaskStatus,
+    PID_FILE, SCRIPT_FILE, SHIM_PID_FILE, STATUS_FILE, STOP_FILE, TASK_FILE,
+};
+use crate::model::{Millis, Program};
+
+/// How often the shim looks at the stop file and the clock between signals.
+const TICK: Duration = Duration::from_millis(100);
+/// How long the shim keeps killing leftovers (e.g. stuck in D state) before it
+/// writes the status anyway.
+const CLEANUP_LIMIT: Duration = Duration::from_secs(30);
+
+/// Runs one task from its directory; returns the shim's exit code (0 once
+/// `status.json` is written).
+pub fn shim_main(task_dir: &Path) -> i32 {
+    let _ = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .try_init();
+    let (outcome, start_ms) = run(task_dir);
+    let status = TaskStatus {
+        outcome,
+        start_ms,
+        end_ms: now_ms(),
+    };
+    tracing::info!(dir = %task_dir.display(), outcome = ?status.outcome, "task ended");
+    match write_json(&task_dir.join(STATUS_FILE), &status) {
+        Ok(()) => 0,
+        Err(e) => {
+            tracing::error!("cannot write {}: {e}", task_dir.join(STATUS_FILE).display());
+            1
+        }
+    }
+}
+
+fn launch_failed(reason: String) -> (TaskOutcome, Option<Millis>) {
+    tracing::warn!("launch failed: {reason}");
+    (TaskOutcome::LaunchFailed { reason }, None)
+}
+
+fn hostname() -> String {
+    fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_else(|_| "(unknown)".to_string())
+}
+
+/// Reads the stop file's reason, if a stop was requested.
+fn stop_requested(dir: &Path) -> Option<StopReason> {
+    fs::read_to_string(dir.join(STOP_FILE))
+        .ok()
+        .map(|word| StopReason::parse(&word))
+}
+
+fn run(dir: &Path) -> (TaskOutcome, Option<Millis>) {
+    // First, so that a stop request arriving now is queued, not fatal.
+    let signals = shim_signals();
+    if let Err(e) = signals.thread_block() {
+        return launch_failed(format!("cannot block signals in the shim: {e}"));
+    }
+    let spec: TaskSpec = match read_json(&dir.join(TASK_FILE)) {
+        Ok(Some(spec)) => spec,
+        Ok(None) => return launch_failed(format!("{} is missing", dir.join(TASK_FILE).display())),
+        Err(e) => {
+            return launch_failed(format!(
+                "cannot read {}: {e}",
+                dir.join(TASK_FILE).display()
+            ))
+        }
+    };
+    if let Some(me) = process::identify(std::process::id()) {
+        if let Err(e) = write_json(&dir.join(SHIM_PID_FILE), &me) {
+            tracing::warn!("cannot write {}: {e}", dir.join(SHIM_PID_FILE).display());
+        }
+    }
+    // SAFETY: prctl with these arguments only sets a flag on this process.
+    if unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) } != 0 {
+        tracing::warn!(
+            "cannot become a child subreaper: {}; orphaned processes of the task are tracked \
+             only through its cgroup and process group",
+            std::io::Error::last_os_error()
+        );
+    }
+    let mode = CgroupMode::detect();
+    if let Some(warning) = mode.degraded_warning() {
+        tracing::info!("{warning}");
+    }
+    if let Err(e) = mode.move_self_to_shims() {
+        tracing::warn!("{e}; the shim stays in the agent's cgroup");
+    }
+    if let Some(reason) = stop_requested(dir) {
+        return (TaskOutcome::Cancelled { reason }, None);
+    }
+    let identity = match resolve_user(&spec) {
+        Ok(identity) => identity,
+        Err(reason) => return launch_failed(reason),
+    };
+    let script = match &spec.program {
+        Program::Script { content, .. } => match write_script(dir, content, &identity) {
+            Ok(path) => Some(path),
+            Err(reason) => return launch_failed(reason),
+        },
+        Program::Command { .. } => None,
+    };
+    let cgroup = match mode.create_task_cgroup(&spec) {
+        Ok(cgroup) => cgroup,
+        Err(e) if mode.enforces_limits() => return launch_failed(e.to_string()),
+        Err(e) => {
+            tracing::warn!("{e}; the task runs without a cgroup");
+            None
+        }
+    };
+    let pin_cpus = !cgroup.as_ref().is_some_and(TaskCgroup::cpuset_applied);
+    let prepared = match Prepared::new(
+        &spec,
+        identity,
+        script.as_deref(),
+        cgroup.as_ref().map(TaskCgroup::procs_file),
+        pin_cpus,
+    ) {
+        Ok(prepared) => prepared,
+        Err(reason) => {
+            remove_cgroup(cgroup.as_ref());
+            return launch_failed(reason);
+        }
+    };
+    let (child, report) = match prepared.spawn() {
+        Ok(spawned) => spawned,
+        Err(e) => {
+            remove_cgroup(cgroup.as_ref());
+            return launch_failed(format!("cannot fork the task: {e}"));
+        }
+    };
+    let start_ms = now_ms();
+    if let Some(process) = process::identify(child.as_raw() as u32) {
+        let pid = TaskPid {
+            process,
+            cgroup: cgroup.as_ref().map(|c| c.path().to_path_buf()),
+            start_ms,
+        };
+        if let Err(e) = write_json(&dir.join(PID_FILE), &pid) {
+            tracing::warn!("cannot write {}: {e}", dir.join(PID_FILE).display());
+        }
+    }
+    tracing::info!(pid = child.as_raw(), user = %spec.user, "task started");
+    let tree = Tree {
+        child,
+        cgroup: cgroup.as_ref(),
+    };
+    let (exit, ending) = supervise(dir, &spec, &tree, &signals);
+    tree.kill_leftovers();
+    let oom_kills = cgroup.as_ref().map_or(0, TaskCgroup::oom_kills);
+    remove_cgroup(cgroup.as_ref());
+    if let Some(reason) = report.failure(&prepared) {
+        return launch_failed(reason);
+    }
+    let outcome = match ending {
+        Some(Ending::Stop(reason)) => TaskOutcome::Cancelled { reason },
+        Some(Ending::Timeout) => TaskOutcome::Timeout,
+        None if oom_kills > 0 => TaskOutcome::OutOfMemory,
+        None => exit_outcome(exit),
+    };
+    (outcome, Some(start_ms))
+}
+
+/// The signals the shim takes through `sigtimedwait` rather than handlers.
+fn shim_signals() -> SigSet {
+    let mut set = SigSet::empty();
+    for sig in [
+        Signal::SIGCHLD,
+        Signal::SIGTERM,
+        Signal::SIGINT,
+        Signal::SIGHUP,
+    ] {
+        set.add(sig);
+    }
+    set
+}
+
+fn resolve_user(spec: &TaskSpec) -> Result<Identity, String> {
+    let user = match User::from_name(&spec.user) {
+        Ok(Some(user)) => user,
+        Ok(None) => {
+            return Err(format!(
+                "user {} not found on node {}",
+                spec.user,
+                hostname()
+            ))
+        }
+        Err(e) => {
+            return Err(format!(
+                "cannot look up user {} on node {}: {e}",
+                spec.user,
+                hostname()
+            ))
+        }
+    };
+    if user.uid.is_root() && !spec.allow_root {
+        return Err(format!(
+            "refusing to run the task as {} (uid 0); root tasks are not allowed on this cluster",
+            spec.user
+        ));
+    }
+    let name = std::ffi::CString::new(spec.user.as_bytes())
+        .map_err(|_| format!("user name {:?} contains a NUL byte", spec.user))?;
+    let groups = nix::unistd::getgrouplist(&name, user.gid).map_err(|e| {
+        format!(
+            "cannot read the groups of user {} on node {}: {e}",
+            spec.user,
+            hostname()
+        )
+    })?;
+    Ok(Identity {
+        name: spec.user.clone(),
+        uid: user.uid.as_raw(),
+        gid: user.gid.as_raw(),
+        groups: groups.into_iter().map(|g| g.as_raw()).collect(),
+    })
+}
+
+/// Writes a script job's content as `script`, owned by the user and readable
+/// by nobody else (the task directory is traversable, not listable).
+fn write_script(dir: &Path, content: &str, identity: &Identity) -> Result<PathBuf, String> {
+    let path = dir.join(SCRIPT_FILE);
+    let result = (|| {
+        fs::write(&path, content)?;
+        std::os::unix::fs::chown(&path, Some(identity.uid), Some(identity.gid))?;
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o700))
+    })();
+    result
+        .map(|()| path.clone())
+        .map_err(|e| format!("cannot write the job script {}: {e}", path.display()))
+}
+
+fn remove_cgroup(cgroup: Option<&TaskCgroup>) {
+    let Some(cgroup) = cgroup else { return };
+    for _ in 0..50 {
+        match cgroup.remove() {
+            Ok(()) => return,
+            Err(_) => std::thread::sleep(Duration::from_millis(20)),
+        }
+    }
+    if let Err(e) = cgroup.remove() {
+        tracing::warn!("cannot remove cgroup {}: {e}", cgroup.path().display());
+    }
+}
+
+/// Why the shim ended the task itself.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Ending {
+    Timeout,
+    Stop(StopReason),
+}
+
+/// How the main process ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Exit {
+    Code(i32),
+    Signal { signal: i32, core: bool },
+}
+
+/// Every process of the task: the cgroup, the process group (the child is a
+/// session leader), and the shim's descendants.
+///
+/// The main child is left a zombie until the very end (its exit is seen with
+/// `WNOWAIT`), so its pid, which is also the process group id, cannot be
+/// reused while the shim still signals that group.
+struct Tree<'a> {
+    child: Pid,
+    cgroup: Option<&'a TaskCgroup>,
+}
+
+impl Tree<'_> {
+    fn signal(&self, signal: Signal) {
+        if let Some(cgroup) = self.cgroup {
+            if signal == Signal::SIGKILL {
+                cgroup.kill_all();
+            } else {
+                cgroup.signal(signal);
+            }
+        }
+        let _ = killpg(self.child, signal);
+        for pid in Snapshot::take().descendants(std::process::id()) {
+            let _ = kill(Pid::from_raw(pid as i32), signal);
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        let procs = Snapshot::take();
+        self.cgroup.is_none_or(TaskCgroup::is_empty)
+            && procs.group_members(self.child.as_raw() as u32).is_empty()
+            && procs.descendants(std::process::id()).is_empty()
+    }
+
+    /// The main child's exit, if it happened; leaves it unreaped.
+    fn main_exit(&self) -> Option<Exit> {
+        // SAFETY: siginfo_t is plain data; waitid fills it or leaves it zeroed.
+        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+        let flags = libc::WEXITED | libc::WNOHANG | libc::WNOWAIT;
+        let id = self.child.as_raw() as libc::id_t;
+        // SAFETY: info is a valid siginfo_t for the kernel to write.
+        if unsafe { libc::waitid(libc::P_PID, id, &mut info, flags) } != 0 {
+            return None;
+        }
+        // SAFETY: after a successful waitid for WEXITED these fields are set
+        // (si_pid stays 0 when the child has not exited).
+        let (pid, status) = unsafe { (info.si_pid(), info.si_status()) };
+        if pid == 0 {
+            return None;
+        }
+        Some(match info.si_code {
+            libc::CLD_EXITED => Exit::Code(status),
+            code => Exit::Signal {
+                signal: status,
+                core: code == libc::CLD_DUMPED,
+            },
+        })
+    }
+
+    /// Reaps the task's orphans that ended (they are reparented to the shim),
+    /// never the main child.
+    fn reap_orphans(&self) {
+        for pid in Snapshot::take().zombie_children(std::process::id()) {
+            if pid != self.child.as_raw() as u32 {
+                let _ = waitpid(Pid::from_raw(pid as i32), Some(WaitPidFlag::WNOHANG));
+            }
+        }
+    }
+
+    /// After the main process exited: SIGKILL whatever is left, reap it, and
+    /// finally the main child.
+    fn kill_leftovers(&self) {
+        let give_up = Instant::now() + CLEANUP_LIMIT;
+        loop {
+            self.reap_orphans();
+            if self.is_empty() {
+                break;
+            }
+            self.signal(Signal::SIGKILL);
+            if Instant::now() > give_up {
+                tracing::warn!(
+                    "processes of the task survive SIGKILL (stuck in the kernel?); giving up"
+                );
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = waitpid(self.child, None);
+    }
+}
+
+/// Waits up to `timeout` for one of the blocked `signals`.
+fn wait_signal(signals: &SigSet, timeout: Duration) -> Option<Signal> {
+    let ts = libc::timespec {
+        tv_sec: timeout.as_secs() as libc::time_t,
+        tv_nsec: timeout.subsec_nanos() as libc::c_long,
+    };
+    // SAFETY: both pointers are valid for the call; no siginfo is requested.
+    let sig = unsafe { libc::sigtimedwait(signals.as_ref(), std::ptr::null_mut(), &ts) };
+    Signal::try_from(sig).ok()
+}
+
+/// Runs until the main process exits, enforcing the time limit and stop
+/// requests: the signal, `kill_grace_secs`, then SIGKILL.
+fn supervise(
+    dir: &Path,
+    spec: &TaskSpec,
+    tree: &Tree<'_>,
+    signals: &SigSet,
+) -> (Exit, Option<Ending>) {
+    let started = Instant::now();
+    let deadline = spec
+        .time_limit_secs
+        .map(|secs| started + Duration::from_secs(secs));
+    let warning = spec.signal_before_limit.as_ref().and_then(|w| {
+        let at = deadline?.checked_sub(Duration::from_secs(w.secs_before))?;
+        Some((at.max(started), Signal::try_from(w.signal).ok()?))
+    });
+    let grace = Duration::from_secs(spec.kill_grace_secs);
+    let mut warned = false;
+    let mut ending: Option<(Ending, Instant)> = None;
+    let mut killed = false;
+    loop {
+        if let Some(exit) = tree.main_exit() {
+            return (exit, ending.map(|(e, _)| e));
+        }
+        let signal = wait_signal(signals, TICK);
+        if signal == Some(Signal::SIGCHLD) {
+            tree.reap_orphans();
+        }
+        let now = Instant::now();
+        if let Some((_, since)) = ending {
+            if killed || now >= since + grace {
+                tree.signal(Signal::SIGKILL);
+                killed = true;
+            }
+            continue;
+        }
+        let stop = match signal {
+            Some(Signal::SIGTERM | Signal::SIGINT) => {
+                Some(stop_requested(dir).unwrap_or(StopReason::Cancel))
+            }
+            _ => stop_requested(dir),
+        };
+        let end = match stop {
+            Some(reason) => Some(Ending::Stop(reason)),
+            None if deadline.is_some_and(|d| now >= d) => Some(Ending::Timeout),
+            None => None,
+        };
+        if let Some(end) = end {
+            tracing::info!(?end, "ending the task; sending SIGTERM");
+            ending = Some((end, now));
+            tree.signal(Signal::SIGTERM);
+            // A process stopped by SIGSTOP would not see SIGTERM until resumed.
+            tree.signal(Signal::SIGCONT);
+        } else if let Some((_, sig)) = warning.filter(|&(at, _)| !warned && now >= at) {
+            tracing::info!(signal = %sig, "time limit is near; signalling the task");
+            tree.signal(sig);
+            warned = true;
+        }
+    }
+}
+
+/// The outcome of a process that ended on its own.
+fn exit_outcome(exit: Exit) -> TaskOutcome {
+    match exit {
+        Exit::Code(0) => TaskOutcome::Completed,
+        Exit::Code(code) => TaskOutcome::Failed {
+            code: Some(code),
+            signal: None,
+            reason: format!("exited with code {code}"),
+        },
+        Exit::Signal { signal, core } => TaskOutcome::Failed {
+            code: None,
+            signal: Some(signal),
+            reason: format!(
+                "killed by signal {} ({signal}){}",
+                Signal::try_from(signal).map_or("unknown", Signal::as_str),
+                if core { ", core dumped" } else { "" }
+            ),
+        },
+    }
+}

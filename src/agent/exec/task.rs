@@ -1,0 +1,320 @@
+//! What the agent hands the shim (`TaskSpec`, written as `task.json`) and what
+//! the shim leaves behind (`pid`, `shim.pid`, `status.json`). These files are
+//! the whole interface between the agent and a running task, which is what lets
+//! an agent restart and re-adopt its tasks: everything it needs is on disk.
+
+use std::fmt;
+use std::fs;
+use std::io::{self, Write};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+use crate::model::{JobId, Millis, Program};
+
+/// The spec the agent writes for the shim.
+pub const TASK_FILE: &str = "task.json";
+/// The shim's own pid and start time (written by the agent and by the shim).
+pub const SHIM_PID_FILE: &str = "shim.pid";
+/// The user's process: pid, start time, cgroup (written by the shim).
+pub const PID_FILE: &str = "pid";
+/// A stop request and its reason (written by the agent).
+pub const STOP_FILE: &str = "stop";
+/// How the task ended (written once, atomically, by the shim).
+pub const STATUS_FILE: &str = "status.json";
+/// A script job's content, run directly so its `#!` line applies.
+pub const SCRIPT_FILE: &str = "script";
+/// The shim's own log (its stdout and stderr).
+pub const SHIM_LOG_FILE: &str = "shim.log";
+
+/// Names one task of one attempt of a job: the key reports are made with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct TaskKey {
+    pub job: JobId,
+    /// The job's restart count when this task was started.
+    pub attempt: u32,
+    /// Global rank of the task within the job.
+    pub rank: u32,
+}
+
+impl TaskKey {
+    /// The task directory's name: `<job>.<attempt>.<rank>`.
+    pub fn dir_name(&self) -> String {
+        self.to_string()
+    }
+}
+
+impl fmt::Display for TaskKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}.{}.{}", self.job, self.attempt, self.rank)
+    }
+}
+
+impl FromStr for TaskKey {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let bad = || format!("{s:?} is not a task key of the form <job>.<attempt>.<rank>");
+        let mut parts = s.split('.');
+        let (Some(job), Some(attempt), Some(rank), None) =
+            (parts.next(), parts.next(), parts.next(), parts.next())
+        else {
+            return Err(bad());
+        };
+        Ok(TaskKey {
+            job: JobId(job.parse().map_err(|_| bad())?),
+            attempt: attempt.parse().map_err(|_| bad())?,
+            rank: rank.parse().map_err(|_| bad())?,
+        })
+    }
+}
+
+/// A signal sent some time before the time limit (`--signal USR1@60`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LimitSignal {
+    /// Signal number (e.g. 10 for SIGUSR1 on Linux).
+    pub signal: i32,
+    /// How many seconds before the limit it is sent.
+    pub secs_before: u64,
+}
+
+/// Everything the shim needs to run one task, fully resolved by the agent:
+/// paths are expanded and the environment is final.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TaskSpec {
+    pub job: JobId,
+    /// The job's restart count.
+    pub attempt: u32,
+    /// Global rank.
+    pub rank: u32,
+    pub node_rank: u32,
+    pub local_rank: u32,
+    /// The user, resolved by name on this node.
+    pub user: String,
+    /// Whether the task may run as uid 0 (off unless the config allows it).
+    #[serde(default)]
+    pub allow_root: bool,
+    pub program: Program,
+    /// Absolute working directory.
+    pub workdir: PathBuf,
+    /// The full environment of the task; nothing else is inherited.
+    pub env: Vec<(String, String)>,
+    /// Absolute stdout path (opened for append, created by the user).
+    pub stdout: PathBuf,
+    /// Absolute stderr path; equal to `stdout` when the two are joined.
+    pub stderr: PathBuf,
+    /// Logical CPUs to pin the task to; empty means `cpu_count` CPUs anywhere.
+    #[serde(default)]
+    pub cpus: Vec<u32>,
+    pub cpu_count: u32,
+    /// Memory limit in MiB.
+    #[serde(default)]
+    pub memory_mb: Option<u64>,
+    /// Limit on the number of processes and threads.
+    #[serde(default)]
+    pub pids_max: Option<u64>,
+    #[serde(default)]
+    pub time_limit_secs: Option<u64>,
+    /// Seconds between SIGTERM and SIGKILL when the task is stopped.
+    pub kill_grace_secs: u64,
+    #[serde(default)]
+    pub signal_before_limit: Option<LimitSignal>,
+}
+
+impl TaskSpec {
+    pub fn key(&self) -> TaskKey {
+        TaskKey {
+            job: self.job,
+            attempt: self.attempt,
+            rank: self.rank,
+        }
+    }
+}
+
+/// Why a task is being stopped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StopReason {
+    /// The job was cancelled (or the shim got SIGTERM without a reason).
+    Cancel,
+    /// The job was preempted and will be requeued.
+    Preempt,
+}
+
+impl StopReason {
+    /// The word written to the `stop` file.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StopReason::Cancel => "cancel",
+            StopReason::Preempt => "preempt",
+        }
+    }
+
+    /// Reads the `stop` file's word; anything else counts as a cancel.
+    pub fn parse(word: &str) -> StopReason {
+        match word.trim() {
+            "preempt" => StopReason::Preempt,
+            _ => StopReason::Cancel,
+        }
+    }
+}
+
+/// How a task ended.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum TaskOutcome {
+    /// Exited with code 0.
+    Completed,
+    /// Exited non-zero or was killed by a signal it was not sent by us.
+    Failed {
+        code: Option<i32>,
+        signal: Option<i32>,
+        reason: String,
+    },
+    /// Reached its time limit and was stopped.
+    Timeout,
+    /// Stopped on request.
+    Cancelled { reason: StopReason },
+    /// The kernel's OOM killer fired in the task's cgroup.
+    OutOfMemory,
+    /// The user's program never started; the reason names what to fix.
+    LaunchFailed { reason: String },
+}
+
+impl TaskOutcome {
+    /// The exit code in Slurm's sense: the code, or 128 + the signal; none when
+    /// the program never ran.
+    pub fn exit_code(&self) -> Option<i32> {
+        match self {
+            TaskOutcome::Completed => Some(0),
+            TaskOutcome::Failed { code, signal, .. } => code.or(signal.map(|s| 128 + s)),
+            _ => None,
+        }
+    }
+}
+
+/// The `status.json` the shim writes when the task is over.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskStatus {
+    pub outcome: TaskOutcome,
+    /// When the user's process was started; `None` if it never was.
+    pub start_ms: Option<Millis>,
+    pub end_ms: Millis,
+}
+
+/// A process identified beyond its pid: the start time (clock ticks after
+/// boot, from `/proc/<pid>/stat`) rules out a reused pid.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProcessId {
+    pub pid: u32,
+    pub start_ticks: u64,
+}
+
+/// The `pid` file: the user's process and the cgroup it runs in.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskPid {
+    pub process: ProcessId,
+    /// The task's cgroup directory, when it has one.
+    #[serde(default)]
+    pub cgroup: Option<PathBuf>,
+    pub start_ms: Millis,
+}
+
+/// Writes `bytes` to `path` (mode 0600) so that readers see the old file or the
+/// new one, never a part: a temporary file in the same directory, fsync, rename.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    let name = path
+        .file_name()
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "path has no file name"))?;
+    let mut tmp_name = name.to_os_string();
+    tmp_name.push(format!(".tmp.{}", std::process::id()));
+    let tmp = path.with_file_name(tmp_name);
+    let result = (|| {
+        let mut file = fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)?;
+        file.write_all(bytes)?;
+        file.sync_all()?;
+        fs::rename(&tmp, path)?;
+        if let Some(dir) = path.parent() {
+            fs::File::open(dir)?.sync_all()?;
+        }
+        Ok(())
+    })();
+    if result.is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+    result
+}
+
+/// Serializes `value` as JSON and writes it atomically.
+pub fn write_json<T: Serialize>(path: &Path, value: &T) -> io::Result<()> {
+    let bytes = serde_json::to_vec_pretty(value).map_err(io::Error::other)?;
+    write_atomic(path, &bytes)
+}
+
+/// Reads a JSON file; `Ok(None)` when it does not exist.
+pub fn read_json<T: for<'de> Deserialize<'de>>(path: &Path) -> io::Result<Option<T>> {
+    match fs::read(path) {
+        Ok(bytes) => serde_json::from_slice(&bytes)
+            .map(Some)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e)),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// Milliseconds since the Unix epoch, now.
+pub fn now_ms() -> Millis {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as Millis)
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn key_round_trips_through_its_dir_name() {
+        let key = TaskKey {
+            job: JobId(42),
+            attempt: 3,
+            rank: 17,
+        };
+        assert_eq!(key.dir_name(), "42.3.17");
+        assert_eq!(key.dir_name().parse::<TaskKey>(), Ok(key));
+        for bad in ["42.3", "42.3.17.1", "a.b.c", "", "42..1", "shim.log"] {
+            assert!(bad.parse::<TaskKey>().is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn exit_code_follows_slurm() {
+        assert_eq!(TaskOutcome::Completed.exit_code(), Some(0));
+        let killed = TaskOutcome::Failed {
+            code: None,
+            signal: Some(9),
+            reason: String::new(),
+        };
+        assert_eq!(killed.exit_code(), Some(137));
+        assert_eq!(TaskOutcome::Timeout.exit_code(), None);
+    }
+
+    #[test]
+    fn write_atomic_replaces_and_leaves_no_temporary() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("status.json");
+        write_atomic(&path, b"one").unwrap();
+        write_atomic(&path, b"two").unwrap();
+        assert_eq!(fs::read(&path).unwrap(), b"two");
+        assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 1);
+    }
+}
