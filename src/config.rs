@@ -66,6 +66,20 @@ pub struct AgentConfig {
     pub servers: Vec<String>,
     pub role: AgentRole,
     pub admin_group: Option<String>,
+    /// Where GPUs come from: "auto", "nvml", "none", or a fake table.
+    pub gpus: crate::agent::gpu::GpuConfig,
+    /// CPUs kept for the system; jobs never get them.
+    pub reserved_cpus: u32,
+    /// Memory in MiB kept for the system.
+    pub reserved_memory_mb: u64,
+    /// The node's topology domain path, e.g. `spine1/leaf3`.
+    pub topology: String,
+    /// Node features for `--constraint`.
+    pub features: Vec<String>,
+    /// Whether tasks may run as root.
+    pub allow_root: bool,
+    /// Seconds between SIGTERM and SIGKILL when a task is stopped.
+    pub kill_grace_secs: u64,
 }
 
 /// What an agent's node is for.
@@ -116,6 +130,13 @@ impl Default for AgentConfig {
             servers: Vec::new(),
             role: AgentRole::Compute,
             admin_group: None,
+            gpus: Default::default(),
+            reserved_cpus: 0,
+            reserved_memory_mb: 0,
+            topology: String::new(),
+            features: Vec::new(),
+            allow_root: false,
+            kill_grace_secs: 10,
         }
     }
 }

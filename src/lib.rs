@@ -10,6 +10,7 @@
 pub mod agent;
 pub mod cli;
 pub mod config;
+pub mod dev;
 pub mod model;
 pub mod net;
 pub mod raft;

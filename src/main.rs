@@ -28,6 +28,9 @@ enum Cmd {
     Server(ServerArgs),
     /// Run a node agent (compute, or login: vouches for local users only).
     Agent(AgentArgs),
+    /// Run a whole cluster in this process: one server and N agents with fake
+    /// GPUs; tasks are real processes. The CLI finds its socket with no flags.
+    Dev(DevArgs),
     #[command(flatten)]
     Client(ClientCommand),
     /// Parent of one task's process, started detached by the agent.
@@ -95,6 +98,23 @@ struct AgentArgs {
     /// Servers to talk to, HOST:PORT (comma list).
     #[arg(long, value_delimiter = ',')]
     servers: Vec<String>,
+}
+
+/// `gpuq dev`
+#[derive(Args, Debug)]
+struct DevArgs {
+    /// Number of compute nodes.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=256))]
+    nodes: u32,
+    /// Fake GPUs per node (a DGX H100 topology).
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(0..=64))]
+    gpus_per_node: u32,
+    /// Where the cluster keeps its state (default ~/.local/state/gpuq/dev).
+    #[arg(long)]
+    dir: Option<PathBuf>,
+    /// Start from an empty state.
+    #[arg(long)]
+    fresh: bool,
 }
 
 fn parse_agent_role(s: &str) -> Result<AgentRole, String> {
@@ -174,10 +194,17 @@ async fn daemon(cmd: Cmd) -> anyhow::Result<()> {
             let cfg = agent_config(&a)?;
             match cfg.role {
                 AgentRole::Login => gpuq::agent::run_login(cfg, a.join, a.token).await,
-                AgentRole::Compute => anyhow::bail!(
-                    "the compute agent is not available in this build yet; run with --role login"
-                ),
+                AgentRole::Compute => gpuq::agent::run_compute(cfg, a.join, a.token).await,
             }
+        }
+        Cmd::Dev(a) => {
+            gpuq::dev::run(gpuq::dev::DevOptions {
+                nodes: a.nodes,
+                gpus_per_node: a.gpus_per_node,
+                dir: a.dir.unwrap_or_else(gpuq::dev::default_dir),
+                fresh: a.fresh,
+            })
+            .await
         }
         Cmd::Client(_) | Cmd::Shim { .. } => unreachable!("not a daemon"),
     }

@@ -42,6 +42,10 @@ pub trait TaskRunner: Send + Sync + 'static {
     fn scan(&self) -> Vec<(TaskKey, Observed)>;
     /// Drops an ended task whose end was committed.
     fn forget(&self, key: TaskKey);
+    /// Where the task's stdout goes, for `gpuq logs`.
+    fn output_path(&self, _key: TaskKey) -> Option<std::path::PathBuf> {
+        None
+    }
 }
 
 fn key_of(t: &DesiredTask) -> TaskKey {
@@ -151,7 +155,7 @@ impl Ledger {
 
 /// How a compute agent reaches the control plane.
 pub struct ComputeAgent {
-    pub endpoint: Endpoint,
+    pub endpoint: Arc<Endpoint>,
     pub servers: Vec<SocketAddr>,
     pub inventory: NodeInventory,
     /// The port advertised with this node's address (MASTER_ADDR host is the

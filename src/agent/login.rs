@@ -1,6 +1,7 @@
-//! The login agent: serves the local socket and forwards each request, with the
-//! kernel-attested caller, to a server over QUIC (`gpuq-api/1`). Servers are
-//! tried in order; a follower forwards writes to its leader.
+//! Vouching for local users: every agent (login or compute) serves the local
+//! socket and forwards each request, with the kernel-attested caller, to a
+//! server over QUIC (`gpuq-api/1`). Servers are tried in order; a follower
+//! forwards writes to its leader. A login agent does only this.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -15,13 +16,13 @@ use crate::net::local;
 use crate::net::proto::{ApiRequest, ApiResponse, Caller, ErrorKind, Vouched};
 use crate::net::{rpc, DEFAULT_MAX_FRAME};
 
-/// A running login agent.
-pub struct LoginAgent {
-    endpoint: Endpoint,
-    servers: Vec<SocketAddr>,
+/// Forwards local users' requests to the control plane.
+pub struct Forwarder {
+    pub endpoint: Arc<Endpoint>,
+    pub servers: Vec<SocketAddr>,
 }
 
-impl LoginAgent {
+impl Forwarder {
     /// Forwards one request for `caller` to the first server that answers.
     pub async fn forward(&self, caller: Caller, request: ApiRequest) -> ApiResponse {
         let v = Vouched { caller, request };
@@ -49,16 +50,56 @@ impl LoginAgent {
     }
 }
 
-fn resolve_servers(cfg: &AgentConfig) -> anyhow::Result<Vec<SocketAddr>> {
+/// The servers an agent talks to: the configured list, with the join address first.
+pub fn resolve_servers(
+    cfg: &AgentConfig,
+    join_addr: Option<SocketAddr>,
+) -> anyhow::Result<Vec<SocketAddr>> {
     use std::net::ToSocketAddrs;
     let mut out = Vec::new();
+    if let Some(a) = join_addr {
+        out.push(a);
+    }
     for s in &cfg.servers {
         let addrs = s
             .to_socket_addrs()
             .with_context(|| format!("server address {s:?} in servers is not HOST:PORT"))?;
-        out.extend(addrs);
+        for a in addrs {
+            if !out.contains(&a) {
+                out.push(a);
+            }
+        }
+    }
+    if out.is_empty() {
+        anyhow::bail!("no server to talk to: give --join HOST:PORT, or servers in [agent]");
     }
     Ok(out)
+}
+
+/// Serves the local socket, forwarding through `forwarder`, until `shutdown`.
+pub fn serve_local(
+    cfg: &AgentConfig,
+    forwarder: Arc<Forwarder>,
+    shutdown: watch::Receiver<bool>,
+) -> anyhow::Result<()> {
+    let listener = local::bind(&cfg.socket)
+        .with_context(|| format!("cannot serve the local socket {}", cfg.socket.display()))?;
+    let admin_group = cfg.admin_group.clone();
+    tokio::spawn(local::serve(
+        listener,
+        Arc::new(move |cred, req| {
+            let forwarder = forwarder.clone();
+            let admin_group = admin_group.clone();
+            async move {
+                match local::resolve_caller(cred, admin_group.as_deref()) {
+                    Ok(caller) => forwarder.forward(caller, req).await,
+                    Err(why) => ApiResponse::error(ErrorKind::Forbidden, why),
+                }
+            }
+        }),
+        shutdown,
+    ));
+    Ok(())
 }
 
 /// Joins if needed, then serves the local socket until `shutdown`.
@@ -67,7 +108,7 @@ pub async fn start_login(
     join_addr: Option<SocketAddr>,
     token: Option<String>,
     shutdown: watch::Receiver<bool>,
-) -> anyhow::Result<Arc<LoginAgent>> {
+) -> anyhow::Result<Arc<Forwarder>> {
     std::fs::create_dir_all(&cfg.data_dir)
         .with_context(|| format!("cannot create data dir {}", cfg.data_dir.display()))?;
     let identity = super::ensure_identity(
@@ -78,41 +119,17 @@ pub async fn start_login(
         token.as_deref(),
     )
     .await?;
-    let mut servers = resolve_servers(&cfg)?;
-    if let Some(a) = join_addr {
-        if !servers.contains(&a) {
-            servers.insert(0, a);
-        }
-    }
-    let bind = crate::net::endpoint::unspecified_for(
-        *servers
-            .first()
-            .context("no server to talk to: give --join HOST:PORT or servers in [agent]")?,
-    );
+    let servers = resolve_servers(&cfg, join_addr)?;
+    let bind = crate::net::endpoint::unspecified_for(servers[0]);
     let endpoint =
         Endpoint::client(&identity, bind).context("cannot open a QUIC client endpoint")?;
-    let agent = Arc::new(LoginAgent { endpoint, servers });
-
-    let listener = local::bind(&cfg.socket)
-        .with_context(|| format!("cannot serve the local socket {}", cfg.socket.display()))?;
-    let handler_agent = agent.clone();
-    let admin_group = cfg.admin_group.clone();
-    tokio::spawn(local::serve(
-        listener,
-        Arc::new(move |cred, req| {
-            let agent = handler_agent.clone();
-            let admin_group = admin_group.clone();
-            async move {
-                match local::resolve_caller(cred, admin_group.as_deref()) {
-                    Ok(caller) => agent.forward(caller, req).await,
-                    Err(why) => ApiResponse::error(ErrorKind::Forbidden, why),
-                }
-            }
-        }),
-        shutdown,
-    ));
+    let forwarder = Arc::new(Forwarder {
+        endpoint: Arc::new(endpoint),
+        servers,
+    });
+    serve_local(&cfg, forwarder.clone(), shutdown)?;
     tracing::info!(node = %cfg.node_name, socket = %cfg.socket.display(), "login agent ready");
-    Ok(agent)
+    Ok(forwarder)
 }
 
 /// Runs a login agent until SIGINT/SIGTERM.

@@ -9,6 +9,9 @@ pub mod gpu;
 pub mod host;
 mod identity;
 mod login;
+mod node;
+pub mod runner;
 
 pub use identity::ensure_identity;
-pub use login::{run_login, start_login, LoginAgent};
+pub use login::{run_login, start_login, Forwarder};
+pub use node::{exec_runner, run_compute, start_compute, RunningAgent};

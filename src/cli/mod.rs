@@ -21,11 +21,21 @@ use table::{fmt_duration, fmt_time, Table};
 /// The default daemon socket.
 pub const DEFAULT_SOCKET: &str = "/run/gpuq/gpuq.sock";
 
-/// The daemon socket the CLI uses: `GPUQ_SOCKET`, else the default.
+/// The daemon socket the CLI uses: `GPUQ_SOCKET`; else the system daemon's
+/// socket if it exists; else a running `gpuq dev`'s; else the system default.
 pub fn socket_path() -> PathBuf {
-    std::env::var_os("GPUQ_SOCKET")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(DEFAULT_SOCKET))
+    if let Some(p) = std::env::var_os("GPUQ_SOCKET") {
+        return PathBuf::from(p);
+    }
+    let system = PathBuf::from(DEFAULT_SOCKET);
+    if system.exists() {
+        return system;
+    }
+    let dev = crate::dev::socket_in(&crate::dev::default_dir());
+    if dev.exists() {
+        return dev;
+    }
+    system
 }
 
 /// A failed command: what to print and how to exit.

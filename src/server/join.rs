@@ -97,7 +97,6 @@ async fn admit(api: &Api, req: &JoinRequest, from: SocketAddr) -> Result<String,
                     now,
                 })
                 .await;
-            tracing::info!(node = %req.name, role = %req.role, token = %req.token_id, %from, "admitted a joining daemon");
             Ok(cert_pem)
         }
         Err(reason) => {

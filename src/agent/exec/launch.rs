@@ -238,14 +238,19 @@ impl Prepared {
             fail(Step::NewSession, 0);
         }
         let id = &self.identity;
-        if libc::setgroups(id.groups.len(), id.groups.as_ptr()) < 0 {
-            fail(Step::Groups, 0);
-        }
-        if libc::setgid(id.gid) < 0 {
-            fail(Step::SetGid, 0);
-        }
-        if libc::setuid(id.uid) < 0 {
-            fail(Step::SetUid, 0);
+        // An unprivileged shim (gpuq dev run by a user) can only run tasks as
+        // that same user, and then has no identity to switch.
+        let already = libc::geteuid() == id.uid && id.uid != 0;
+        if !already {
+            if libc::setgroups(id.groups.len(), id.groups.as_ptr()) < 0 {
+                fail(Step::Groups, 0);
+            }
+            if libc::setgid(id.gid) < 0 {
+                fail(Step::SetGid, 0);
+            }
+            if libc::setuid(id.uid) < 0 {
+                fail(Step::SetUid, 0);
+            }
         }
         if libc::chdir(self.workdir.as_ptr()) < 0 {
             fail(Step::Chdir, 0);

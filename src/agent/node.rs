@@ -1,0 +1,110 @@
+//! Starting a compute agent: identity (join once), inventory (GPU backend and
+//! host), the task runner, the leader connection, and the local socket.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use tokio::sync::watch;
+
+use super::compute::{ComputeAgent, TaskRunner};
+use super::exec::Executor;
+use super::host::HostConfig;
+use super::login::{resolve_servers, serve_local, Forwarder};
+use super::runner::{tasks_root, ExecRunner};
+use crate::config::AgentConfig;
+use crate::model::Role;
+use crate::net::endpoint::Endpoint;
+
+/// A started compute agent.
+pub struct RunningAgent {
+    pub agent: Arc<ComputeAgent>,
+    pub task: tokio::task::JoinHandle<anyhow::Result<()>>,
+}
+
+/// The task runner a real agent uses: shims started from this binary.
+pub fn exec_runner(cfg: &AgentConfig) -> anyhow::Result<Arc<dyn TaskRunner>> {
+    let shim = std::env::current_exe().context("cannot find the gpuq binary to run shims")?;
+    let root = tasks_root(&cfg.data_dir);
+    std::fs::create_dir_all(&root).with_context(|| format!("cannot create {}", root.display()))?;
+    Ok(Arc::new(ExecRunner {
+        executor: Executor::new(root, shim),
+        allow_root: cfg.allow_root,
+        kill_grace_secs: cfg.kill_grace_secs,
+        run_as: None,
+    }))
+}
+
+/// Starts a compute agent with `runner`; it serves until `shutdown`.
+pub async fn start_compute(
+    cfg: AgentConfig,
+    join_addr: Option<SocketAddr>,
+    token: Option<String>,
+    runner: Arc<dyn TaskRunner>,
+    shutdown: watch::Receiver<bool>,
+) -> anyhow::Result<RunningAgent> {
+    std::fs::create_dir_all(&cfg.data_dir)
+        .with_context(|| format!("cannot create data dir {}", cfg.data_dir.display()))?;
+    let backend = super::gpu::open_backend(&cfg.gpus, &cfg.node_name)
+        .context("cannot read this node's GPUs")?;
+    let host = HostConfig {
+        reserved_cpus: cfg.reserved_cpus,
+        reserved_memory_mb: cfg.reserved_memory_mb,
+        topology: cfg.topology.clone(),
+        features: cfg.features.clone(),
+    };
+    let inventory = super::host::inventory(&cfg.node_name, backend.as_ref(), &host)
+        .context("cannot read this node's inventory")?;
+    let identity = super::ensure_identity(
+        &cfg.data_dir,
+        Role::Agent,
+        &cfg.node_name,
+        join_addr,
+        token.as_deref(),
+    )
+    .await?;
+    let servers = resolve_servers(&cfg, join_addr)?;
+    let bind = crate::net::endpoint::unspecified_for(servers[0]);
+    let endpoint =
+        Arc::new(Endpoint::client(&identity, bind).context("cannot open a QUIC client endpoint")?);
+    let forwarder = Arc::new(Forwarder {
+        endpoint: endpoint.clone(),
+        servers: servers.clone(),
+    });
+    serve_local(&cfg, forwarder, shutdown.clone())?;
+    tracing::info!(
+        node = %cfg.node_name,
+        gpus = inventory.gpus.len(),
+        backend = backend.kind(),
+        cpus = inventory.cpus,
+        memory_mb = inventory.memory_mb,
+        "compute agent ready"
+    );
+    let agent = Arc::new(ComputeAgent {
+        endpoint,
+        servers,
+        inventory,
+        advertise: None,
+        runner,
+        reconcile_every: Duration::from_millis(200),
+    });
+    let task = tokio::spawn(agent.clone().run(shutdown));
+    Ok(RunningAgent { agent, task })
+}
+
+/// Runs a compute agent until SIGINT/SIGTERM. Its tasks keep running under
+/// their shims when it stops; the next agent re-adopts them.
+pub async fn run_compute(
+    cfg: AgentConfig,
+    join_addr: Option<SocketAddr>,
+    token: Option<String>,
+) -> anyhow::Result<()> {
+    let (tx, rx) = watch::channel(false);
+    let runner = exec_runner(&cfg)?;
+    let running = start_compute(cfg, join_addr, token, runner, rx).await?;
+    crate::shutdown_signal().await;
+    let _ = tx.send(true);
+    let _ = running.task.await;
+    Ok(())
+}

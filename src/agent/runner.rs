@@ -1,0 +1,153 @@
+//! The real task runner: turns a `DesiredTask` from the leader into a shim's
+//! `TaskSpec` (the torchrun env contract, output paths, this rank's share of
+//! the node's GPUs, CPUs and memory) and maps shim outcomes to `TaskEnd`.
+
+use std::path::{Path, PathBuf};
+
+use super::compute::{Observed, TaskKey, TaskRunner};
+use super::exec::env::{gpus_for_local_rank, output_paths, task_env, PatternVars, TaskContext};
+use super::exec::{Executor, StopReason, TaskObserved, TaskOutcome, TaskSpec};
+use crate::model::{JobId, TaskEnd};
+use crate::net::agent_proto::DesiredTask;
+
+/// Runs tasks as real processes under `gpuq shim`.
+pub struct ExecRunner {
+    pub executor: Executor,
+    pub allow_root: bool,
+    pub kill_grace_secs: u64,
+    /// Run every task as this user instead of the submitter (`gpuq dev`
+    /// started by an unprivileged user, who cannot switch users).
+    pub run_as: Option<String>,
+}
+
+fn exec_key(key: TaskKey) -> super::exec::TaskKey {
+    super::exec::TaskKey {
+        job: JobId(key.0),
+        attempt: key.1,
+        rank: key.2,
+    }
+}
+
+/// Maps the shim's outcome to the replicated state's words.
+pub fn task_end(outcome: &TaskOutcome) -> TaskEnd {
+    match outcome {
+        TaskOutcome::Completed => TaskEnd::Completed,
+        TaskOutcome::Failed { code, signal, .. } => TaskEnd::Failed {
+            exit_code: *code,
+            signal: *signal,
+        },
+        TaskOutcome::Timeout => TaskEnd::Timeout,
+        TaskOutcome::Cancelled { .. } => TaskEnd::Cancelled,
+        TaskOutcome::OutOfMemory => TaskEnd::OutOfMemory,
+        TaskOutcome::LaunchFailed { reason } => TaskEnd::LaunchFailed {
+            reason: reason.clone(),
+        },
+    }
+}
+
+/// Builds the shim's spec for one desired task.
+pub fn task_spec(t: &DesiredTask, allow_root: bool, kill_grace_secs: u64) -> TaskSpec {
+    let per_node = t.ntasks_per_node.max(1);
+    let gpus = gpus_for_local_rank(&t.gpus, per_node, t.local_rank);
+    let workdir = PathBuf::from(&t.workdir);
+    let vars = PatternVars {
+        job: t.job,
+        job_name: &t.job_name,
+        rank: t.rank,
+        node_rank: t.node_rank,
+        user: &t.user,
+        workdir: &workdir,
+    };
+    let (stdout, stderr) = output_paths(t.output.as_deref(), t.error.as_deref(), &vars);
+    let ctx = TaskContext {
+        job: t.job,
+        job_name: &t.job_name,
+        restart_count: t.attempt,
+        submit_dir: &t.workdir,
+        nodes: &t.nodelist,
+        node_rank: t.node_rank,
+        ntasks_per_node: per_node,
+        local_rank: t.local_rank,
+        gpus: &gpus,
+        master_addr: &t.master_addr,
+        master_port: t.master_port,
+    };
+    let env = task_env(&t.env, &ctx);
+    let share = |n: u64| (n / u64::from(per_node)).max(1);
+    TaskSpec {
+        job: t.job,
+        attempt: t.attempt,
+        rank: t.rank,
+        node_rank: t.node_rank,
+        local_rank: t.local_rank,
+        user: t.user.clone(),
+        allow_root,
+        program: t.program.clone(),
+        workdir,
+        env,
+        stdout,
+        stderr,
+        cpus: t.cpus.clone(),
+        cpu_count: share(u64::from(t.cpu_count)) as u32,
+        memory_mb: (t.memory_mb > 0).then(|| share(t.memory_mb)),
+        pids_max: None,
+        time_limit_secs: t.time_limit_secs,
+        kill_grace_secs,
+        signal_before_limit: None,
+    }
+}
+
+impl TaskRunner for ExecRunner {
+    fn start(&self, task: &DesiredTask) -> Result<(), String> {
+        let mut spec = task_spec(task, self.allow_root, self.kill_grace_secs);
+        if let Some(user) = &self.run_as {
+            spec.user = user.clone();
+        }
+        self.executor.start(&spec).map_err(|e| e.to_string())
+    }
+
+    fn stop(&self, key: TaskKey) {
+        if let Err(e) = self.executor.stop(exec_key(key), StopReason::Cancel) {
+            tracing::debug!(job = key.0, rank = key.2, "stop: {e}");
+        }
+    }
+
+    fn scan(&self) -> Vec<(TaskKey, Observed)> {
+        self.executor
+            .scan()
+            .into_iter()
+            .filter_map(|(k, obs)| {
+                let key = (k.job.0, k.attempt, k.rank);
+                match obs {
+                    TaskObserved::Running { .. } => Some((key, Observed::Running)),
+                    TaskObserved::Ended(status) => {
+                        Some((key, Observed::Ended(task_end(&status.outcome))))
+                    }
+                    TaskObserved::Unknown { reason } => {
+                        tracing::warn!(task = %k, %reason, "task directory is unreadable");
+                        None
+                    }
+                }
+            })
+            .collect()
+    }
+
+    fn forget(&self, key: TaskKey) {
+        if let Err(e) = self.executor.forget(exec_key(key)) {
+            tracing::debug!(job = key.0, rank = key.2, "forget: {e}");
+        }
+    }
+
+    fn output_path(&self, key: TaskKey) -> Option<PathBuf> {
+        let dir = self.executor.task_dir(exec_key(key));
+        let spec: TaskSpec = super::exec::task::read_json(&dir.join(super::exec::task::TASK_FILE))
+            .ok()
+            .flatten()?;
+        Some(spec.stdout)
+    }
+}
+
+/// The task directory root under an agent's data dir.
+pub fn tasks_root(data_dir: &Path) -> PathBuf {
+    data_dir.join("tasks")
+}

@@ -1,0 +1,214 @@
+//! `gpuq dev`: a whole cluster in one process. One server and N compute
+//! agents on fake GPUs, each with its own identity (joined with a token like a
+//! real agent), its own QUIC endpoint on loopback and its own task directory;
+//! tasks are real processes under real shims. State lives in one local
+//! directory; the CLI finds the socket with no flags.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use tokio::sync::watch;
+
+use crate::agent::gpu::{FakeGpuConfig, GpuConfig};
+use crate::agent::runner::{tasks_root, ExecRunner};
+use crate::config::{AgentConfig, AgentRole, ServerConfig};
+use crate::model::Role;
+use crate::net::proto::{ApiRequest, ApiResponse, Caller};
+
+/// Options of `gpuq dev`.
+#[derive(Clone, Debug)]
+pub struct DevOptions {
+    pub nodes: u32,
+    pub gpus_per_node: u32,
+    pub dir: PathBuf,
+    /// Remove the directory's previous state first.
+    pub fresh: bool,
+}
+
+/// Where `gpuq dev` keeps its state by default, and where the CLI looks for
+/// its socket: `$XDG_STATE_HOME/gpuq/dev`, else `~/.local/state/gpuq/dev`.
+pub fn default_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("XDG_STATE_HOME") {
+        return PathBuf::from(d).join("gpuq/dev");
+    }
+    let home = std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| "/tmp".into());
+    home.join(".local/state/gpuq/dev")
+}
+
+/// The dev cluster's socket in `dir`.
+pub fn socket_in(dir: &Path) -> PathBuf {
+    dir.join("gpuq.sock")
+}
+
+fn current_user() -> anyhow::Result<(String, bool)> {
+    let uid = nix::unistd::Uid::effective();
+    let user =
+        nix::unistd::User::from_uid(uid)?.with_context(|| format!("uid {uid} has no user name"))?;
+    Ok((user.name, uid.is_root()))
+}
+
+/// A running dev cluster.
+pub struct DevCluster {
+    pub socket: PathBuf,
+    pub server: crate::server::RunningServer,
+    pub agents: Vec<crate::agent::RunningAgent>,
+}
+
+/// Starts the cluster and returns once every agent is registered.
+pub async fn start(
+    opts: &DevOptions,
+    shutdown: watch::Receiver<bool>,
+) -> anyhow::Result<DevCluster> {
+    if opts.nodes == 0 || opts.nodes > 256 {
+        anyhow::bail!("--nodes {} is out of range: use 1 to 256", opts.nodes);
+    }
+    if opts.gpus_per_node > 64 {
+        anyhow::bail!(
+            "--gpus-per-node {} is out of range: use 0 to 64",
+            opts.gpus_per_node
+        );
+    }
+    if opts.fresh && opts.dir.exists() {
+        std::fs::remove_dir_all(&opts.dir)
+            .with_context(|| format!("cannot remove {}", opts.dir.display()))?;
+    }
+    std::fs::create_dir_all(&opts.dir)
+        .with_context(|| format!("cannot create {}", opts.dir.display()))?;
+    let (me, root) = current_user()?;
+    let socket = socket_in(&opts.dir);
+
+    let server_cfg = ServerConfig {
+        cluster_name: "dev".into(),
+        node_name: "dev-server".into(),
+        data_dir: opts.dir.join("server"),
+        listen: "127.0.0.1:0".parse().expect("literal address"),
+        advertise: None,
+        socket: socket.clone(),
+        admin_group: None,
+        raft: Default::default(),
+    };
+    let server = crate::server::start(
+        server_cfg,
+        crate::server::ServerOptions { bootstrap: true },
+        shutdown.clone(),
+    )
+    .await?;
+    let admin = Caller {
+        user: me.clone(),
+        uid: nix::unistd::Uid::effective().as_raw(),
+        admin: true,
+    };
+    // Wait until the cluster identity is committed, then make a join token.
+    let token = {
+        let mut waited = Duration::ZERO;
+        loop {
+            match server
+                .api
+                .handle(
+                    admin.clone(),
+                    ApiRequest::TokenCreate {
+                        role: Role::Agent,
+                        ttl_secs: 600,
+                    },
+                )
+                .await
+            {
+                ApiResponse::Token { token, .. } => break token,
+                other if waited > Duration::from_secs(20) => {
+                    anyhow::bail!("the dev server did not become ready: {other:?}")
+                }
+                _ => {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    waited += Duration::from_millis(50);
+                }
+            }
+        }
+    };
+
+    let mut agents = Vec::new();
+    for i in 1..=opts.nodes {
+        let name = format!("node{i:02}");
+        let data_dir = opts.dir.join("agents").join(&name);
+        let cfg = AgentConfig {
+            node_name: name.clone(),
+            data_dir: data_dir.clone(),
+            socket: data_dir.join("gpuq.sock"),
+            servers: vec![server.quic_addr.to_string()],
+            role: AgentRole::Compute,
+            gpus: GpuConfig::Fake(FakeGpuConfig {
+                count: opts.gpus_per_node,
+                fault_file: Some(data_dir.join("faults")),
+                ..Default::default()
+            }),
+            allow_root: true,
+            kill_grace_secs: 2,
+            ..Default::default()
+        };
+        std::fs::create_dir_all(tasks_root(&data_dir))?;
+        let runner = Arc::new(ExecRunner {
+            executor: crate::agent::exec::Executor::new(
+                tasks_root(&data_dir),
+                std::env::current_exe().context("cannot find the gpuq binary for shims")?,
+            ),
+            allow_root: true,
+            kill_grace_secs: 2,
+            // Without root the tasks can only run as the user who started dev.
+            run_as: (!root).then(|| me.clone()),
+        });
+        let agent = crate::agent::start_compute(
+            cfg,
+            Some(server.quic_addr),
+            Some(token.clone()),
+            runner,
+            shutdown.clone(),
+        )
+        .await
+        .with_context(|| format!("cannot start dev agent {name}"))?;
+        agents.push(agent);
+    }
+    // Ready when every node is registered.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while server.api.state().nodes.len() < opts.nodes as usize {
+        if std::time::Instant::now() > deadline {
+            anyhow::bail!("the dev agents did not register within 30 s");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(DevCluster {
+        socket,
+        server,
+        agents,
+    })
+}
+
+/// Runs `gpuq dev` until Ctrl-C.
+pub async fn run(opts: DevOptions) -> anyhow::Result<()> {
+    let (tx, rx) = watch::channel(false);
+    let cluster = start(&opts, rx).await?;
+    let default = socket_in(&default_dir());
+    println!(
+        "gpuq dev: 1 server, {} nodes x {} fake GPUs; state in {}",
+        opts.nodes,
+        opts.gpus_per_node,
+        opts.dir.display()
+    );
+    println!("socket: {}", cluster.socket.display());
+    if cluster.socket != default {
+        println!("  export GPUQ_SOCKET={}", cluster.socket.display());
+    } else {
+        println!("  the CLI finds it with no flags: try `gpuq nodes`, `gpuq submit -- hostname`");
+    }
+    println!("Ctrl-C stops everything.");
+    crate::shutdown_signal().await;
+    println!("gpuq dev: stopping");
+    let _ = tx.send(true);
+    for a in cluster.agents {
+        let _ = tokio::time::timeout(Duration::from_secs(5), a.task).await;
+    }
+    let _ = cluster.server.raft.raft.shutdown().await;
+    Ok(())
+}
