@@ -278,6 +278,7 @@ impl ComputeAgent {
                 return Session::Lost("connection lost while replaying".into());
             }
         }
+        let logs = tokio::spawn(super::logs::serve(conn.clone()));
         let (tx, mut rx) = mpsc::channel::<ServerMsg>(16);
         let reader = tokio::spawn(async move {
             while let Ok(Some(m)) = read_frame::<_, ServerMsg>(&mut recv, DEFAULT_MAX_FRAME).await {
@@ -330,6 +331,7 @@ impl ComputeAgent {
             }
         };
         reader.abort();
+        logs.abort();
         outcome
     }
 }

@@ -9,6 +9,7 @@ pub mod gpu;
 pub mod host;
 mod identity;
 mod login;
+pub mod logs;
 mod node;
 pub mod runner;
 

@@ -139,6 +139,17 @@ pub enum ClientCommand {
         #[command(flatten)]
         json: JsonFlag,
     },
+    /// Print a rank's output, read from its node (no shared filesystem needed).
+    Logs {
+        /// The job id.
+        id: u64,
+        /// Which rank's output.
+        #[arg(long, default_value_t = 0)]
+        rank: u32,
+        /// Keep printing new output until the job ends.
+        #[arg(short, long)]
+        follow: bool,
+    },
     /// Create, list and revoke join tokens (admins).
     Token {
         #[command(subcommand)]
@@ -348,7 +359,43 @@ pub async fn run(cmd: ClientCommand) -> Result<(), CliError> {
             }
             other => Err(unexpected(other)),
         },
+        ClientCommand::Logs { id, rank, follow } => logs(JobId(id), rank, follow).await,
         ClientCommand::Token { cmd } => token(cmd).await,
+    }
+}
+
+async fn logs(id: JobId, rank: u32, follow: bool) -> Result<(), CliError> {
+    use std::io::Write;
+    let mut offset = 0;
+    loop {
+        let (data, next, state, missing) = match call(ApiRequest::Logs { id, rank, offset }).await?
+        {
+            ApiResponse::Logs {
+                data,
+                next_offset,
+                state,
+                missing,
+            } => (data, next_offset, state, missing),
+            other => return Err(unexpected(other)),
+        };
+        let mut out = std::io::stdout().lock();
+        out.write_all(&data)
+            .and_then(|_| out.flush())
+            .map_err(|e| CliError::internal(format!("cannot write the output: {e}")))?;
+        offset = next;
+        if !data.is_empty() {
+            continue;
+        }
+        if !follow {
+            if missing {
+                eprintln!("gpuq: job {id} rank {rank} has no output yet ({state})");
+            }
+            return Ok(());
+        }
+        if state.is_final() {
+            return Ok(());
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     }
 }
 

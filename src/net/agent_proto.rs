@@ -47,6 +47,40 @@ pub enum ServerMsg {
     EventsCommitted { seq: u64 },
 }
 
+/// The most bytes one log reply carries.
+pub const MAX_LOG_CHUNK: u32 = 1 << 20;
+
+/// Leader -> agent, on a new stream of the agent's connection: read part of
+/// a task's output file. The agent expands the pattern as its runner did and
+/// serves the file only if the job's user owns it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LogRequest {
+    pub job: JobId,
+    pub job_name: String,
+    pub rank: u32,
+    pub node_rank: u32,
+    pub user: String,
+    pub workdir: String,
+    pub output: Option<String>,
+    pub offset: u64,
+    pub max_bytes: u32,
+}
+
+/// The agent's answer to a `LogRequest`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum LogReply {
+    /// Bytes from the offset; `size` is the file's size now.
+    Chunk {
+        #[serde(with = "serde_bytes")]
+        data: Vec<u8>,
+        size: u64,
+    },
+    /// The file does not exist (yet).
+    Missing { path: String },
+    /// It cannot be served, and why.
+    Refused { reason: String },
+}
+
 /// One task (rank) a node should run, with everything needed to start it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct DesiredTask {

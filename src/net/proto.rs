@@ -28,6 +28,8 @@ pub enum ApiRequest {
     Cluster,
     /// Compute nodes: state, hardware, what is in use.
     Nodes,
+    /// Part of a rank's output, read from its node (owner or admin).
+    Logs { id: JobId, rank: u32, offset: u64 },
     /// Create a join token (admins only).
     TokenCreate { role: Role, ttl_secs: u64 },
     /// List join tokens (admins only); secrets are never shown.
@@ -136,16 +138,48 @@ pub enum ErrorKind {
 /// The answer to an `ApiRequest`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum ApiResponse {
-    Submitted { id: JobId },
-    Cancelled { ids: Vec<JobId> },
-    Jobs { jobs: Vec<Job> },
-    Job { job: Box<Job> },
-    Cluster { status: ClusterStatus },
-    Nodes { nodes: Vec<NodeInfo> },
-    Token { token: String, info: TokenInfo },
-    Tokens { tokens: Vec<TokenInfo> },
-    TokenRevoked { id: String },
-    Error { kind: ErrorKind, message: String },
+    Submitted {
+        id: JobId,
+    },
+    Cancelled {
+        ids: Vec<JobId>,
+    },
+    Jobs {
+        jobs: Vec<Job>,
+    },
+    Job {
+        job: Box<Job>,
+    },
+    Cluster {
+        status: ClusterStatus,
+    },
+    Nodes {
+        nodes: Vec<NodeInfo>,
+    },
+    Logs {
+        #[serde(with = "serde_bytes")]
+        data: Vec<u8>,
+        /// Where the next read starts.
+        next_offset: u64,
+        /// The job's state when read, so `logs -f` knows when to stop.
+        state: JobState,
+        /// The output file does not exist yet (the rank has not started).
+        missing: bool,
+    },
+    Token {
+        token: String,
+        info: TokenInfo,
+    },
+    Tokens {
+        tokens: Vec<TokenInfo>,
+    },
+    TokenRevoked {
+        id: String,
+    },
+    Error {
+        kind: ErrorKind,
+        message: String,
+    },
 }
 
 impl ApiResponse {

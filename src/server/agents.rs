@@ -23,6 +23,7 @@ const ALIVE_WINDOW: Duration = Duration::from_secs(3);
 struct Connected {
     boot_id: u64,
     last_seen: Instant,
+    conn: quinn::Connection,
 }
 
 /// The agents connected to this server, by node name.
@@ -38,7 +39,7 @@ impl AgentHub {
 
     /// Admits a connection for `node`, or says why not: a different agent
     /// process for the same node that is still heard from is refused.
-    fn admit(&self, node: &str, boot_id: u64) -> Result<(), String> {
+    fn admit(&self, node: &str, boot_id: u64, conn: &quinn::Connection) -> Result<(), String> {
         let mut agents = self.lock();
         if let Some(c) = agents.get(node) {
             if c.boot_id != boot_id && c.last_seen.elapsed() < ALIVE_WINDOW {
@@ -53,6 +54,7 @@ impl AgentHub {
             Connected {
                 boot_id,
                 last_seen: Instant::now(),
+                conn: conn.clone(),
             },
         );
         Ok(())
@@ -71,6 +73,14 @@ impl AgentHub {
         if agents.get(node).is_some_and(|c| c.boot_id == boot_id) {
             agents.remove(node);
         }
+    }
+
+    /// The live connection of `node`'s agent.
+    pub fn connection(&self, node: &str) -> Option<quinn::Connection> {
+        self.lock()
+            .get(node)
+            .filter(|c| c.conn.close_reason().is_none())
+            .map(|c| c.conn.clone())
     }
 
     /// Names of agents heard from recently.
@@ -171,7 +181,7 @@ pub async fn serve(api: Arc<Api>, hub: Arc<AgentHub>, peer: Peer) {
     if let Some(leader) = api.leader_elsewhere() {
         return refuse(&mut send, "this server is not the leader".into(), leader).await;
     }
-    if let Err(why) = hub.admit(&node, hello.boot_id) {
+    if let Err(why) = hub.admit(&node, hello.boot_id, &peer.conn) {
         tracing::warn!(%node, remote = %peer.remote, "refused agent: {why}");
         return refuse(&mut send, why, None).await;
     }
