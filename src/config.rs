@@ -76,6 +76,10 @@ pub struct AgentConfig {
     pub topology: String,
     /// Node features for `--constraint`.
     pub features: Vec<String>,
+    /// Schedulable CPUs to declare instead of the host's (simulation, dev).
+    pub cpus: Option<u32>,
+    /// Schedulable memory in MiB to declare instead of the host's.
+    pub memory_mb: Option<u64>,
     /// Whether tasks may run as root.
     pub allow_root: bool,
     /// Seconds between SIGTERM and SIGKILL when a task is stopped.
@@ -135,6 +139,8 @@ impl Default for AgentConfig {
             reserved_memory_mb: 0,
             topology: String::new(),
             features: Vec::new(),
+            cpus: None,
+            memory_mb: None,
             allow_root: false,
             kill_grace_secs: 10,
         }

@@ -144,6 +144,9 @@ pub async fn start(
                 fault_file: Some(data_dir.join("faults")),
                 ..Default::default()
             }),
+            // A DGX-like node, whatever this machine has.
+            cpus: Some(64),
+            memory_mb: Some(512 * 1024),
             allow_root: true,
             kill_grace_secs: 2,
             ..Default::default()

@@ -54,8 +54,14 @@ pub async fn start_compute(
         topology: cfg.topology.clone(),
         features: cfg.features.clone(),
     };
-    let inventory = super::host::inventory(&cfg.node_name, backend.as_ref(), &host)
+    let mut inventory = super::host::inventory(&cfg.node_name, backend.as_ref(), &host)
         .context("cannot read this node's inventory")?;
+    if let Some(cpus) = cfg.cpus {
+        inventory.cpus = cpus;
+    }
+    if let Some(mb) = cfg.memory_mb {
+        inventory.memory_mb = mb;
+    }
     let identity = super::ensure_identity(
         &cfg.data_dir,
         Role::Agent,

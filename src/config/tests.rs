@@ -95,6 +95,8 @@ fn full_agent() -> AgentConfig {
     AgentConfig {
         servers: vec!["a:1".into()],
         admin_group: Some("wheel".into()),
+        cpus: Some(64),
+        memory_mb: Some(1024),
         ..AgentConfig::default()
     }
 }
@@ -129,6 +131,8 @@ fn the_examples_document_every_key_with_its_default() {
         node_name: parsed.node_name.clone(),
         servers: parsed.servers.clone(),
         admin_group: parsed.admin_group.clone(),
+        cpus: parsed.cpus,
+        memory_mb: parsed.memory_mb,
         ..AgentConfig::default()
     };
     assert_eq!(parsed, defaults);

@@ -296,3 +296,145 @@ impl Drop for LoginAgent {
         let _ = self.child.wait();
     }
 }
+
+/// A `gpuq agent` (compute) process with fake GPUs.
+pub struct Agent {
+    pub name: String,
+    pub dir: PathBuf,
+    child: Option<Child>,
+    join: String,
+    token: String,
+}
+
+impl Agent {
+    /// Writes the agent's config and starts it; waits until the leader lists it.
+    pub fn start(server: &Server, dir: &Path, name: &str, gpus: u32, token: &str) -> Agent {
+        std::fs::create_dir_all(dir).unwrap();
+        let cfg = format!(
+            "[agent]\nnode_name = \"{name}\"\ndata_dir = \"{d}/data\"\nsocket = \"{d}/agent.sock\"\n\
+             allow_root = true\nkill_grace_secs = 1\ncpus = 64\nmemory_mb = 524288\n\
+             gpus = {{ fake = {{ count = {gpus}, fault_file = \"{d}/faults\" }} }}\n",
+            d = dir.display()
+        );
+        std::fs::write(dir.join("agent.toml"), cfg).unwrap();
+        let mut a = Agent {
+            name: name.to_string(),
+            dir: dir.to_path_buf(),
+            child: None,
+            join: server.addr(),
+            token: token.to_string(),
+        };
+        a.spawn();
+        let name = a.name.clone();
+        wait_for(
+            &format!("agent {name} to register"),
+            Duration::from_secs(30),
+            || {
+                let out = server.cli(&["nodes", "--json"]);
+                let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+                v.as_array().is_some_and(|ns| {
+                    ns.iter()
+                        .any(|n| n["name"] == name.as_str() && n["connected"] == true)
+                })
+            },
+        );
+        a
+    }
+
+    /// Starts the process (again) with the same config.
+    pub fn spawn(&mut self) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join("agent.log"))
+            .unwrap();
+        let child = Command::new(gpuq_bin())
+            .arg("agent")
+            .arg("--config")
+            .arg(self.dir.join("agent.toml"))
+            .args(["--join", &self.join, "--token", &self.token])
+            .env("GPUQ_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("spawn gpuq agent");
+        self.child = Some(child);
+    }
+
+    /// SIGKILL the agent (its tasks keep running under their shims).
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("agent.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A server and `n` agents with `gpus` fake GPUs each, named n1..nN.
+pub struct Cluster {
+    pub server: Server,
+    pub agents: Vec<Agent>,
+    pub dir: PathBuf,
+}
+
+impl Cluster {
+    pub fn start(dir: &Path, n: usize, gpus: u32) -> Cluster {
+        let server = Server::bootstrap(&dir.join("server"));
+        let token = server.ok(&["token", "create"]).trim().to_string();
+        let agents = (1..=n)
+            .map(|i| {
+                let name = format!("n{i}");
+                Agent::start(&server, &dir.join(&name), &name, gpus, &token)
+            })
+            .collect();
+        Cluster {
+            server,
+            agents,
+            dir: dir.to_path_buf(),
+        }
+    }
+
+    /// `gpuq show ID --json`.
+    pub fn job(&self, id: &str) -> serde_json::Value {
+        serde_json::from_str(&self.server.ok(&["show", id, "--json"])).unwrap()
+    }
+
+    /// Waits until job `id` is in `state`; panics with the job and logs if not.
+    pub fn wait_state(&self, id: &str, state: &str, timeout: Duration) -> serde_json::Value {
+        let start = Instant::now();
+        loop {
+            let j = self.job(id);
+            if j["state"] == state {
+                return j;
+            }
+            if start.elapsed() > timeout {
+                let logs: Vec<String> = self.agents.iter().map(|a| a.log()).collect();
+                panic!(
+                    "job {id} is {} after {timeout:?}, expected {state}: {j}\n--- server ---\n{}\n--- agents ---\n{}",
+                    j["state"],
+                    self.server.log(),
+                    logs.join("\n")
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Submits and returns the job id.
+    pub fn submit(&self, args: &[&str]) -> String {
+        let mut full = vec!["submit", "--parsable"];
+        full.extend_from_slice(args);
+        self.server.ok(&full).trim().to_string()
+    }
+}

@@ -244,12 +244,24 @@ impl CgroupMode {
     }
 
     /// Creates the task's cgroup with the spec's limits. `None` when the node
-    /// has no usable cgroup2 mount.
-    pub fn create_task_cgroup(&self, spec: &TaskSpec) -> Result<Option<TaskCgroup>, CgroupError> {
+    /// has no usable cgroup2 mount. The name carries a hash of the task's
+    /// directory: one host may run several agents (`gpuq dev`, tests) whose
+    /// tasks have the same key.
+    pub fn create_task_cgroup(
+        &self,
+        spec: &TaskSpec,
+        task_dir: &Path,
+    ) -> Result<Option<TaskCgroup>, CgroupError> {
         let Some(dir) = self.gpuq_dir() else {
             return Ok(None);
         };
-        let path = dir.join(spec.key().dir_name());
+        use sha2::Digest;
+        let digest = sha2::Sha256::digest(task_dir.as_os_str().as_encoded_bytes());
+        let path = dir.join(format!(
+            "{}-{}",
+            spec.key().dir_name(),
+            hex::encode(&digest[..4])
+        ));
         create_dir(&path)?;
         let cgroup = TaskCgroup {
             path,

@@ -125,7 +125,7 @@ fn run(dir: &Path) -> (TaskOutcome, Option<Millis>) {
         },
         Program::Command { .. } => None,
     };
-    let cgroup = match mode.create_task_cgroup(&spec) {
+    let cgroup = match mode.create_task_cgroup(&spec, dir) {
         Ok(cgroup) => cgroup,
         Err(e) if mode.enforces_limits() => return launch_failed(e.to_string()),
         Err(e) => {
