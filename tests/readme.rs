@@ -17,7 +17,10 @@ fn quickstart_block() -> String {
         .split_once("```sh\n")
         .expect("a sh block after the marker")
         .1;
-    body.split_once("\n```").expect("the block ends").0.to_string()
+    body.split_once("\n```")
+        .expect("the block ends")
+        .0
+        .to_string()
 }
 
 #[test]
@@ -25,7 +28,11 @@ fn the_readme_quick_start_works_as_written() {
     let home = tempfile::tempdir().unwrap();
     let work = tempfile::tempdir().unwrap();
     let bin_dir = common::gpuq_bin().parent().unwrap().to_path_buf();
-    let path = format!("{}:{}", bin_dir.display(), std::env::var("PATH").unwrap_or_default());
+    let path = format!(
+        "{}:{}",
+        bin_dir.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
     let dev_log = std::fs::File::create(home.path().join("dev.log")).unwrap();
     let mut dev = Command::new(common::gpuq_bin())
         .arg("dev")
@@ -49,12 +56,23 @@ fn the_readme_quick_start_works_as_written() {
             .output()
             .unwrap()
     };
-    common::wait_for("gpuq dev to serve 2 nodes", Duration::from_secs(60), || {
+    let start = std::time::Instant::now();
+    loop {
         let out = run("gpuq nodes --json");
-        serde_json::from_slice::<serde_json::Value>(&out.stdout)
+        let ready = serde_json::from_slice::<serde_json::Value>(&out.stdout)
             .map(|v| v.as_array().is_some_and(|a| a.len() == 2))
-            .unwrap_or(false)
-    });
+            .unwrap_or(false);
+        if ready {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "gpuq dev did not serve 2 nodes: {}\n--- dev ---\n{}",
+            String::from_utf8_lossy(&out.stderr),
+            std::fs::read_to_string(home.path().join("dev.log")).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
     let out = run(&quickstart_block());
     let _ = nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(dev.id() as i32),
@@ -67,8 +85,14 @@ fn the_readme_quick_start_works_as_written() {
         "the quick start failed:\n{stdout}\n{stderr}\n--- dev ---\n{}",
         std::fs::read_to_string(home.path().join("dev.log")).unwrap_or_default()
     );
-    assert!(stdout.contains("node01") && stdout.contains("node02"), "{stdout}");
-    assert!(stdout.contains("rank 1 of 2 on node[01-02] sees GPUs 0,1,2,3,4,5,6,7"), "{stdout}");
+    assert!(
+        stdout.contains("node01") && stdout.contains("node02"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("rank 1 of 2 on node[01-02] sees GPUs 0,1,2,3,4,5,6,7"),
+        "{stdout}"
+    );
     assert!(stdout.contains("rank 0 of 2"), "{stdout}");
     assert!(stdout.contains("COMPLETED"), "{stdout}");
     let waited = std::time::Instant::now();
