@@ -47,10 +47,12 @@ async fn submit(c: &mut LocalClient) {
     }
 }
 
+/// (commands proposed, log write transactions): their ratio is how many
+/// submits one fsync carried.
 async fn log_counters(socket: &Path) -> (u64, u64) {
     let mut c = LocalClient::connect(socket).await.unwrap();
     match c.call(&ApiRequest::Cluster).await.unwrap() {
-        ApiResponse::Cluster { status } => (status.log_entries_written, status.log_write_txns),
+        ApiResponse::Cluster { status } => (status.proposed_commands, status.log_write_txns),
         other => panic!("{other:?}"),
     }
 }

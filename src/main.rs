@@ -223,10 +223,17 @@ fn main() -> ExitCode {
         // Before any runtime or thread exists: the shim forks.
         std::process::exit(gpuq::agent::exec::shim_main(task_dir));
     }
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    // A client command is one round trip: a single-threaded runtime starts
+    // faster than a pool of workers.
+    let runtime = match &cli.cmd {
+        Cmd::Client(_) => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build(),
+        _ => tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build(),
+    };
+    let runtime = match runtime {
         Ok(r) => r,
         Err(e) => return CliError::internal(format!("cannot start the runtime: {e}")).exit(),
     };

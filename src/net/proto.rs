@@ -84,10 +84,15 @@ pub struct ClusterStatus {
     /// Log entries this server wrote since it started.
     #[serde(default)]
     pub log_entries_written: u64,
-    /// Log write transactions (fsyncs) those entries took: the ratio is the
-    /// mean group-commit batch.
+    /// Log write transactions (fsyncs) those entries took.
     #[serde(default)]
     pub log_write_txns: u64,
+    /// Commands this server proposed as leader, and the log entries that
+    /// carried them: commands per log write is the group-commit batch.
+    #[serde(default)]
+    pub proposed_commands: u64,
+    #[serde(default)]
+    pub proposed_entries: u64,
 }
 
 /// A compute node as `gpuq nodes` shows it.

@@ -578,6 +578,16 @@ impl Api {
             log_write_txns: stats
                 .appends_txns
                 .load(std::sync::atomic::Ordering::Relaxed),
+            proposed_commands: self
+                .proposer
+                .stats
+                .commands
+                .load(std::sync::atomic::Ordering::Relaxed),
+            proposed_entries: self
+                .proposer
+                .stats
+                .entries
+                .load(std::sync::atomic::Ordering::Relaxed),
         }
     }
 }

@@ -5,6 +5,9 @@
 //! submits costs one log write, and each caller still gets its own answer
 //! only after commit.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
 use tokio::sync::{mpsc, oneshot};
 
 use crate::net::proto::{ApiResponse, ErrorKind};
@@ -20,14 +23,25 @@ type Reply = oneshot::Sender<Result<CommandResult, ApiResponse>>;
 #[derive(Clone)]
 pub struct Proposer {
     tx: mpsc::Sender<(Command, Reply)>,
+    /// Log entries proposed and the commands they carried: the ratio is the
+    /// mean group-commit batch.
+    pub stats: Arc<ProposalStats>,
+}
+
+/// Counters of the proposer.
+#[derive(Default, Debug)]
+pub struct ProposalStats {
+    pub entries: AtomicU64,
+    pub commands: AtomicU64,
 }
 
 impl Proposer {
     /// Starts the batching task for `raft`.
     pub fn start(raft: GpuqRaft) -> Proposer {
         let (tx, rx) = mpsc::channel(4096);
-        tokio::spawn(run(raft, rx));
-        Proposer { tx }
+        let stats = Arc::new(ProposalStats::default());
+        tokio::spawn(run(raft, rx, stats.clone()));
+        Proposer { tx, stats }
     }
 
     /// Proposes `cmd` and waits until it is committed and applied.
@@ -39,7 +53,7 @@ impl Proposer {
     }
 }
 
-async fn run(raft: GpuqRaft, mut rx: mpsc::Receiver<(Command, Reply)>) {
+async fn run(raft: GpuqRaft, mut rx: mpsc::Receiver<(Command, Reply)>, stats: Arc<ProposalStats>) {
     while let Some(first) = rx.recv().await {
         let mut batch = vec![first];
         while batch.len() < MAX_BATCH {
@@ -48,6 +62,10 @@ async fn run(raft: GpuqRaft, mut rx: mpsc::Receiver<(Command, Reply)>) {
                 Err(_) => break,
             }
         }
+        stats.entries.fetch_add(1, Ordering::Relaxed);
+        stats
+            .commands
+            .fetch_add(batch.len() as u64, Ordering::Relaxed);
         if batch.len() == 1 {
             let (cmd, reply) = batch.pop().expect("one command");
             let _ = reply.send(write(&raft, cmd).await);
