@@ -29,6 +29,8 @@ fn spec() -> JobSpec {
         workdir: "/tmp".into(),
         env: vec![("PATH".into(), "/usr/bin:/bin".into())],
         export: Default::default(),
+        requeue: Default::default(),
+        max_restarts: 3,
         program: Program::Command {
             argv: vec!["true".into()],
         },

@@ -72,6 +72,29 @@ pub struct JobSpec {
     pub export: ExportMode,
     /// What to run.
     pub program: Program,
+    /// When the job goes back to the queue (same id, `restart_count + 1`).
+    #[serde(default)]
+    pub requeue: RequeuePolicy,
+    /// How many times it may be requeued before it ends for good.
+    #[serde(default = "default_max_restarts")]
+    pub max_restarts: u32,
+}
+
+fn default_max_restarts() -> u32 {
+    3
+}
+
+/// When a job that ended badly is requeued.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum RequeuePolicy {
+    /// When its node or a GPU failed, not when the program failed (the default).
+    #[default]
+    OnNodeFailure,
+    /// Also when a rank exited non-zero (`--requeue`).
+    Always,
+    /// Never (`--no-requeue`).
+    Never,
 }
 
 impl JobSpec {
@@ -343,6 +366,9 @@ pub struct JobRun {
     /// has stopped.
     #[serde(default)]
     pub final_state: Option<JobState>,
+    /// Set when the job is COMPLETING: it goes back to the queue instead.
+    #[serde(default)]
+    pub requeue: bool,
 }
 
 impl JobRun {

@@ -39,6 +39,8 @@ fn spec(name: &str) -> JobSpec {
         workdir: "/tmp".into(),
         env: Vec::new(),
         export: ExportMode::All,
+        requeue: Default::default(),
+        max_restarts: 3,
         program: Program::Command {
             argv: vec!["true".into()],
         },

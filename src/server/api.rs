@@ -509,7 +509,7 @@ impl Api {
                 let v = views.iter().find(|v| v.name == n.inventory.name);
                 let reason = match &n.status {
                     crate::state::NodeStatus::Up => None,
-                    crate::state::NodeStatus::Drained { reason }
+                    crate::state::NodeStatus::Drained { reason, .. }
                     | crate::state::NodeStatus::Down { reason } => Some(reason.clone()),
                 };
                 crate::net::proto::NodeInfo {

@@ -21,7 +21,7 @@ use std::path::{Path, PathBuf};
 
 use clap::{value_parser, Args, CommandFactory, Parser};
 
-use crate::model::{JobSpec, Program};
+use crate::model::{JobSpec, Program, RequeuePolicy};
 use directives::DirectivePrefix;
 pub use time::TimeLimit;
 pub use values::{Export, GpuRequest};
@@ -110,6 +110,19 @@ pub struct SubmitArgs {
     #[arg(long, value_name = "ALL|NONE|VARS", value_parser = values::parse_export)]
     pub export: Option<Export>,
 
+    /// Requeue the job (same id) also when a rank exits non-zero, up to
+    /// --max-restarts times [default: requeue only when a node or GPU fails]
+    #[arg(long, conflicts_with = "no_requeue")]
+    pub requeue: bool,
+
+    /// Never requeue the job, not even when its node fails
+    #[arg(long)]
+    pub no_requeue: bool,
+
+    /// How many times the job may be requeued [default: 3]
+    #[arg(long, value_name = "N")]
+    pub max_restarts: Option<u32>,
+
     /// Run this shell command (with /bin/sh -c) instead of a script
     #[arg(long, value_name = "COMMAND", conflicts_with = "script_or_command")]
     pub wrap: Option<String>,
@@ -148,6 +161,10 @@ impl SubmitArgs {
             chdir: pick(&self.chdir, &over.chdir),
             export: pick(&self.export, &over.export),
             wrap: pick(&self.wrap, &over.wrap),
+            // A flag on either side wins; the two conflict within one side.
+            requeue: (self.requeue && !over.no_requeue) || over.requeue,
+            no_requeue: (self.no_requeue && !over.requeue) || over.no_requeue,
+            max_restarts: pick(&self.max_restarts, &over.max_restarts),
             script_or_command: if over.script_or_command.is_empty() {
                 self.script_or_command.clone()
             } else {
@@ -292,6 +309,12 @@ pub fn build_spec(
         workdir,
         env: values::export_env(&export, env),
         export: export.mode,
+        requeue: match (merged.requeue, merged.no_requeue) {
+            (true, _) => RequeuePolicy::Always,
+            (_, true) => RequeuePolicy::Never,
+            _ => RequeuePolicy::OnNodeFailure,
+        },
+        max_restarts: merged.max_restarts.unwrap_or(3),
         program,
     };
     spec.check_invariants().map_err(SpecError::Invalid)?;

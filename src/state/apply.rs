@@ -125,6 +125,17 @@ impl State {
             Command::TaskEvents { node, events, now } => {
                 Ok(self.apply_task_events(node, events, *now, dirty))
             }
+            Command::NodeDown { node, reason, now } => {
+                Ok(self.node_down(node, reason, *now, dirty))
+            }
+            Command::SetDrain {
+                node,
+                drain,
+                by,
+                requeue_now,
+                now,
+            } => Ok(self.set_drain(node, drain.as_deref(), *by, *requeue_now, *now, dirty)),
+            Command::GpuHealth { node, gpus, now } => Ok(self.gpu_health(node, gpus, *now, dirty)),
             Command::Batch(cmds) => Ok(CommandResult::Batch(
                 cmds.iter()
                     .map(|c| match c {

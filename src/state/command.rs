@@ -50,6 +50,28 @@ pub enum Command {
         allocations: Vec<Allocation>,
         now: Millis,
     },
+    /// The leader has not heard from a node within its TTL: the node is down
+    /// and its tasks are lost (their jobs requeue or end NODE_FAIL).
+    NodeDown {
+        node: String,
+        reason: String,
+        now: Millis,
+    },
+    /// Drain (`drain: Some(reason)`) or resume (`None`) a node.
+    SetDrain {
+        node: String,
+        drain: Option<String>,
+        by: crate::state::DrainSource,
+        /// Also requeue the node's jobs now (`gpuq node drain --now`).
+        requeue_now: bool,
+        now: Millis,
+    },
+    /// An agent's GPUs with their health.
+    GpuHealth {
+        node: String,
+        gpus: Vec<crate::model::GpuInfo>,
+        now: Millis,
+    },
     /// Several commands proposed together as one log entry (group commit:
     /// one fsync for a burst of concurrent writes). Each is applied in order
     /// and answered on its own; a batch inside a batch is rejected.
@@ -80,6 +102,7 @@ pub enum CommandResult {
     TokenRevoked,
     TokenUsed,
     NodeRegistered,
+    NodeUpdated,
     /// The jobs a `Schedule` started, and the ones it skipped with why.
     Scheduled {
         started: Vec<JobId>,
@@ -115,4 +138,8 @@ pub enum Rejection {
     Empty,
     #[error("a batch may not contain a batch")]
     NestedBatch,
+    #[error("node {0} does not exist (see `gpuq nodes`)")]
+    NoSuchNode(String),
+    #[error("node {0} is down; it comes back up when its agent reconnects")]
+    NodeIsDown(String),
 }

@@ -49,6 +49,8 @@ pub enum NodeStatus {
     /// Finishes its work, takes no new work.
     Drained {
         reason: String,
+        #[serde(default)]
+        by: DrainSource,
     },
     /// Not heard from; its tasks are lost.
     Down {
@@ -64,6 +66,16 @@ impl NodeStatus {
             NodeStatus::Down { .. } => "down",
         }
     }
+}
+
+/// Who drained a node: a health check may undo only its own drain.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DrainSource {
+    #[default]
+    Admin,
+    HealthCheck,
+    Gpu,
 }
 
 /// A compute node as the cluster records it.

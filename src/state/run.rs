@@ -6,9 +6,10 @@
 
 use std::collections::BTreeMap;
 
-use super::{Dirty, NodeRecord, NodeStatus, State};
+use super::{Dirty, DrainSource, NodeRecord, NodeStatus, Rejection, State};
 use crate::model::{
-    Allocation, JobId, JobRun, JobState, Millis, NodeInventory, TaskEnd, TaskEvent, TaskEventKind,
+    Allocation, JobId, JobRun, JobState, Millis, NodeInventory, RequeuePolicy, TaskEnd, TaskEvent,
+    TaskEventKind,
 };
 use crate::state::CommandResult;
 
@@ -108,6 +109,7 @@ impl State {
                     started: Default::default(),
                     ended: BTreeMap::new(),
                     final_state: None,
+                    requeue: false,
                 });
                 job.reason = None;
                 job.exit_code = None;
@@ -119,7 +121,9 @@ impl State {
     }
 
     /// Starts ending a job: a pending one ends now; a running one goes
-    /// COMPLETING until its ranks have stopped. Returns whether it changed.
+    /// COMPLETING until its ranks have stopped, then ends in `final_state`,
+    /// or goes back to the queue when its requeue policy says so for this
+    /// cause. Returns whether it changed.
     pub(super) fn begin_ending(
         &mut self,
         id: JobId,
@@ -131,6 +135,14 @@ impl State {
         let Some(job) = self.jobs.get_mut(&id) else {
             return false;
         };
+        let requeue = job.restart_count < job.spec.max_restarts
+            && match job.spec.requeue {
+                RequeuePolicy::Never => false,
+                RequeuePolicy::OnNodeFailure => final_state == JobState::NodeFail,
+                RequeuePolicy::Always => {
+                    matches!(final_state, JobState::NodeFail | JobState::Failed)
+                }
+            };
         match job.state {
             JobState::Pending => {
                 job.reason = Some(reason);
@@ -140,6 +152,7 @@ impl State {
                 job.reason = Some(reason);
                 if let Some(run) = job.run.as_mut() {
                     run.final_state = Some(final_state);
+                    run.requeue = requeue;
                 }
                 self.transition(id, JobState::Completing, now, dirty);
                 self.finish_if_all_ended(id, now, dirty);
@@ -149,8 +162,175 @@ impl State {
         }
     }
 
+    /// Marks every unfinished rank of active jobs on `node` as lost and ends
+    /// (or requeues) those jobs. With `only_gpus`, only jobs holding one of
+    /// those GPUs there are affected.
+    fn lose_ranks_on(
+        &mut self,
+        node: &str,
+        only_gpus: Option<&[u32]>,
+        reason: &str,
+        now: Millis,
+        dirty: &mut Dirty,
+    ) {
+        let hit: Vec<JobId> = self
+            .jobs
+            .values()
+            .filter(|j| j.state.is_active())
+            .filter(|j| {
+                j.run.as_ref().is_some_and(|r| {
+                    r.allocation.nodes.iter().any(|n| {
+                        n.node == node
+                            && only_gpus.is_none_or(|g| n.gpus.iter().any(|x| g.contains(x)))
+                    })
+                })
+            })
+            .map(|j| j.id)
+            .collect();
+        for id in hit {
+            let Some(job) = self.jobs.get_mut(&id) else {
+                continue;
+            };
+            let per_node = job.spec.ntasks_per_node.max(1);
+            let total = job.spec.total_tasks() as u32;
+            let Some(run) = job.run.as_mut() else {
+                continue;
+            };
+            for rank in 0..total {
+                if run.node_of_rank(rank, per_node) == Some(node) && !run.ended.contains_key(&rank)
+                {
+                    run.ended.insert(
+                        rank,
+                        TaskEnd::Lost {
+                            reason: reason.to_string(),
+                        },
+                    );
+                }
+            }
+            dirty.jobs.insert(id);
+            let why = format!("node {node} failed: {reason}");
+            if !self.begin_ending(id, JobState::NodeFail, why, now, dirty) {
+                self.finish_if_all_ended(id, now, dirty);
+            }
+        }
+    }
+
+    /// A node stopped answering: it is down, its tasks are lost.
+    pub(super) fn node_down(
+        &mut self,
+        node: &str,
+        reason: &str,
+        now: Millis,
+        dirty: &mut Dirty,
+    ) -> CommandResult {
+        let Some(rec) = self.nodes.get_mut(node) else {
+            return CommandResult::Rejected(Rejection::NoSuchNode(node.to_string()));
+        };
+        rec.status = NodeStatus::Down {
+            reason: reason.to_string(),
+        };
+        dirty.nodes.insert(node.to_string());
+        self.lose_ranks_on(node, None, reason, now, dirty);
+        CommandResult::NodeUpdated
+    }
+
+    /// Drains a node (no new work; `requeue_now` also requeues its jobs) or
+    /// resumes it. A health check may only resume a drain it made itself.
+    pub(super) fn set_drain(
+        &mut self,
+        node: &str,
+        drain: Option<&str>,
+        by: DrainSource,
+        requeue_now: bool,
+        now: Millis,
+        dirty: &mut Dirty,
+    ) -> CommandResult {
+        let Some(rec) = self.nodes.get_mut(node) else {
+            return CommandResult::Rejected(Rejection::NoSuchNode(node.to_string()));
+        };
+        match drain {
+            Some(reason) => {
+                if matches!(rec.status, NodeStatus::Down { .. }) {
+                    return CommandResult::Rejected(Rejection::NodeIsDown(node.to_string()));
+                }
+                rec.status = NodeStatus::Drained {
+                    reason: reason.to_string(),
+                    by,
+                };
+                dirty.nodes.insert(node.to_string());
+                if requeue_now {
+                    let why = format!("drained now: {reason}");
+                    self.lose_ranks_on(node, None, &why, now, dirty);
+                }
+            }
+            None => match &rec.status {
+                NodeStatus::Drained { by: was, .. } if *was == by || by == DrainSource::Admin => {
+                    rec.status = NodeStatus::Up;
+                    dirty.nodes.insert(node.to_string());
+                }
+                NodeStatus::Drained { .. } | NodeStatus::Up => {}
+                NodeStatus::Down { .. } => {
+                    return CommandResult::Rejected(Rejection::NodeIsDown(node.to_string()))
+                }
+            },
+        }
+        CommandResult::NodeUpdated
+    }
+
+    /// An agent reported its GPUs' health. A GPU that turned unhealthy drains
+    /// the node with the fault as the reason, and the job on it is failed or
+    /// requeued per its policy.
+    pub(super) fn gpu_health(
+        &mut self,
+        node: &str,
+        gpus: &[crate::model::GpuInfo],
+        now: Millis,
+        dirty: &mut Dirty,
+    ) -> CommandResult {
+        let Some(rec) = self.nodes.get_mut(node) else {
+            return CommandResult::Rejected(Rejection::NoSuchNode(node.to_string()));
+        };
+        let newly_bad: Vec<&crate::model::GpuInfo> = gpus
+            .iter()
+            .filter(|g| !g.healthy)
+            .filter(|g| {
+                rec.inventory
+                    .gpus
+                    .iter()
+                    .any(|old| old.index == g.index && old.healthy)
+            })
+            .collect();
+        let reason = newly_bad
+            .iter()
+            .map(|g| {
+                format!(
+                    "GPU {} ({}) unhealthy: {}",
+                    g.index,
+                    g.uuid,
+                    g.fault.as_deref().unwrap_or("fault")
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("; ");
+        let bad: Vec<u32> = newly_bad.iter().map(|g| g.index).collect();
+        rec.inventory.gpus = gpus.to_vec();
+        dirty.nodes.insert(node.to_string());
+        if !bad.is_empty() {
+            if !matches!(rec.status, NodeStatus::Down { .. }) {
+                rec.status = NodeStatus::Drained {
+                    reason: reason.clone(),
+                    by: DrainSource::Gpu,
+                };
+            }
+            self.lose_ranks_on(node, Some(&bad), &reason, now, dirty);
+        }
+        CommandResult::NodeUpdated
+    }
+
     /// Moves a COMPLETING (or RUNNING) job to its final state once every rank
-    /// of its attempt has ended.
+    /// of its attempt has ended; a job to be requeued goes back to PENDING
+    /// with the same id, `restart_count + 1` and its old submit time (so it
+    /// is at the head of the queue).
     fn finish_if_all_ended(&mut self, id: JobId, now: Millis, dirty: &mut Dirty) {
         let Some(job) = self.jobs.get(&id) else {
             return;
@@ -159,6 +339,17 @@ impl State {
             return;
         };
         if (run.ended.len() as u64) < job.spec.total_tasks() {
+            return;
+        }
+        if run.requeue {
+            if self.transition(id, JobState::Pending, now, dirty) {
+                if let Some(job) = self.jobs.get_mut(&id) {
+                    job.restart_count += 1;
+                    job.start_time = None;
+                    job.exit_code = None;
+                    job.reason = job.reason.take().map(|r| format!("requeued after: {r}"));
+                }
+            }
             return;
         }
         let next = run.final_state.unwrap_or(JobState::Completed);
@@ -189,7 +380,8 @@ impl State {
             };
             // Reports of an older attempt, an unknown rank, or from a node
             // that does not hold the rank change nothing.
-            if run.attempt != ev.attempt
+            if !job.state.is_active()
+                || run.attempt != ev.attempt
                 || u64::from(ev.rank) >= total
                 || run.node_of_rank(ev.rank, per_node) != Some(node)
             {

@@ -20,6 +20,8 @@ fn spec(name: &str) -> JobSpec {
         workdir: "/tmp".into(),
         env: vec![("A".into(), "1".into())],
         export: ExportMode::All,
+        requeue: Default::default(),
+        max_restarts: 3,
         program: Program::Command {
             argv: vec!["true".into()],
         },

@@ -4,7 +4,7 @@
 use super::*;
 use crate::model::{
     Allocation, GpuInfo, GpuLink, JobSpec, NodeAllocation, NodeInventory, NumaNode, Program,
-    TaskEnd, TaskEvent, TaskEventKind,
+    RequeuePolicy, TaskEnd, TaskEvent, TaskEventKind,
 };
 
 fn inventory(name: &str, gpus: u32) -> NodeInventory {
@@ -63,6 +63,8 @@ fn spec(nodes: u32, gpus: u32) -> JobSpec {
         workdir: "/tmp".into(),
         env: vec![],
         export: Default::default(),
+        requeue: Default::default(),
+        max_restarts: 3,
         program: Program::Command {
             argv: vec!["true".into()],
         },
@@ -366,4 +368,249 @@ fn cancel_of_a_running_job_completes_through_completing() {
         vec![ev(a, 0, TaskEventKind::Ended(TaskEnd::Cancelled))],
     );
     assert_eq!(s.jobs[&a].state, JobState::Cancelled);
+}
+
+fn start(s: &mut State, d: &mut Dirty, job: JobId, nodes: &[(&str, &[u32])]) {
+    let r = s.apply(
+        &Command::Schedule {
+            allocations: vec![alloc(job.0, nodes)],
+            now: 5,
+        },
+        d,
+    );
+    assert!(
+        matches!(r, CommandResult::Scheduled { ref started, .. } if started == &vec![job]),
+        "{r:?}"
+    );
+}
+
+#[test]
+fn a_lost_node_requeues_its_jobs_with_the_same_id_and_stops_the_other_ranks() {
+    let (mut s, mut d) = cluster();
+    let a = submit(&mut s, &mut d, 2, 8);
+    start(
+        &mut s,
+        &mut d,
+        a,
+        &[
+            ("n1", &[0, 1, 2, 3, 4, 5, 6, 7]),
+            ("n2", &[0, 1, 2, 3, 4, 5, 6, 7]),
+        ],
+    );
+    s.apply(
+        &Command::NodeDown {
+            node: "n2".into(),
+            reason: "no heartbeat for 10 s".into(),
+            now: 20,
+        },
+        &mut d,
+    );
+    assert!(matches!(s.nodes["n2"].status, NodeStatus::Down { .. }));
+    let job = &s.jobs[&a];
+    assert_eq!(
+        job.state,
+        JobState::Completing,
+        "rank 0 on n1 must stop first"
+    );
+    assert!(s.desired_on("n1").is_empty());
+    report(
+        &mut s,
+        &mut d,
+        "n1",
+        vec![ev(a, 0, TaskEventKind::Ended(TaskEnd::Cancelled))],
+    );
+    let job = &s.jobs[&a];
+    assert_eq!(job.state, JobState::Pending);
+    assert_eq!(job.restart_count, 1);
+    assert!(
+        job.reason.as_deref().unwrap().contains("n2"),
+        "{:?}",
+        job.reason
+    );
+    // The next attempt's events are keyed by attempt 1; attempt 0's change nothing.
+    assert_eq!(
+        report(&mut s, &mut d, "n1", vec![ev(a, 0, TaskEventKind::Started)]),
+        0
+    );
+    // The node comes back when its agent registers again.
+    s.apply(
+        &Command::RegisterNode {
+            inventory: inventory("n2", 8),
+            addr: "10.1.0.2:7421".into(),
+            now: 30,
+        },
+        &mut d,
+    );
+    assert_eq!(s.nodes["n2"].status, NodeStatus::Up);
+}
+
+#[test]
+fn requeue_policies_and_the_restart_cap() {
+    let (mut s, mut d) = cluster();
+    // --no-requeue: a lost node ends the job NODE_FAIL.
+    let never = match s.apply(
+        &Command::Submit {
+            user: "alice".into(),
+            spec: JobSpec {
+                requeue: RequeuePolicy::Never,
+                ..spec(1, 8)
+            },
+            now: 2,
+        },
+        &mut d,
+    ) {
+        CommandResult::Submitted { id } => id,
+        other => panic!("{other:?}"),
+    };
+    start(&mut s, &mut d, never, &[("n1", &[0, 1, 2, 3, 4, 5, 6, 7])]);
+    s.apply(
+        &Command::NodeDown {
+            node: "n1".into(),
+            reason: "gone".into(),
+            now: 9,
+        },
+        &mut d,
+    );
+    assert_eq!(s.jobs[&never].state, JobState::NodeFail);
+
+    // --requeue: a non-zero exit requeues, up to max_restarts, then FAILED.
+    let always = match s.apply(
+        &Command::Submit {
+            user: "alice".into(),
+            spec: JobSpec {
+                requeue: RequeuePolicy::Always,
+                max_restarts: 1,
+                ..spec(1, 8)
+            },
+            now: 2,
+        },
+        &mut d,
+    ) {
+        CommandResult::Submitted { id } => id,
+        other => panic!("{other:?}"),
+    };
+    let fail = TaskEventKind::Ended(TaskEnd::Failed {
+        exit_code: Some(1),
+        signal: None,
+    });
+    start(&mut s, &mut d, always, &[("n2", &[0, 1, 2, 3, 4, 5, 6, 7])]);
+    report(&mut s, &mut d, "n2", vec![ev(always, 0, fail.clone())]);
+    assert_eq!(s.jobs[&always].state, JobState::Pending);
+    assert_eq!(s.jobs[&always].restart_count, 1);
+    start(&mut s, &mut d, always, &[("n2", &[0, 1, 2, 3, 4, 5, 6, 7])]);
+    report(
+        &mut s,
+        &mut d,
+        "n2",
+        vec![TaskEvent {
+            attempt: 1,
+            ..ev(always, 0, fail)
+        }],
+    );
+    assert_eq!(
+        s.jobs[&always].state,
+        JobState::Failed,
+        "the cap is reached"
+    );
+
+    // The default policy does not requeue a program's own failure.
+    let plain = submit(&mut s, &mut d, 1, 8);
+    start(&mut s, &mut d, plain, &[("n2", &[0, 1, 2, 3, 4, 5, 6, 7])]);
+    report(
+        &mut s,
+        &mut d,
+        "n2",
+        vec![ev(
+            plain,
+            0,
+            TaskEventKind::Ended(TaskEnd::Failed {
+                exit_code: Some(2),
+                signal: None,
+            }),
+        )],
+    );
+    assert_eq!(s.jobs[&plain].state, JobState::Failed);
+}
+
+#[test]
+fn an_unhealthy_gpu_drains_the_node_and_requeues_only_the_job_on_it() {
+    let (mut s, mut d) = cluster();
+    let on3 = submit(&mut s, &mut d, 1, 4);
+    let other = submit(&mut s, &mut d, 1, 4);
+    start(&mut s, &mut d, on3, &[("n1", &[0, 1, 2, 3])]);
+    start(&mut s, &mut d, other, &[("n1", &[4, 5, 6, 7])]);
+    let mut gpus = inventory("n1", 8).gpus;
+    gpus[3].healthy = false;
+    gpus[3].fault = Some("XID 79 (GPU fell off the bus)".into());
+    s.apply(
+        &Command::GpuHealth {
+            node: "n1".into(),
+            gpus: gpus.clone(),
+            now: 9,
+        },
+        &mut d,
+    );
+    match &s.nodes["n1"].status {
+        NodeStatus::Drained { reason, by } => {
+            assert!(
+                reason.contains("GPU 3") && reason.contains("XID 79"),
+                "{reason}"
+            );
+            assert_eq!(*by, DrainSource::Gpu);
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(
+        s.jobs[&on3].state,
+        JobState::Pending,
+        "requeued (its rank was lost)"
+    );
+    assert_eq!(s.jobs[&other].state, JobState::Running, "untouched");
+    // Reporting the same health again changes nothing more.
+    s.apply(
+        &Command::GpuHealth {
+            node: "n1".into(),
+            gpus,
+            now: 10,
+        },
+        &mut d,
+    );
+    assert_eq!(s.jobs[&other].state, JobState::Running);
+}
+
+#[test]
+fn a_health_check_resumes_only_its_own_drain() {
+    let (mut s, mut d) = cluster();
+    let drain = |by, reason: Option<&str>| Command::SetDrain {
+        node: "n1".into(),
+        drain: reason.map(str::to_string),
+        by,
+        requeue_now: false,
+        now: 9,
+    };
+    s.apply(&drain(DrainSource::Admin, Some("maintenance")), &mut d);
+    s.apply(&drain(DrainSource::HealthCheck, None), &mut d);
+    assert!(
+        matches!(s.nodes["n1"].status, NodeStatus::Drained { .. }),
+        "admin drain stays"
+    );
+    s.apply(&drain(DrainSource::Admin, None), &mut d);
+    assert_eq!(s.nodes["n1"].status, NodeStatus::Up);
+    s.apply(&drain(DrainSource::HealthCheck, Some("disk full")), &mut d);
+    s.apply(&drain(DrainSource::HealthCheck, None), &mut d);
+    assert_eq!(s.nodes["n1"].status, NodeStatus::Up);
+    let r = s.apply(
+        &Command::SetDrain {
+            node: "n9".into(),
+            drain: None,
+            by: DrainSource::Admin,
+            requeue_now: false,
+            now: 9,
+        },
+        &mut d,
+    );
+    assert_eq!(
+        r,
+        CommandResult::Rejected(Rejection::NoSuchNode("n9".into()))
+    );
 }
