@@ -463,7 +463,8 @@ main() {
     fi
 }
 
-# ---- the files this script writes (copies; tests/install.rs compares) -------
+# ---- the files this script writes (copies; tests/install.rs compares them,
+# packaging/embed.py refreshes them) ----
 
 # config/server.toml
 example_server_toml() {
@@ -506,6 +507,11 @@ example_server_toml() {
 # Members of this Unix group are gpuq admins (as is root). Default: unset,
 # only root.
 # admin_group = "gpuq-admin"
+
+# Seconds without a heartbeat after which a node is declared down: its tasks
+# are lost and their jobs requeue (or end NODE_FAIL, per their policy). After a
+# leader change every node gets this long again before it can be declared down.
+# node_ttl_secs = 10
 
 [server.raft]
 
@@ -590,6 +596,12 @@ example_agent_toml() {
 # Features jobs can ask for with --constraint, e.g. ["ib", "nvme"].
 # features = []
 
+# Schedulable CPUs and memory (MiB) to declare instead of what this host
+# has: for simulated nodes and `gpuq dev`. Unset: read from /proc and /sys,
+# less the reserved amounts.
+# cpus = 64
+# memory_mb = 524288
+
 # Whether tasks may run as root. Off: a job submitted by root is refused on
 # this node with a clear reason.
 # allow_root = false
@@ -597,6 +609,18 @@ example_agent_toml() {
 # Seconds between SIGTERM and SIGKILL when a task is stopped (cancel, a failed
 # rank elsewhere in the gang, the time limit).
 # kill_grace_secs = 10
+
+# A node joining the cluster for the first time stays drained until its
+# health check has passed once (needs [agent.health_check]).
+# preflight = false
+
+# A command run every interval_secs (with /bin/sh -c, as root): a non-zero
+# exit, or no exit within timeout_secs, drains the node with the command's
+# output as the reason; a later pass resumes a node it drained. Default: none.
+# [agent.health_check]
+# command = "/usr/local/sbin/node-health"
+# interval_secs = 60
+# timeout_secs = 30
 GPUQ_EOF
 }
 

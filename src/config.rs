@@ -39,6 +39,8 @@ pub struct ServerConfig {
     pub advertise: Option<SocketAddr>,
     pub socket: PathBuf,
     pub admin_group: Option<String>,
+    /// A node whose agent is silent this long is declared down.
+    pub node_ttl_secs: u64,
     pub raft: RaftConfig,
 }
 
@@ -84,6 +86,11 @@ pub struct AgentConfig {
     pub allow_root: bool,
     /// Seconds between SIGTERM and SIGKILL when a task is stopped.
     pub kill_grace_secs: u64,
+    /// A command whose failure drains the node (`[agent.health_check]`).
+    pub health_check: Option<crate::agent::health::HealthCheck>,
+    /// A node joining for the first time stays drained until its health
+    /// check passes once.
+    pub preflight: bool,
 }
 
 /// What an agent's node is for.
@@ -107,6 +114,7 @@ impl Default for ServerConfig {
             advertise: None,
             socket: "/run/gpuq/gpuq.sock".into(),
             admin_group: None,
+            node_ttl_secs: 10,
             raft: RaftConfig::default(),
         }
     }
@@ -143,6 +151,8 @@ impl Default for AgentConfig {
             memory_mb: None,
             allow_root: false,
             kill_grace_secs: 10,
+            health_check: None,
+            preflight: false,
         }
     }
 }

@@ -89,6 +89,7 @@ pub async fn start(
         advertise: None,
         socket: socket.clone(),
         admin_group: None,
+        node_ttl_secs: 10,
         raft: Default::default(),
     };
     let server = crate::server::start(

@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use tokio::sync::{mpsc, watch};
 
+use super::gpu::GpuBackend;
 use crate::model::{NodeInventory, Role, TaskEnd, TaskEvent, TaskEventKind};
 use crate::net::agent_proto::{AgentHello, AgentMsg, DesiredTask, ServerMsg};
 use crate::net::endpoint::{Endpoint, ALPN_AGENT};
@@ -111,7 +112,15 @@ impl Ledger {
                 }
             }
         }
-        if let Some(desired) = &self.desired {
+        // A task still stopping holds its GPUs: start nothing new on this
+        // node until it is gone (a requeued job's stale rank, a cancel).
+        let stopping = self.desired.as_ref().is_some_and(|d| {
+            runner
+                .scan()
+                .iter()
+                .any(|(k, o)| *o == Observed::Running && !d.contains_key(k))
+        });
+        if let Some(desired) = self.desired.as_ref().filter(|_| !stopping) {
             for (key, task) in desired {
                 if seen.contains(key) || self.ended_reported.contains(key) {
                     continue;
@@ -164,6 +173,12 @@ pub struct ComputeAgent {
     pub runner: Arc<dyn TaskRunner>,
     /// How often tasks are re-examined.
     pub reconcile_every: Duration,
+    /// The GPU backend, polled for health events (none for simulated nodes).
+    pub gpus: Option<Arc<dyn GpuBackend>>,
+    /// The health-check command's latest result, when one is configured.
+    pub health: Option<super::health::Latest>,
+    /// Stay drained on first registration until the health check passes.
+    pub preflight: bool,
 }
 
 enum Session {
@@ -171,6 +186,8 @@ enum Session {
     Redirect(Option<SocketAddr>),
     /// The connection ended; back off and retry.
     Lost(String),
+    /// A welcomed connection ended; retry at once.
+    Ended(String),
     /// Refused for good (e.g. a duplicate node name).
     Refused(String),
 }
@@ -206,6 +223,10 @@ impl ComputeAgent {
                 Session::Lost(why) => {
                     tracing::info!(server = %addr, %why, "no leader connection; retrying");
                 }
+                Session::Ended(why) => {
+                    tracing::info!(server = %addr, %why, "leader connection lost; reconnecting");
+                    backoff = Duration::from_millis(100);
+                }
                 Session::Refused(why) => {
                     tracing::error!(server = %addr, "registration refused: {why}");
                 }
@@ -220,6 +241,26 @@ impl ComputeAgent {
                 _ = shutdown.changed() => return Ok(()),
             }
             backoff = (backoff * 2).min(Duration::from_secs(3));
+        }
+    }
+
+    /// Polls the GPU backend; after a health event, the GPUs to report.
+    fn gpu_health(&self) -> Option<AgentMsg> {
+        let backend = self.gpus.as_ref()?;
+        let events = backend.poll_events();
+        if events.is_empty() {
+            return None;
+        }
+        for ev in &events {
+            let critical = super::gpu::is_critical(ev);
+            tracing::warn!(node = %self.inventory.name, event = %ev, critical, "GPU event");
+        }
+        match backend.gpus() {
+            Ok(gpus) => Some(AgentMsg::Gpus { gpus }),
+            Err(e) => {
+                tracing::warn!("cannot read the GPUs after an event: {e}");
+                None
+            }
         }
     }
 
@@ -242,13 +283,18 @@ impl ComputeAgent {
             .local_ip()
             .map(|ip| ip.to_string())
             .unwrap_or_else(|| "127.0.0.1".into());
+        let mut inventory = self.inventory.clone();
+        if let Some(gpus) = self.gpus.as_ref().and_then(|b| b.gpus().ok()) {
+            inventory.gpus = gpus;
+        }
         let hello = AgentHello {
-            inventory: self.inventory.clone(),
+            inventory,
             addr: self
                 .advertise
                 .clone()
                 .unwrap_or_else(|| format!("{host}:0")),
             boot_id,
+            preflight: self.preflight,
         };
         if let Err(e) = write_frame(&mut send, &hello).await {
             return Session::Lost(e.to_string());
@@ -289,6 +335,10 @@ impl ComputeAgent {
         });
         let mut tick = tokio::time::interval(self.reconcile_every);
         let mut heartbeat = tokio::time::interval(Duration::from_secs(1));
+        let mut health = self.health.clone();
+        if let Some(h) = health.as_mut() {
+            h.mark_changed(); // report the current result on every connect
+        }
         let outcome = loop {
             let mut reconcile = false;
             tokio::select! {
@@ -315,6 +365,24 @@ impl ComputeAgent {
                     if write_frame(&mut send, &AgentMsg::Heartbeat).await.is_err() {
                         break Session::Lost("heartbeat failed".into());
                     }
+                    if let Some(msg) = self.gpu_health() {
+                        if write_frame(&mut send, &msg).await.is_err() {
+                            break Session::Lost("connection lost".into());
+                        }
+                    }
+                }
+                Ok(()) = async {
+                    match health.as_mut() {
+                        Some(h) => h.changed().await,
+                        None => std::future::pending().await,
+                    }
+                } => {
+                    let latest = health.as_mut().and_then(|h| h.borrow_and_update().clone());
+                    if let Some((ok, output)) = latest {
+                        if write_frame(&mut send, &AgentMsg::HealthCheck { ok, output }).await.is_err() {
+                            break Session::Lost("connection lost".into());
+                        }
+                    }
                 }
                 _ = shutdown.changed() => break Session::Lost("shutting down".into()),
             }
@@ -332,7 +400,10 @@ impl ComputeAgent {
         };
         reader.abort();
         logs.abort();
-        outcome
+        match outcome {
+            Session::Lost(why) => Session::Ended(why),
+            other => other,
+        }
     }
 }
 

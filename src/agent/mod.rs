@@ -6,6 +6,7 @@
 pub mod compute;
 pub mod exec;
 pub mod gpu;
+pub mod health;
 pub mod host;
 mod identity;
 mod login;

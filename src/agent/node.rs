@@ -87,6 +87,13 @@ pub async fn start_compute(
         memory_mb = inventory.memory_mb,
         "compute agent ready"
     );
+    let health = cfg
+        .health_check
+        .clone()
+        .map(|check| super::health::spawn(check, shutdown.clone()));
+    if cfg.preflight && health.is_none() {
+        anyhow::bail!("preflight = true needs a [agent.health_check] command to pass");
+    }
     let agent = Arc::new(ComputeAgent {
         endpoint,
         servers,
@@ -94,6 +101,9 @@ pub async fn start_compute(
         advertise: None,
         runner,
         reconcile_every: Duration::from_millis(200),
+        gpus: Some(Arc::from(backend)),
+        health,
+        preflight: cfg.preflight,
     });
     let task = tokio::spawn(agent.clone().run(shutdown));
     Ok(RunningAgent { agent, task })

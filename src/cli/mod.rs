@@ -139,6 +139,11 @@ pub enum ClientCommand {
         #[command(flatten)]
         json: JsonFlag,
     },
+    /// Drain or resume a compute node (admins).
+    Node {
+        #[command(subcommand)]
+        cmd: NodeCommand,
+    },
     /// Print a rank's output, read from its node (no shared filesystem needed).
     Logs {
         /// The job id.
@@ -155,6 +160,23 @@ pub enum ClientCommand {
         #[command(subcommand)]
         cmd: TokenCommand,
     },
+}
+
+/// `gpuq node ...`
+#[derive(Subcommand, Debug)]
+pub enum NodeCommand {
+    /// Take no new work on NAME; running jobs finish (or, with --now, requeue).
+    Drain {
+        name: String,
+        /// Why, as `gpuq nodes` will show it.
+        #[arg(long)]
+        reason: String,
+        /// Requeue the node's jobs now instead of letting them finish.
+        #[arg(long)]
+        now: bool,
+    },
+    /// Let NAME take work again.
+    Resume { name: String },
 }
 
 /// `gpuq token ...`
@@ -359,6 +381,26 @@ pub async fn run(cmd: ClientCommand) -> Result<(), CliError> {
             }
             other => Err(unexpected(other)),
         },
+        ClientCommand::Node { cmd } => {
+            let (req, verb) = match cmd {
+                NodeCommand::Drain { name, reason, now } => (
+                    ApiRequest::NodeDrain {
+                        node: name,
+                        reason,
+                        now,
+                    },
+                    "Drained",
+                ),
+                NodeCommand::Resume { name } => (ApiRequest::NodeResume { node: name }, "Resumed"),
+            };
+            match call(req).await? {
+                ApiResponse::NodeUpdated { node } => {
+                    println!("{verb} node {node}");
+                    Ok(())
+                }
+                other => Err(unexpected(other)),
+            }
+        }
         ClientCommand::Logs { id, rank, follow } => logs(JobId(id), rank, follow).await,
         ClientCommand::Token { cmd } => token(cmd).await,
     }

@@ -42,7 +42,13 @@ fn uncomment(example: &str) -> String {
             let is_key = body.split_once(" = ").is_some_and(|(k, _)| {
                 !k.is_empty() && k.chars().all(|c| c.is_ascii_lowercase() || c == '_')
             });
-            if line.starts_with("# ") && is_key {
+            // A commented-out optional table: `# [agent.health_check]`.
+            let is_table = body.starts_with('[')
+                && body.ends_with(']')
+                && body[1..body.len() - 1]
+                    .chars()
+                    .all(|c| c.is_ascii_lowercase() || c == '_' || c == '.');
+            if line.starts_with("# ") && (is_key || is_table) {
                 body.to_string()
             } else {
                 line.to_string()
@@ -97,6 +103,7 @@ fn full_agent() -> AgentConfig {
         admin_group: Some("wheel".into()),
         cpus: Some(64),
         memory_mb: Some(1024),
+        health_check: Some(Default::default()),
         ..AgentConfig::default()
     }
 }
@@ -133,6 +140,7 @@ fn the_examples_document_every_key_with_its_default() {
         admin_group: parsed.admin_group.clone(),
         cpus: parsed.cpus,
         memory_mb: parsed.memory_mb,
+        health_check: parsed.health_check.clone(),
         ..AgentConfig::default()
     };
     assert_eq!(parsed, defaults);

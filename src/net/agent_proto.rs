@@ -18,6 +18,10 @@ pub struct AgentHello {
     pub addr: String,
     /// Random per agent process start: tells a reconnect from a second agent.
     pub boot_id: u64,
+    /// A node joining for the first time stays drained until its health
+    /// check passes once.
+    #[serde(default)]
+    pub preflight: bool,
 }
 
 /// Agent -> leader, after the hello.
@@ -27,6 +31,10 @@ pub enum AgentMsg {
     Events { seq: u64, events: Vec<TaskEvent> },
     /// "Still here." Liveness is kept in the leader's memory, not the log.
     Heartbeat,
+    /// The node's GPUs with their health, sent when a GPU event was seen.
+    Gpus { gpus: Vec<crate::model::GpuInfo> },
+    /// The health-check command's latest result, sent when it changes.
+    HealthCheck { ok: bool, output: String },
 }
 
 /// Leader -> agent.

@@ -28,6 +28,15 @@ pub enum ApiRequest {
     Cluster,
     /// Compute nodes: state, hardware, what is in use.
     Nodes,
+    /// Drain a node (admins): it finishes its work and takes no new work;
+    /// with `now`, its jobs are requeued at once.
+    NodeDrain {
+        node: String,
+        reason: String,
+        now: bool,
+    },
+    /// Resume a drained node (admins).
+    NodeResume { node: String },
     /// Part of a rank's output, read from its node (owner or admin).
     Logs { id: JobId, rank: u32, offset: u64 },
     /// Create a join token (admins only).
@@ -160,6 +169,9 @@ pub enum ApiResponse {
     },
     Nodes {
         nodes: Vec<NodeInfo>,
+    },
+    NodeUpdated {
+        node: String,
     },
     Logs {
         #[serde(with = "serde_bytes")]

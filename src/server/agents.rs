@@ -17,8 +17,10 @@ use crate::state::{Command, State};
 
 use super::{now_ms, Api};
 
-/// An agent is taken for alive while heard from within this long.
-const ALIVE_WINDOW: Duration = Duration::from_secs(3);
+/// An agent is taken for alive while heard from within this long (agents
+/// heartbeat every second), so a restarted agent is admitted quickly while a
+/// second live agent with the same name is still refused.
+const ALIVE_WINDOW: Duration = Duration::from_millis(1500);
 
 struct Connected {
     boot_id: u64,
@@ -73,6 +75,11 @@ impl AgentHub {
         if agents.get(node).is_some_and(|c| c.boot_id == boot_id) {
             agents.remove(node);
         }
+    }
+
+    /// When `node`'s agent was last heard from by this server.
+    pub fn last_seen(&self, node: &str) -> Option<Instant> {
+        self.lock().get(node).map(|c| c.last_seen)
     }
 
     /// The live connection of `node`'s agent.
@@ -188,6 +195,7 @@ pub async fn serve(api: Arc<Api>, hub: Arc<AgentHub>, peer: Peer) {
     let reg = Command::RegisterNode {
         inventory: hello.inventory.clone(),
         addr: hello.addr.clone(),
+        preflight: hello.preflight,
         now: now_ms(),
     };
     if let Err(resp) = api.write(reg).await {
@@ -253,6 +261,40 @@ pub async fn serve(api: Arc<Api>, hub: Arc<AgentHub>, peer: Peer) {
                 hub.touch(&node, hello.boot_id);
                 match msg {
                     AgentMsg::Heartbeat => {}
+                    AgentMsg::Gpus { gpus } => {
+                        let cmd = Command::GpuHealth { node: node.clone(), gpus, now: now_ms() };
+                        if let Err(e) = api.write(cmd).await {
+                            tracing::warn!(%node, "GPU health not committed: {e:?}");
+                        }
+                    }
+                    AgentMsg::HealthCheck { ok, output } => {
+                        let drained_by_check = matches!(
+                            api.state().nodes.get(&node).map(|n| &n.status),
+                            Some(crate::state::NodeStatus::Drained { by: crate::state::DrainSource::HealthCheck, .. })
+                        );
+                        let up = matches!(
+                            api.state().nodes.get(&node).map(|n| &n.status),
+                            Some(crate::state::NodeStatus::Up)
+                        );
+                        let drain = match (ok, up, drained_by_check) {
+                            (false, true, _) => Some(Some(format!("health check failed: {}", output.trim()))),
+                            (true, _, true) => Some(None),
+                            _ => None,
+                        };
+                        if let Some(drain) = drain {
+                            tracing::info!(%node, ok, "health check changed the node's state");
+                            let cmd = Command::SetDrain {
+                                node: node.clone(),
+                                drain,
+                                by: crate::state::DrainSource::HealthCheck,
+                                requeue_now: false,
+                                now: now_ms(),
+                            };
+                            if let Err(e) = api.write(cmd).await {
+                                tracing::warn!(%node, "health check result not committed: {e:?}");
+                            }
+                        }
+                    }
                     AgentMsg::Events { seq, events } => {
                         let cmd = Command::TaskEvents { node: node.clone(), events, now: now_ms() };
                         match api.write(cmd).await {

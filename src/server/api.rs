@@ -172,6 +172,8 @@ impl Api {
                 | ApiRequest::TokenCreate { .. }
                 | ApiRequest::TokenRevoke { .. }
                 | ApiRequest::Logs { .. }
+                | ApiRequest::NodeDrain { .. }
+                | ApiRequest::NodeResume { .. }
         );
         if needs_leader {
             if let Some(resp) = self.forward_if_follower(&caller, &req).await {
@@ -238,6 +240,25 @@ impl Api {
                 nodes: self.nodes(),
             },
             ApiRequest::Logs { id, rank, offset } => self.logs(&caller, id, rank, offset).await,
+            ApiRequest::NodeDrain { node, reason, now } => {
+                if !caller.admin {
+                    return forbidden("draining a node");
+                }
+                if reason.trim().is_empty() {
+                    return ApiResponse::error(
+                        ErrorKind::BadInput,
+                        "--reason must say why, e.g. --reason \"replace PSU\"",
+                    );
+                }
+                self.set_drain(node, Some(format!("{reason} (by {})", caller.user)), now)
+                    .await
+            }
+            ApiRequest::NodeResume { node } => {
+                if !caller.admin {
+                    return forbidden("resuming a node");
+                }
+                self.set_drain(node, None, false).await
+            }
             ApiRequest::TokenCreate { role, ttl_secs } => {
                 if !caller.admin {
                     return forbidden("creating a join token");
@@ -370,6 +391,26 @@ impl Api {
                 ),
             ),
         })
+    }
+
+    async fn set_drain(
+        &self,
+        node: String,
+        drain: Option<String>,
+        requeue_now: bool,
+    ) -> ApiResponse {
+        let cmd = Command::SetDrain {
+            node: node.clone(),
+            drain,
+            by: crate::state::DrainSource::Admin,
+            requeue_now,
+            now: now_ms(),
+        };
+        match self.write(cmd).await {
+            Ok(CommandResult::NodeUpdated) => ApiResponse::NodeUpdated { node },
+            Ok(other) => self.unexpected(other),
+            Err(resp) => resp,
+        }
     }
 
     /// Reads part of a rank's output from the agent of the rank's node.

@@ -6,6 +6,7 @@ mod agents;
 mod api;
 mod datadir;
 mod join;
+mod liveness;
 mod propose;
 mod scheduler;
 mod transport;
@@ -191,6 +192,11 @@ pub async fn start(
     }
 
     tokio::spawn(scheduler::run(api.clone(), shutdown.clone()));
+    tokio::spawn(liveness::run(
+        api.clone(),
+        Duration::from_secs(cfg.node_ttl_secs.max(1)),
+        shutdown.clone(),
+    ));
 
     // The local socket for the CLI on this host.
     let listener = local::bind(&cfg.socket)

@@ -117,8 +117,9 @@ impl State {
             Command::RegisterNode {
                 inventory,
                 addr,
+                preflight,
                 now,
-            } => Ok(self.register_node(inventory, addr, *now, dirty)),
+            } => Ok(self.register_node(inventory, addr, *preflight, *now, dirty)),
             Command::Schedule { allocations, now } => {
                 Ok(self.apply_schedule(allocations, *now, dirty))
             }

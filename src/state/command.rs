@@ -41,6 +41,9 @@ pub enum Command {
     RegisterNode {
         inventory: NodeInventory,
         addr: String,
+        /// A new node starts drained until its health check passes.
+        #[serde(default)]
+        preflight: bool,
         now: Millis,
     },
     /// A scheduling pass's decisions. Apply re-checks each allocation against

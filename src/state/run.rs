@@ -29,13 +29,18 @@ impl State {
         &mut self,
         inventory: &NodeInventory,
         addr: &str,
+        preflight: bool,
         now: Millis,
         dirty: &mut Dirty,
     ) -> CommandResult {
         let name = inventory.name.clone();
         let status = match self.nodes.get(&name).map(|n| &n.status) {
-            // A drain is an admin's decision; it survives re-registration.
+            // A drain survives re-registration (an admin's, a GPU fault's).
             Some(s @ NodeStatus::Drained { .. }) => s.clone(),
+            None if preflight => NodeStatus::Drained {
+                reason: "preflight: waiting for the first health check to pass".into(),
+                by: DrainSource::HealthCheck,
+            },
             _ => NodeStatus::Up,
         };
         self.nodes.insert(

@@ -95,6 +95,7 @@ fn cluster() -> (State, Dirty) {
             &Command::RegisterNode {
                 inventory: inventory(n, 8),
                 addr: addr.into(),
+                preflight: false,
                 now: 1,
             },
             &mut d,
@@ -437,6 +438,7 @@ fn a_lost_node_requeues_its_jobs_with_the_same_id_and_stops_the_other_ranks() {
         &Command::RegisterNode {
             inventory: inventory("n2", 8),
             addr: "10.1.0.2:7421".into(),
+            preflight: false,
             now: 30,
         },
         &mut d,

@@ -56,29 +56,48 @@ pub struct Server {
     pub dir: PathBuf,
     pub port: u16,
     pub socket: PathBuf,
+    /// Seconds of agent silence before a node is down.
+    pub node_ttl_secs: u64,
     child: Option<Child>,
 }
 
 impl Server {
     /// Bootstraps a one-server cluster in `dir` and waits until it accepts writes.
     pub fn bootstrap(dir: &Path) -> Server {
+        Server::bootstrap_with_ttl(dir, 10)
+    }
+
+    /// Bootstraps with a node TTL of `node_ttl_secs`.
+    pub fn bootstrap_with_ttl(dir: &Path, node_ttl_secs: u64) -> Server {
         std::fs::create_dir_all(dir).expect("server dir");
         let mut s = Server {
             dir: dir.to_path_buf(),
             port: free_port(),
             socket: dir.join("gpuq.sock"),
+            node_ttl_secs,
             child: None,
         };
         s.start();
         s
     }
 
-    /// (Re)starts the process on the same dir and port and waits for a leader
-    /// with the cluster initialised.
-    pub fn start(&mut self) {
-        let log = std::fs::File::create(self.dir.join("server.log")).expect("log file");
+    /// Starts the process without waiting for it to lead.
+    pub fn spawn(&mut self) {
+        let cfg = self.dir.join("server.toml");
+        std::fs::write(
+            &cfg,
+            format!("[server]\nnode_ttl_secs = {}\n", self.node_ttl_secs),
+        )
+        .expect("server config");
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join("server.log"))
+            .expect("log file");
         let child = Command::new(gpuq_bin())
             .args(["server", "--bootstrap", "--node-name", "s1"])
+            .arg("--config")
+            .arg(&cfg)
             .arg("--data-dir")
             .arg(self.dir.join("data"))
             .args(["--listen", &format!("127.0.0.1:{}", self.port)])
@@ -91,6 +110,12 @@ impl Server {
             .spawn()
             .expect("spawn gpuq server");
         self.child = Some(child);
+    }
+
+    /// (Re)starts the process on the same dir and port and waits for a leader
+    /// with the cluster initialised.
+    pub fn start(&mut self) {
+        self.spawn();
         let sock = self.socket.clone();
         wait_for(
             "the server to lead an initialised cluster",
@@ -309,11 +334,23 @@ pub struct Agent {
 impl Agent {
     /// Writes the agent's config and starts it; waits until the leader lists it.
     pub fn start(server: &Server, dir: &Path, name: &str, gpus: u32, token: &str) -> Agent {
+        Agent::start_with(server, dir, name, gpus, token, "")
+    }
+
+    /// Like `start`, with extra `[agent]` config lines (after the defaults).
+    pub fn start_with(
+        server: &Server,
+        dir: &Path,
+        name: &str,
+        gpus: u32,
+        token: &str,
+        extra: &str,
+    ) -> Agent {
         std::fs::create_dir_all(dir).unwrap();
         let cfg = format!(
             "[agent]\nnode_name = \"{name}\"\ndata_dir = \"{d}/data\"\nsocket = \"{d}/agent.sock\"\n\
              allow_root = true\nkill_grace_secs = 1\ncpus = 64\nmemory_mb = 524288\n\
-             gpus = {{ fake = {{ count = {gpus}, fault_file = \"{d}/faults\" }} }}\n",
+             gpus = {{ fake = {{ count = {gpus}, fault_file = \"{d}/faults\" }} }}\n{extra}\n",
             d = dir.display()
         );
         std::fs::write(dir.join("agent.toml"), cfg).unwrap();
@@ -326,19 +363,25 @@ impl Agent {
         };
         a.spawn();
         let name = a.name.clone();
-        wait_for(
-            &format!("agent {name} to register"),
-            Duration::from_secs(30),
-            || {
-                let out = server.cli(&["nodes", "--json"]);
-                let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
-                v.as_array().is_some_and(|ns| {
-                    ns.iter()
-                        .any(|n| n["name"] == name.as_str() && n["connected"] == true)
-                })
-            },
-        );
-        a
+        let start = Instant::now();
+        loop {
+            let out = server.cli(&["nodes", "--json"]);
+            let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+            let up = v.as_array().is_some_and(|ns| {
+                ns.iter()
+                    .any(|n| n["name"] == name.as_str() && n["connected"] == true)
+            });
+            if up {
+                return a;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(60),
+                "agent {name} did not register in 60 s\n--- agent ---\n{}\n--- server ---\n{}",
+                a.log(),
+                server.log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
 
     /// Starts the process (again) with the same config.
@@ -390,7 +433,12 @@ pub struct Cluster {
 
 impl Cluster {
     pub fn start(dir: &Path, n: usize, gpus: u32) -> Cluster {
-        let server = Server::bootstrap(&dir.join("server"));
+        Cluster::start_with_ttl(dir, n, gpus, 10)
+    }
+
+    /// A cluster whose nodes are declared down after `ttl` seconds of silence.
+    pub fn start_with_ttl(dir: &Path, n: usize, gpus: u32, ttl: u64) -> Cluster {
+        let server = Server::bootstrap_with_ttl(&dir.join("server"), ttl);
         let token = server.ok(&["token", "create"]).trim().to_string();
         let agents = (1..=n)
             .map(|i| {

@@ -1,0 +1,57 @@
+//! Node liveness, kept by the leader in memory: a node whose agent has not
+//! been heard from for the TTL is committed as down (its tasks are lost and
+//! their jobs requeue per policy). Heartbeats never enter the log. After this
+//! server becomes leader, every node gets a full TTL of grace, since the new
+//! leader has heard nobody yet.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::watch;
+
+use crate::state::{Command, NodeStatus};
+
+use super::{now_ms, Api};
+
+/// Runs the liveness check while this server leads, until `shutdown`.
+pub async fn run(api: Arc<Api>, ttl: Duration, mut shutdown: watch::Receiver<bool>) {
+    let mut leader_since: Option<Instant> = None;
+    let mut tick =
+        tokio::time::interval((ttl / 4).clamp(Duration::from_millis(100), Duration::from_secs(1)));
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = shutdown.changed() => return,
+        }
+        if !api.is_leader() {
+            leader_since = None;
+            continue;
+        }
+        let since = *leader_since.get_or_insert_with(Instant::now);
+        let silent: Vec<String> = {
+            let state = api.state();
+            state
+                .nodes
+                .iter()
+                .filter(|(_, n)| !matches!(n.status, NodeStatus::Down { .. }))
+                .filter(|(name, _)| {
+                    let heard = api.hub.last_seen(name).map_or(since, |t| t.max(since));
+                    heard.elapsed() > ttl
+                })
+                .map(|(name, _)| name.clone())
+                .collect()
+        };
+        for node in silent {
+            let reason = format!("no heartbeat from its agent for {} s", ttl.as_secs_f64());
+            tracing::warn!(%node, %reason, "node is down");
+            let cmd = Command::NodeDown {
+                node: node.clone(),
+                reason,
+                now: now_ms(),
+            };
+            if let Err(e) = api.write(cmd).await {
+                tracing::warn!(%node, "could not mark the node down: {e:?}");
+            }
+        }
+    }
+}
