@@ -25,6 +25,8 @@ pub struct DevOptions {
     pub dir: PathBuf,
     /// Remove the directory's previous state first.
     pub fresh: bool,
+    /// Use this machine's real GPUs through NVML (one node) instead of fakes.
+    pub nvml: bool,
 }
 
 /// Where `gpuq dev` keeps its state by default, and where the CLI looks for
@@ -65,6 +67,9 @@ pub async fn start(
 ) -> anyhow::Result<DevCluster> {
     if opts.nodes == 0 || opts.nodes > 256 {
         anyhow::bail!("--nodes {} is out of range: use 1 to 256", opts.nodes);
+    }
+    if opts.nvml && opts.nodes != 1 {
+        anyhow::bail!("--gpus nvml runs one node (the real GPUs cannot be shared): add --nodes 1");
     }
     if opts.gpus_per_node > 64 {
         anyhow::bail!(
@@ -140,11 +145,15 @@ pub async fn start(
             socket: data_dir.join("gpuq.sock"),
             servers: vec![server.quic_addr.to_string()],
             role: AgentRole::Compute,
-            gpus: GpuConfig::Fake(FakeGpuConfig {
-                count: opts.gpus_per_node,
-                fault_file: Some(data_dir.join("faults")),
-                ..Default::default()
-            }),
+            gpus: if opts.nvml {
+                GpuConfig::Nvml
+            } else {
+                GpuConfig::Fake(FakeGpuConfig {
+                    count: opts.gpus_per_node,
+                    fault_file: Some(data_dir.join("faults")),
+                    ..Default::default()
+                })
+            },
             // A DGX-like node, whatever this machine has.
             cpus: Some(64),
             memory_mb: Some(512 * 1024),

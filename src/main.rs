@@ -115,6 +115,9 @@ struct DevArgs {
     /// Start from an empty state.
     #[arg(long)]
     fresh: bool,
+    /// fake (simulated GPUs) or nvml (this machine's GPUs, with --nodes 1).
+    #[arg(long, default_value = "fake", value_parser = ["fake", "nvml"])]
+    gpus: String,
 }
 
 fn parse_agent_role(s: &str) -> Result<AgentRole, String> {
@@ -203,6 +206,7 @@ async fn daemon(cmd: Cmd) -> anyhow::Result<()> {
                 gpus_per_node: a.gpus_per_node,
                 dir: a.dir.unwrap_or_else(gpuq::dev::default_dir),
                 fresh: a.fresh,
+                nvml: a.gpus == "nvml",
             })
             .await
         }

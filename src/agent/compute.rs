@@ -125,14 +125,22 @@ impl Ledger {
                 if seen.contains(key) || self.ended_reported.contains(key) {
                     continue;
                 }
-                if let Err(reason) = runner.start(task) {
-                    tracing::warn!(job = key.0, rank = key.2, %reason, "task could not start");
-                    self.started_reported.insert(*key);
-                    self.ended_reported.insert(*key);
-                    events.push(event(
-                        *key,
-                        TaskEventKind::Ended(TaskEnd::LaunchFailed { reason }),
-                    ));
+                match runner.start(task) {
+                    // Launched: report it now rather than at the next scan.
+                    Ok(()) => {
+                        if self.started_reported.insert(*key) {
+                            events.push(event(*key, TaskEventKind::Started));
+                        }
+                    }
+                    Err(reason) => {
+                        tracing::warn!(job = key.0, rank = key.2, %reason, "task could not start");
+                        self.started_reported.insert(*key);
+                        self.ended_reported.insert(*key);
+                        events.push(event(
+                            *key,
+                            TaskEventKind::Ended(TaskEnd::LaunchFailed { reason }),
+                        ));
+                    }
                 }
             }
         }
@@ -488,10 +496,9 @@ mod tests {
         let runner = FakeRunner::default();
         let mut ledger = Ledger::default();
         desire(&mut ledger, &[task(1, 0), task(1, 1)]);
-        assert!(ledger.reconcile(&runner).is_empty(), "nothing observed yet");
-        assert_eq!(runner.started.lock().unwrap().len(), 2);
         let ev = ledger.reconcile(&runner);
-        assert_eq!(ev.len(), 2);
+        assert_eq!(runner.started.lock().unwrap().len(), 2);
+        assert_eq!(ev.len(), 2, "starts are reported as they are launched");
         assert!(ev.iter().all(|e| e.kind == TaskEventKind::Started));
         assert!(ledger.reconcile(&runner).is_empty(), "no repeats");
         assert_eq!(

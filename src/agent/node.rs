@@ -100,7 +100,7 @@ pub async fn start_compute(
         inventory,
         advertise: None,
         runner,
-        reconcile_every: Duration::from_millis(200),
+        reconcile_every: Duration::from_millis(100),
         gpus: Some(Arc::from(backend)),
         health,
         preflight: cfg.preflight,

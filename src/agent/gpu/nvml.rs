@@ -386,6 +386,12 @@ fn register_events(
             Err(e) => refused.push(format!("GPU {index}: {e}")),
         }
     }
+    if !sets.is_empty() {
+        tracing::info!(
+            gpus = sets.len(),
+            "NVML health events registered (XID, double-bit ECC)"
+        );
+    }
     if !refused.is_empty() {
         tracing::warn!(
             "NVML health events are not supported ({}); XID and ECC errors there go unseen, \
