@@ -76,6 +76,30 @@ pub fn resolve_servers(
     Ok(out)
 }
 
+impl Forwarder {
+    /// Joins if needed (as `role`) and opens the agent's QUIC endpoint towards
+    /// its servers.
+    pub async fn connect(
+        cfg: &AgentConfig,
+        role: Role,
+        join_addr: Option<SocketAddr>,
+        token: Option<&str>,
+    ) -> anyhow::Result<Forwarder> {
+        std::fs::create_dir_all(&cfg.data_dir)
+            .with_context(|| format!("cannot create data dir {}", cfg.data_dir.display()))?;
+        let identity =
+            super::ensure_identity(&cfg.data_dir, role, &cfg.node_name, join_addr, token).await?;
+        let servers = resolve_servers(cfg, join_addr)?;
+        let bind = crate::net::endpoint::unspecified_for(servers[0]);
+        let endpoint =
+            Endpoint::client(&identity, bind).context("cannot open a QUIC client endpoint")?;
+        Ok(Forwarder {
+            endpoint: Arc::new(endpoint),
+            servers,
+        })
+    }
+}
+
 /// Serves the local socket, forwarding through `forwarder`, until `shutdown`.
 pub fn serve_local(
     cfg: &AgentConfig,
@@ -109,24 +133,8 @@ pub async fn start_login(
     token: Option<String>,
     shutdown: watch::Receiver<bool>,
 ) -> anyhow::Result<Arc<Forwarder>> {
-    std::fs::create_dir_all(&cfg.data_dir)
-        .with_context(|| format!("cannot create data dir {}", cfg.data_dir.display()))?;
-    let identity = super::ensure_identity(
-        &cfg.data_dir,
-        Role::Login,
-        &cfg.node_name,
-        join_addr,
-        token.as_deref(),
-    )
-    .await?;
-    let servers = resolve_servers(&cfg, join_addr)?;
-    let bind = crate::net::endpoint::unspecified_for(servers[0]);
-    let endpoint =
-        Endpoint::client(&identity, bind).context("cannot open a QUIC client endpoint")?;
-    let forwarder = Arc::new(Forwarder {
-        endpoint: Arc::new(endpoint),
-        servers,
-    });
+    let forwarder =
+        Arc::new(Forwarder::connect(&cfg, Role::Login, join_addr, token.as_deref()).await?);
     serve_local(&cfg, forwarder.clone(), shutdown)?;
     tracing::info!(node = %cfg.node_name, socket = %cfg.socket.display(), "login agent ready");
     Ok(forwarder)

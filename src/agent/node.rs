@@ -11,11 +11,10 @@ use tokio::sync::watch;
 use super::compute::{ComputeAgent, TaskRunner};
 use super::exec::Executor;
 use super::host::HostConfig;
-use super::login::{resolve_servers, serve_local, Forwarder};
+use super::login::{serve_local, Forwarder};
 use super::runner::{tasks_root, ExecRunner};
 use crate::config::AgentConfig;
 use crate::model::Role;
-use crate::net::endpoint::Endpoint;
 
 /// A started compute agent.
 pub struct RunningAgent {
@@ -62,22 +61,9 @@ pub async fn start_compute(
     if let Some(mb) = cfg.memory_mb {
         inventory.memory_mb = mb;
     }
-    let identity = super::ensure_identity(
-        &cfg.data_dir,
-        Role::Agent,
-        &cfg.node_name,
-        join_addr,
-        token.as_deref(),
-    )
-    .await?;
-    let servers = resolve_servers(&cfg, join_addr)?;
-    let bind = crate::net::endpoint::unspecified_for(servers[0]);
-    let endpoint =
-        Arc::new(Endpoint::client(&identity, bind).context("cannot open a QUIC client endpoint")?);
-    let forwarder = Arc::new(Forwarder {
-        endpoint: endpoint.clone(),
-        servers: servers.clone(),
-    });
+    let forwarder =
+        Arc::new(Forwarder::connect(&cfg, Role::Agent, join_addr, token.as_deref()).await?);
+    let (endpoint, servers) = (forwarder.endpoint.clone(), forwarder.servers.clone());
     serve_local(&cfg, forwarder, shutdown.clone())?;
     tracing::info!(
         node = %cfg.node_name,

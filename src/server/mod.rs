@@ -116,29 +116,29 @@ pub async fn start(
     ));
 
     // The cluster identity (CA) enters the replicated state once, through the
-    // log, as soon as this server leads.
+    // log, as soon as this server leads. Nothing is served before it is
+    // there: a token made earlier could not admit anyone.
     if let Some(ca) = boot.pending_ca {
-        let raft = node.raft.clone();
-        let state = node.state.clone();
-        let name = cfg.cluster_name.clone();
-        tokio::spawn(async move {
-            loop {
-                if state.read().map(|s| s.cluster.is_some()).unwrap_or(false) {
-                    return;
-                }
-                let cmd = Command::InitCluster {
-                    name: name.clone(),
-                    ca_cert_pem: ca.cert_pem.clone(),
-                    ca_key_pem: ca.key_pem.clone(),
-                    now: now_ms(),
-                };
-                match raft.client_write(cmd).await {
-                    Ok(_) => return,
-                    Err(e) => tracing::debug!(error = %e, "cluster init waits for leadership"),
-                }
-                tokio::time::sleep(Duration::from_millis(100)).await;
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            if node.state.read().map(|s| s.cluster.is_some()).unwrap_or(false) {
+                break;
             }
-        });
+            if std::time::Instant::now() > deadline {
+                anyhow::bail!("this server did not become leader of its new cluster within 60 s");
+            }
+            let cmd = Command::InitCluster {
+                name: cfg.cluster_name.clone(),
+                ca_cert_pem: ca.cert_pem.clone(),
+                ca_key_pem: ca.key_pem.clone(),
+                now: now_ms(),
+            };
+            match node.raft.client_write(cmd).await {
+                Ok(_) => break,
+                Err(e) => tracing::debug!(error = %e, "cluster init waits for leadership"),
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
     // QUIC: one task per accepted connection, dispatched by protocol.
