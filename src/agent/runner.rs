@@ -123,9 +123,12 @@ impl TaskRunner for ExecRunner {
                     TaskObserved::Ended(status) => {
                         Some((key, Observed::Ended(task_end(&status.outcome))))
                     }
+                    // The shim is gone without a status (killed, or its
+                    // directory damaged): nothing will ever report this
+                    // task, so it counts as lost and its job moves on.
                     TaskObserved::Unknown { reason } => {
-                        tracing::warn!(task = %k, %reason, "task directory is unreadable");
-                        None
+                        tracing::warn!(task = %k, %reason, "task lost");
+                        Some((key, Observed::Ended(TaskEnd::Lost { reason })))
                     }
                 }
             })

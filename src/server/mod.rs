@@ -121,7 +121,12 @@ pub async fn start(
     if let Some(ca) = boot.pending_ca {
         let deadline = std::time::Instant::now() + Duration::from_secs(60);
         loop {
-            if node.state.read().map(|s| s.cluster.is_some()).unwrap_or(false) {
+            if node
+                .state
+                .read()
+                .map(|s| s.cluster.is_some())
+                .unwrap_or(false)
+            {
                 break;
             }
             if std::time::Instant::now() > deadline {

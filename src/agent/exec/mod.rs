@@ -157,8 +157,9 @@ impl Executor {
             .stdin(Stdio::null())
             .stdout(log)
             .stderr(log_err);
-        // SAFETY: between fork and exec the closure only makes system calls
-        // (setsid, fork, write, _exit) on values copied into it.
+        // SAFETY: between fork and exec the closure only makes
+        // async-signal-safe calls (setsid, fork, sigprocmask, write, _exit)
+        // on values copied into it.
         unsafe {
             command.pre_exec(move || {
                 if libc::setsid() < 0 {
@@ -166,7 +167,18 @@ impl Executor {
                 }
                 match libc::fork() {
                     -1 => Err(io::Error::last_os_error()),
-                    0 => Ok(()),
+                    // The shim takes these with sigtimedwait; blocked from
+                    // before exec, a stop sent while it starts is queued
+                    // instead of killing it before it can record anything.
+                    0 => {
+                        let mut set: libc::sigset_t = std::mem::zeroed();
+                        libc::sigemptyset(&mut set);
+                        for sig in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGCHLD] {
+                            libc::sigaddset(&mut set, sig);
+                        }
+                        libc::sigprocmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+                        Ok(())
+                    }
                     shim => {
                         let bytes = shim.to_ne_bytes();
                         libc::write(pid_fd, bytes.as_ptr().cast(), bytes.len());
