@@ -421,6 +421,24 @@ impl Agent {
 impl Drop for Agent {
     fn drop(&mut self) {
         self.kill();
+        // Tasks outlive their agent by design; a test's must not outlive it.
+        let Ok(tasks) = std::fs::read_dir(self.dir.join("data/tasks")) else {
+            return;
+        };
+        for task in tasks.flatten() {
+            for file in ["pid", "shim.pid"] {
+                let Ok(text) = std::fs::read_to_string(task.path().join(file)) else {
+                    continue;
+                };
+                let v: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
+                let pid = v["pid"].as_i64().or(v["process"]["pid"].as_i64());
+                if let Some(pid) = pid.filter(|p| *p > 1) {
+                    let sig = nix::sys::signal::Signal::SIGKILL;
+                    let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pid as i32), sig);
+                    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), sig);
+                }
+            }
+        }
     }
 }
 
