@@ -42,7 +42,7 @@ fn a_killed_agent_s_node_goes_down_and_its_job_completes_elsewhere() {
         "-c",
         "echo $GPUQ_NODELIST > attempt-$GPUQ_RESTART_COUNT.txt; sleep 2",
     ]);
-    let job = c.wait_state(&id, "RUNNING", LONG);
+    let job = c.wait_started(&id, LONG);
     let first = node_of(&job);
     let idx = c.agents.iter().position(|a| a.name == first).unwrap();
     c.agents[idx].kill();
@@ -62,10 +62,10 @@ fn a_killed_agent_s_node_goes_down_and_its_job_completes_elsewhere() {
 #[test]
 fn an_agent_restarted_within_the_ttl_re_adopts_its_running_task() {
     let dir = tempfile::tempdir().unwrap();
-    let mut c = Cluster::start_with_ttl(dir.path(), 1, 8, 4);
+    let mut c = Cluster::start_with_ttl(dir.path(), 1, 8, 8);
     let w = dir.path().to_str().unwrap();
     let id = c.submit(&["-D", w, "--", "sh", "-c", "sleep 3; exit 5"]);
-    c.wait_state(&id, "RUNNING", LONG);
+    c.wait_started(&id, LONG);
     c.agents[0].kill();
     c.agents[0].spawn();
     let j = c.wait_state(&id, "FAILED", LONG);
@@ -88,7 +88,7 @@ fn a_task_that_ends_while_its_agent_is_down_is_reported_after_restart() {
         "-c",
         &format!("sleep 1; touch {}; exit 4", marker.display()),
     ]);
-    c.wait_state(&id, "RUNNING", LONG);
+    c.wait_started(&id, LONG);
     c.agents[0].kill();
     common::wait_for("the task to end", LONG, || marker.exists());
     std::thread::sleep(Duration::from_millis(300));
@@ -182,7 +182,7 @@ fn drain_now_requeues_and_a_drained_node_takes_no_new_work() {
     let c = Cluster::start(dir.path(), 2, 8);
     let w = dir.path().to_str().unwrap();
     let id = c.submit(&["--gpus-per-node", "8", "-D", w, "--", "sleep", "2"]);
-    let j = c.wait_state(&id, "RUNNING", LONG);
+    let j = c.wait_started(&id, LONG);
     let first = node_of(&j);
     c.server
         .ok(&["node", "drain", &first, "--reason", "maintenance", "--now"]);
@@ -205,7 +205,7 @@ fn the_control_plane_down_for_a_minute_does_not_disturb_a_running_job() {
         "-c",
         &format!("sleep 20; touch {}", marker.display()),
     ]);
-    c.wait_state(&id, "RUNNING", LONG);
+    c.wait_started(&id, LONG);
     c.server.kill();
     std::thread::sleep(Duration::from_secs(60));
     assert!(

@@ -237,6 +237,11 @@ impl ComputeAgent {
                 }
                 Session::Refused(why) => {
                     tracing::error!(server = %addr, "registration refused: {why}");
+                    // The leader refuses a restarted agent until the old
+                    // connection has gone quiet (about 1.5 s): retry often.
+                    if why.contains("already connected") {
+                        backoff = Duration::from_millis(125);
+                    }
                 }
             }
             // Meanwhile keep observing tasks so ends are buffered, but start

@@ -497,6 +497,22 @@ impl Cluster {
         }
     }
 
+    /// Waits until every rank of job `id` was reported started.
+    pub fn wait_started(&self, id: &str, timeout: Duration) -> serde_json::Value {
+        let start = Instant::now();
+        loop {
+            let j = self.job(id);
+            let ranks = j["spec"]["nodes"].as_u64().unwrap_or(1)
+                * j["spec"]["ntasks_per_node"].as_u64().unwrap_or(1);
+            let started = j["run"]["started"].as_array().map_or(0, |a| a.len() as u64);
+            if j["state"] == "RUNNING" && started == ranks {
+                return j;
+            }
+            assert!(start.elapsed() < timeout, "job {id} did not start: {j}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// Submits and returns the job id.
     pub fn submit(&self, args: &[&str]) -> String {
         let mut full = vec!["submit", "--parsable"];
