@@ -116,21 +116,20 @@ impl TaskRunner for ExecRunner {
         self.executor
             .scan()
             .into_iter()
-            .filter_map(|(k, obs)| {
+            .map(|(k, obs)| {
                 let key = (k.job.0, k.attempt, k.rank);
-                match obs {
-                    TaskObserved::Running { .. } => Some((key, Observed::Running)),
-                    TaskObserved::Ended(status) => {
-                        Some((key, Observed::Ended(task_end(&status.outcome))))
-                    }
+                let observed = match obs {
+                    TaskObserved::Running { .. } => Observed::Running,
+                    TaskObserved::Ended(status) => Observed::Ended(task_end(&status.outcome)),
                     // The shim is gone without a status (killed, or its
                     // directory damaged): nothing will ever report this
                     // task, so it counts as lost and its job moves on.
                     TaskObserved::Unknown { reason } => {
                         tracing::warn!(task = %k, %reason, "task lost");
-                        Some((key, Observed::Ended(TaskEnd::Lost { reason })))
+                        Observed::Ended(TaskEnd::Lost { reason })
                     }
-                }
+                };
+                (key, observed)
             })
             .collect()
     }
