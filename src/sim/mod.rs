@@ -6,7 +6,10 @@
 //! ends each after the time its job declares, compressed by a factor.
 //!
 //! - [`runner`]: the simulated executor (a `TaskRunner`).
+//! - [`fleet`]: `gpuq sim agents`, N agents in one process.
 
+pub mod fleet;
 pub mod runner;
 
+pub use fleet::{run_agents, start_fleet, FleetOptions};
 pub use runner::SimRunner;
