@@ -7,9 +7,14 @@
 //!
 //! - [`runner`]: the simulated executor (a `TaskRunner`).
 //! - [`fleet`]: `gpuq sim agents`, N agents in one process.
+//! - [`trace`]: the ITP trace and the job shapes it maps to.
+//! - [`workload`]: trace replay and synthetic mixes through the real API,
+//!   with the figures they produce.
 
 pub mod fleet;
 pub mod runner;
+pub mod trace;
+pub mod workload;
 
 pub use fleet::{run_agents, start_fleet, FleetOptions};
 pub use runner::SimRunner;
