@@ -131,3 +131,42 @@ fn twenty_simulated_nodes_register_and_run_a_sixteen_node_gang() {
         .all(|e| e == "Cancelled"));
     drop(sim);
 }
+
+#[test]
+fn identities_in_a_data_dir_survive_a_restart_without_rejoining() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::bootstrap(&dir.path().join("server"));
+    let created: serde_json::Value =
+        serde_json::from_str(&server.ok(&["token", "create", "--json"])).unwrap();
+    let token = created["token"].as_str().unwrap().to_string();
+    let ids = dir.path().join("ids");
+    let ids_flag = ["--data-dir", ids.to_str().unwrap()];
+    let mut sim = SimAgents::spawn(&server, &dir.path().join("sim1"), 3, &token, &ids_flag);
+    sim.wait_connected(&server, LONG);
+    drop(sim);
+    assert!(ids.join("sim0002/tls/node.crt").exists());
+
+    // With the token revoked, only the kept identities can get them back in.
+    server.ok(&["token", "revoke", created["info"]["id"].as_str().unwrap()]);
+    let mut again = SimAgents::spawn(&server, &dir.path().join("sim2"), 3, &token, &ids_flag);
+    again.wait_connected(&server, LONG);
+    let mut fresh = SimAgents::spawn(
+        &server,
+        &dir.path().join("sim3"),
+        1,
+        &token,
+        &["--first", "9"],
+    );
+    let start = std::time::Instant::now();
+    let log = loop {
+        let log = fresh.log();
+        if log.contains("could not join") || start.elapsed() > LONG {
+            break log;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(
+        log.contains("revoked"),
+        "a new node needs a valid token: {log}"
+    );
+}

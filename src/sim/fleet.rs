@@ -214,30 +214,40 @@ fn ensure_open_files(need: u64) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Joins one agent: loads the identity from the data dir, or joins, retrying
-/// what may pass (the server busy) and not what will not (a bad token).
+/// Joins one agent: loads the identity from the data dir, or joins. Every
+/// failure but a wrong cluster is retried a few times: a refusal may pass
+/// too (a server that was just bootstrapped refuses joins until its cluster
+/// record is committed), and a bad token still fails within seconds.
 async fn identity_for(
     opts: &FleetOptions,
     token: &JoinToken,
     name: &str,
 ) -> anyhow::Result<NodeIdentity> {
-    if let Some(dir) = &opts.data_dir {
-        return crate::agent::ensure_identity(
-            &dir.join(name),
-            Role::Agent,
-            name,
-            Some(opts.join),
-            Some(&opts.token),
-        )
-        .await;
+    let tls = opts.data_dir.as_ref().map(|d| d.join(name).join("tls"));
+    if let Some(tls) = tls.as_ref().filter(|t| t.join("node.crt").exists()) {
+        return NodeIdentity::load(tls)
+            .with_context(|| format!("cannot read the identity in {}", tls.display()));
     }
+    let identity = join_with_retries(opts, token, name).await?;
+    if let Some(tls) = &tls {
+        std::fs::create_dir_all(tls).with_context(|| format!("cannot create {}", tls.display()))?;
+        identity.save(tls)?;
+    }
+    Ok(identity)
+}
+
+async fn join_with_retries(
+    opts: &FleetOptions,
+    token: &JoinToken,
+    name: &str,
+) -> anyhow::Result<NodeIdentity> {
     let mut backoff = Duration::from_millis(100);
     let mut tries = 0;
     loop {
         tries += 1;
         match crate::net::join(opts.join, token, Role::Agent, name).await {
             Ok(id) => return Ok(id),
-            Err(e @ (JoinError::Refused { .. } | JoinError::WrongCluster { .. })) => {
+            Err(e @ JoinError::WrongCluster { .. }) => {
                 return Err(e).with_context(|| format!("node {name} could not join"))
             }
             Err(e) if tries >= 6 => {
