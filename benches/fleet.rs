@@ -7,14 +7,17 @@
 //!   10): submit -> every rank reported running (the job's `run.started`
 //!   holds all 64 ranks; `show` is polled every 2 ms over the socket). Also
 //!   the fleet's join time, the idle CPU of both processes (heartbeats) and
-//!   their RSS.
+//!   their RSS. GPUQ_BENCH_SIM_FLAGS adds flags to `gpuq sim agents` (e.g.
+//!   `--reconcile-ms 20`).
 //! - replay: GPUQ_BENCH_REPLAY_JOBS jobs (default 2000) of ITP
 //!   GPUQ_BENCH_REPLAY_CLUSTER (default cluster04) at
 //!   GPUQ_BENCH_REPLAY_COMPRESSION (default 5000) on
 //!   GPUQ_BENCH_REPLAY_NODES nodes (default 64: cluster04 keeps ~495 GPUs
 //!   busy on average, so 512 GPUs is high load); 0 jobs skips it.
 //! - mix: a synthetic mix (trivial, 1-GPU, 8-GPU, 64x8 gangs) of
-//!   GPUQ_BENCH_MIX_JOBS jobs (default 500; 0 skips) on 64 nodes.
+//!   GPUQ_BENCH_MIX_JOBS jobs (default 500; 0 skips) arriving at
+//!   GPUQ_BENCH_MIX_RATE per second (default 20) on 64 nodes, at
+//!   GPUQ_BENCH_MIX_COMPRESSION (default 1000).
 //!
 //! GPUQ_BENCH_SMOKE=1 shrinks all of it to seconds. Results go to
 //! target/bench/fleet.json.
@@ -155,7 +158,9 @@ async fn gang_once(c: &mut LocalClient, nodes: u32) -> (f64, f64, f64) {
 }
 
 async fn gang(fleet: u32, runs: usize, idle_window: Duration) -> serde_json::Value {
-    let b = tokio::task::block_in_place(|| bed(fleet, &[]));
+    let flags = std::env::var("GPUQ_BENCH_SIM_FLAGS").unwrap_or_default();
+    let flags: Vec<&str> = flags.split_whitespace().collect();
+    let b = tokio::task::block_in_place(|| bed(fleet, &flags));
     let (spid, gpid) = (b.server.pid().unwrap(), b.sim.pid().unwrap());
     // Idle load: heartbeats and keep-alives only.
     let (s0, g0) = (cpu_s(spid), cpu_s(gpid));
@@ -178,7 +183,7 @@ async fn gang(fleet: u32, runs: usize, idle_window: Duration) -> serde_json::Val
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
     json!({
-        "bench": "gang_start_64x8", "fleet_nodes": fleet, "runs": runs,
+        "bench": "gang_start_64x8", "fleet_nodes": fleet, "runs": runs, "sim_flags": flags,
         "fleet_up_s": b.up_s,
         "ack_p50_ms": pct(&acks, 0.5),
         "scheduled_p50_ms": pct(&scheds, 0.5),
@@ -256,7 +261,7 @@ async fn main() {
             Err(e) => eprintln!("replay skipped: {e}"),
         }
     }
-    let mix_jobs: usize = env_or("GPUQ_BENCH_MIX_JOBS", if smoke { 100 } else { 500 });
+    let mix_jobs: usize = env_or("GPUQ_BENCH_MIX_JOBS", if smoke { 40 } else { 500 });
     if mix_jobs > 0 {
         let s = Duration::from_secs;
         let mix = Mix {
@@ -269,7 +274,11 @@ async fn main() {
             rate_per_s: env_or("GPUQ_BENCH_MIX_RATE", 20.0),
         };
         let items = workload::synthetic(&mix, mix_jobs, 1);
-        reports.push(drive_on("synthetic_mix", 64, 1000.0, items).await);
+        let compression = env_or(
+            "GPUQ_BENCH_MIX_COMPRESSION",
+            if smoke { 20_000.0 } else { 1000.0 },
+        );
+        reports.push(drive_on("synthetic_mix", 64, compression, items).await);
     }
 
     println!(

@@ -150,7 +150,7 @@ fn identities_in_a_data_dir_survive_a_restart_without_rejoining() {
     server.ok(&["token", "revoke", created["info"]["id"].as_str().unwrap()]);
     let mut again = SimAgents::spawn(&server, &dir.path().join("sim2"), 3, &token, &ids_flag);
     again.wait_connected(&server, LONG);
-    let mut fresh = SimAgents::spawn(
+    let fresh = SimAgents::spawn(
         &server,
         &dir.path().join("sim3"),
         1,
