@@ -16,6 +16,7 @@ pub mod net;
 pub mod raft;
 pub mod sched;
 pub mod server;
+pub mod sim;
 pub mod spec;
 pub mod state;
 

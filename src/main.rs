@@ -31,6 +31,9 @@ enum Cmd {
     /// Run a whole cluster in this process: one server and N agents with fake
     /// GPUs; tasks are real processes. The CLI finds its socket with no flags.
     Dev(DevArgs),
+    /// Simulation: virtual agents for benchmarks at fleet scale.
+    #[command(subcommand)]
+    Sim(SimCmd),
     #[command(flatten)]
     Client(ClientCommand),
     /// Parent of one task's process, started detached by the agent.
@@ -118,6 +121,78 @@ struct DevArgs {
     /// fake (simulated GPUs) or nvml (this machine's GPUs, with --nodes 1).
     #[arg(long, default_value = "fake", value_parser = ["fake", "nvml"])]
     gpus: String,
+}
+
+/// `gpuq sim ...`
+#[derive(Subcommand, Debug)]
+enum SimCmd {
+    /// Run N simulated compute agents in this process: each joins with the
+    /// token, connects over its own QUIC endpoint and heartbeats like a real
+    /// agent; tasks run no process and end after their job's
+    /// GPUQ_SIM_DURATION_MS (default 1000) divided by --compression, failing
+    /// when GPUQ_SIM_EXIT is non-zero.
+    Agents(SimAgentsArgs),
+}
+
+/// `gpuq sim agents`
+#[derive(Args, Debug)]
+struct SimAgentsArgs {
+    /// Number of agents (each needs one open file and one UDP port).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    count: u32,
+    /// The server to join and connect to, HOST:PORT.
+    #[arg(long)]
+    join: SocketAddr,
+    /// An agent join token (`gpuq token create --role agent`).
+    #[arg(long, env = "GPUQ_TOKEN", hide_env_values = true)]
+    token: String,
+    /// Fake GPUs per node (a DGX H100 topology).
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(0..=64))]
+    gpus_per_node: u32,
+    /// Nodes per leaf switch: topology labels are spine{s}/leaf{l}.
+    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..))]
+    topology_leaves: u32,
+    /// Leaf switches per spine.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..))]
+    leaves_per_spine: u32,
+    /// Time compression: tasks run their declared duration divided by this.
+    #[arg(long, default_value_t = 1.0)]
+    compression: f64,
+    /// Node names: this prefix and a zero-padded number.
+    #[arg(long, default_value = "sim")]
+    name_prefix: String,
+    /// The number of the first node (to run several sim processes side by side).
+    #[arg(long, default_value_t = 1)]
+    first: u32,
+    /// Keep identities under DIR/NAME/tls so a restart joins nothing (default:
+    /// in memory only).
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+    /// Joins in flight at once.
+    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u64).range(1..=1024))]
+    join_concurrency: u64,
+    /// How often each agent re-examines its tasks, ms (a real agent: 200).
+    #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u64).range(1..))]
+    reconcile_ms: u64,
+}
+
+impl SimAgentsArgs {
+    fn options(self) -> gpuq::sim::FleetOptions {
+        gpuq::sim::FleetOptions {
+            count: self.count,
+            join: self.join,
+            token: self.token,
+            gpus_per_node: self.gpus_per_node,
+            nodes_per_leaf: self.topology_leaves,
+            leaves_per_spine: self.leaves_per_spine,
+            compression: self.compression,
+            name_prefix: self.name_prefix,
+            first_index: self.first,
+            data_dir: self.data_dir,
+            join_concurrency: self.join_concurrency as usize,
+            reconcile_every: std::time::Duration::from_millis(self.reconcile_ms),
+        }
+    }
 }
 
 fn parse_agent_role(s: &str) -> Result<AgentRole, String> {
@@ -210,6 +285,7 @@ async fn daemon(cmd: Cmd) -> anyhow::Result<()> {
             })
             .await
         }
+        Cmd::Sim(SimCmd::Agents(a)) => gpuq::sim::run_agents(a.options()).await,
         Cmd::Client(_) | Cmd::Shim { .. } => unreachable!("not a daemon"),
     }
 }

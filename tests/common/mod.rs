@@ -131,6 +131,11 @@ impl Server {
         );
     }
 
+    /// The server process's pid, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(|c| c.id())
+    }
+
     /// SIGKILL: no shutdown path runs.
     pub fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {
@@ -191,6 +196,17 @@ pub fn cli(socket: &Path, args: &[&str]) -> Output {
     Command::new(gpuq_bin())
         .args(args)
         .env("GPUQ_SOCKET", socket)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run gpuq")
+}
+
+/// Runs `gpuq ARGS` with GPUQ_SOCKET and `env` set.
+pub fn cli_env(socket: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
+    Command::new(gpuq_bin())
+        .args(args)
+        .env("GPUQ_SOCKET", socket)
+        .envs(env.iter().copied())
         .stdin(Stdio::null())
         .output()
         .expect("run gpuq")
@@ -518,5 +534,89 @@ impl Cluster {
         let mut full = vec!["submit", "--parsable"];
         full.extend_from_slice(args);
         self.server.ok(&full).trim().to_string()
+    }
+}
+
+/// A `gpuq sim agents` process: `count` simulated agents joined to `server`.
+pub struct SimAgents {
+    pub count: u32,
+    pub dir: PathBuf,
+    child: Option<Child>,
+}
+
+impl SimAgents {
+    /// Starts the process with `extra` flags; returns at once (see
+    /// [`SimAgents::wait_connected`]).
+    pub fn spawn(
+        server: &Server,
+        dir: &Path,
+        count: u32,
+        token: &str,
+        extra: &[&str],
+    ) -> SimAgents {
+        std::fs::create_dir_all(dir).unwrap();
+        let log = std::fs::File::create(dir.join("sim.log")).expect("sim log");
+        let child = Command::new(gpuq_bin())
+            .args(["sim", "agents", "--count", &count.to_string()])
+            .args(["--join", &server.addr(), "--token", token])
+            .args(extra)
+            .env(
+                "GPUQ_LOG",
+                std::env::var("GPUQ_SIM_LOG").unwrap_or_else(|_| "warn".into()),
+            )
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("spawn gpuq sim agents");
+        SimAgents {
+            count,
+            dir: dir.to_path_buf(),
+            child: Some(child),
+        }
+    }
+
+    /// Waits until the leader sees every agent connected; panics with the
+    /// logs after `timeout`.
+    pub fn wait_connected(&mut self, server: &Server, timeout: Duration) {
+        let start = Instant::now();
+        loop {
+            let out = server.cli(&["nodes", "--json"]);
+            let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+            let up = v
+                .as_array()
+                .map_or(0, |ns| ns.iter().filter(|n| n["connected"] == true).count());
+            if up >= self.count as usize {
+                return;
+            }
+            if let Some(Ok(Some(status))) = self.child.as_mut().map(|c| c.try_wait()) {
+                panic!("gpuq sim agents exited with {status}:\n{}", self.log());
+            }
+            assert!(
+                start.elapsed() < timeout,
+                "{up} of {} simulated agents connected after {timeout:?}\n--- sim ---\n{}\n--- server ---\n{}",
+                self.count,
+                self.log(),
+                server.log()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(|c| c.id())
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("sim.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for SimAgents {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
     }
 }

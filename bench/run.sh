@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# bench/run.sh: runs gpuq's benchmarks; each prints a table and writes JSON
+# under target/bench/ (submit.json, fleet.json).
+#
+#   bench/run.sh           full runs in the release profile:
+#                            benches/submit.rs  submit path: socket latency,
+#                                               CLI rate, 4 and 8 clients
+#                            benches/fleet.rs   simulated fleet: 64x8 gang start
+#                                               on 64/256/1000 nodes, ITP replay,
+#                                               synthetic mix
+#                          About 15 minutes on 2 cores, plus the first release
+#                          build (about 4 minutes).
+#   bench/run.sh --smoke   tiny versions of each in the dev profile (the build
+#                          `cargo test` already made), to prove the benchmarks
+#                          still run: well under a minute once built. Its
+#                          figures mean nothing. CI runs this.
+#
+# Knobs pass through the environment; each bench's header lists its own, e.g.
+#   GPUQ_BENCH_FLEETS=64,256 GPUQ_BENCH_RUNS=20 bench/run.sh
+#   GPUQ_BENCH_REPLAY_JOBS=15802 GPUQ_BENCH_REPLAY_COMPRESSION=20000 bench/run.sh
+# The fleet bench needs the ITP trace at ../shared/traces/itp (or
+# GPUQ_BENCH_TRACE=PATH); without it the replay is skipped with a note.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+smoke=0
+case "${1:-}" in
+  --smoke) smoke=1 ;;
+  "") ;;
+  -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
+  *) echo "bench/run.sh: unknown argument $1 (use --smoke or nothing)" >&2; exit 1 ;;
+esac
+
+start=$(date +%s)
+if [ "$smoke" = 1 ]; then
+  export GPUQ_BENCH_SMOKE=1
+  GPUQ_BENCH_N=100 cargo bench --profile dev --bench submit
+  cargo bench --profile dev --bench fleet
+else
+  cargo bench --bench submit
+  cargo bench --bench fleet
+fi
+echo "bench/run.sh: done in $(( $(date +%s) - start )) s; JSON in target/bench/"

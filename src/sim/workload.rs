@@ -1,0 +1,596 @@
+//! The workload driver: turns a trace or a synthetic mix into timed
+//! submissions, submits them through the real API (the unix socket the CLI
+//! uses), follows the jobs to their end and summarises what the cluster did.
+//!
+//! Times in the summary come from the jobs themselves (`submit_time`,
+//! `start_time`, `end_time`, stamped by the leader), not from polling, so
+//! the poll interval does not blur them; the driver's own clock only gives
+//! the submit acknowledgement latency. A "start" is the scheduling decision
+//! (the job turned RUNNING); its ranks come up one agent reconcile later.
+//!
+//! Compression is applied twice and must match: the driver submits at
+//! `trace time / compression`, and the simulated agents run each task for
+//! `GPUQ_SIM_DURATION_MS / compression`. `GPUQ_SIM_DURATION_MS` carries the
+//! trace's own duration. Figures are reported in wall time and in trace time
+//! (wall x compression).
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use rand::{Rng, SeedableRng};
+use serde::Serialize;
+
+use super::runner::{DURATION_ENV, EXIT_ENV};
+use super::trace::{shape_for, TraceJob};
+use crate::model::{Job, JobId, JobSpec, JobState, Program};
+use crate::net::local::LocalClient;
+use crate::net::proto::{ApiRequest, ApiResponse};
+
+/// One job to submit, `at` after the workload starts.
+#[derive(Clone, Debug, PartialEq)]
+pub struct WorkItem {
+    pub at: Duration,
+    pub spec: JobSpec,
+}
+
+/// A job for simulated agents: `nodes` x `gpus_per_node`, running `duration`
+/// (before compression) and ending with `exit_code`.
+pub fn sim_spec(
+    name: &str,
+    nodes: u32,
+    gpus_per_node: u32,
+    duration: Duration,
+    exit_code: i32,
+) -> JobSpec {
+    let mut env = vec![(DURATION_ENV.to_string(), duration.as_millis().to_string())];
+    if exit_code != 0 {
+        env.push((EXIT_ENV.to_string(), exit_code.to_string()));
+    }
+    JobSpec {
+        name: name.to_string(),
+        nodes,
+        ntasks_per_node: 1,
+        gpus_per_node,
+        // A fair share of a DGX's CPUs per GPU, so CPUs never bind first.
+        cpus_per_task: (gpus_per_node * 16).max(1),
+        mem_per_node_mb: None,
+        time_limit_secs: None,
+        account: None,
+        partition: None,
+        output: None,
+        error: None,
+        workdir: "/tmp".into(),
+        env,
+        export: crate::model::ExportMode::Listed,
+        program: Program::Command {
+            argv: vec!["true".into()],
+        },
+        requeue: Default::default(),
+        max_restarts: 3,
+    }
+}
+
+/// The trace replayed at `compression`: submit offsets from the first job,
+/// shapes by [`shape_for`], durations as declared.
+pub fn itp_items(jobs: &[TraceJob], compression: f64) -> Vec<WorkItem> {
+    let first = jobs.iter().map(|j| j.submit_s).min().unwrap_or(0);
+    let mut items: Vec<WorkItem> = jobs
+        .iter()
+        .map(|j| {
+            let (nodes, per_node) = shape_for(j.gpus);
+            WorkItem {
+                at: Duration::from_secs_f64((j.submit_s - first) as f64 / compression),
+                spec: sim_spec(
+                    &format!("itp-{}-{}g", j.cluster, j.gpus),
+                    nodes,
+                    per_node,
+                    Duration::from_secs(j.runtime_s),
+                    0,
+                ),
+            }
+        })
+        .collect();
+    items.sort_by_key(|i| i.at);
+    items
+}
+
+/// A class of synthetic job.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+pub enum JobClass {
+    /// No GPU, no time: the control plane's own cost per job.
+    Trivial,
+    OneGpu,
+    EightGpu,
+    /// 64 nodes x 8 GPUs.
+    Gang64x8,
+}
+
+impl JobClass {
+    /// (nodes, GPUs per node).
+    pub fn shape(self) -> (u32, u32) {
+        match self {
+            JobClass::Trivial => (1, 0),
+            JobClass::OneGpu => (1, 1),
+            JobClass::EightGpu => (1, 8),
+            JobClass::Gang64x8 => (64, 8),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            JobClass::Trivial => "trivial",
+            JobClass::OneGpu => "1gpu",
+            JobClass::EightGpu => "8gpu",
+            JobClass::Gang64x8 => "gang64x8",
+        }
+    }
+}
+
+/// A synthetic mix: relative weights of each class, an arrival rate, and
+/// the (uncompressed) duration of each class's jobs.
+#[derive(Clone, Debug)]
+pub struct Mix {
+    pub weights: Vec<(JobClass, u32, Duration)>,
+    /// Mean arrivals per second (Poisson); `f64::INFINITY` submits all at once.
+    pub rate_per_s: f64,
+}
+
+/// `n` jobs drawn from `mix`, reproducibly from `seed`.
+pub fn synthetic(mix: &Mix, n: usize, seed: u64) -> Vec<WorkItem> {
+    let total: u32 = mix.weights.iter().map(|w| w.1).sum();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let mut at = 0.0f64;
+    (0..n)
+        .map(|i| {
+            if mix.rate_per_s.is_finite() && i > 0 {
+                let u: f64 = rng.gen_range(f64::EPSILON..1.0);
+                at += -u.ln() / mix.rate_per_s;
+            }
+            let mut pick = rng.gen_range(0..total.max(1));
+            let (class, _, duration) = mix
+                .weights
+                .iter()
+                .find(|(_, w, _)| {
+                    if pick < *w {
+                        true
+                    } else {
+                        pick -= w;
+                        false
+                    }
+                })
+                .copied()
+                .unwrap_or((JobClass::Trivial, 1, Duration::ZERO));
+            let (nodes, gpus) = class.shape();
+            WorkItem {
+                at: Duration::from_secs_f64(at),
+                spec: sim_spec(class.name(), nodes, gpus, duration, 0),
+            }
+        })
+        .collect()
+}
+
+/// What the driver saw of one job, plus the job as the cluster recorded it.
+#[derive(Clone, Debug, Serialize)]
+pub struct JobRecord {
+    pub id: u64,
+    pub name: String,
+    pub gpus: u64,
+    /// When the driver meant to submit it, and when it did, after the start.
+    pub planned: Duration,
+    pub sent: Duration,
+    /// Submit round trip on the socket.
+    pub ack: Duration,
+    pub state: JobState,
+    /// Leader timestamps, ms since the epoch.
+    pub submit_time: u64,
+    pub start_time: Option<u64>,
+    pub end_time: Option<u64>,
+}
+
+/// How the driver submits and follows.
+#[derive(Clone, Debug)]
+pub struct DriveOptions {
+    /// Connections submitting in parallel (keeps a burst on schedule).
+    pub clients: usize,
+    /// How often the queue is polled for the end of the workload.
+    pub poll_every: Duration,
+    /// Give up waiting for the jobs this long after the last submit.
+    pub drain_timeout: Duration,
+}
+
+impl Default for DriveOptions {
+    fn default() -> Self {
+        DriveOptions {
+            clients: 4,
+            poll_every: Duration::from_millis(500),
+            drain_timeout: Duration::from_secs(600),
+        }
+    }
+}
+
+/// One call on a fresh or kept connection, as an error on anything but success.
+async fn call(c: &mut LocalClient, req: &ApiRequest) -> anyhow::Result<ApiResponse> {
+    match c.call(req).await? {
+        ApiResponse::Error { kind, message } => bail!("{kind:?}: {message}"),
+        other => Ok(other),
+    }
+}
+
+/// GPUs of the registered nodes.
+pub async fn fleet_gpus(socket: &Path) -> anyhow::Result<u64> {
+    let mut c = LocalClient::connect(socket).await?;
+    match call(&mut c, &ApiRequest::Nodes).await? {
+        ApiResponse::Nodes { nodes } => {
+            Ok(nodes.iter().map(|n| n.inventory.gpus.len() as u64).sum())
+        }
+        other => bail!("unexpected answer to Nodes: {other:?}"),
+    }
+}
+
+/// Submits `items` on schedule, waits until every job has ended (or the
+/// drain timeout passed), and returns what happened to each.
+pub async fn drive(
+    socket: &Path,
+    items: Vec<WorkItem>,
+    opts: &DriveOptions,
+) -> anyhow::Result<Vec<JobRecord>> {
+    let start = Instant::now();
+    let (tx, rx) = async_channel(items.len());
+    let mut workers = Vec::new();
+    for _ in 0..opts.clients.max(1) {
+        let rx = rx.clone();
+        let mut c = LocalClient::connect(socket).await?;
+        workers.push(tokio::spawn(async move {
+            let mut out = Vec::new();
+            loop {
+                let next = rx.lock().await.recv().await;
+                let Some((planned, spec)) = next else { break };
+                let sent = start.elapsed();
+                let t = Instant::now();
+                let req = ApiRequest::Submit {
+                    spec: Box::new(spec),
+                };
+                let id = match call(&mut c, &req).await? {
+                    ApiResponse::Submitted { id } => id,
+                    other => bail!("unexpected answer to Submit: {other:?}"),
+                };
+                out.push((id, planned, sent, t.elapsed()));
+            }
+            anyhow::Ok(out)
+        }));
+    }
+    for item in items {
+        tokio::time::sleep_until((start + item.at).into()).await;
+        if tx.send((item.at, item.spec)).await.is_err() {
+            break; // a worker failed; its error is reported below
+        }
+    }
+    drop(tx);
+    let mut sent = Vec::new();
+    for w in workers {
+        sent.extend(w.await.context("a submit worker panicked")??);
+    }
+    let ids: std::collections::BTreeSet<JobId> = sent.iter().map(|s| s.0).collect();
+
+    // Follow: done when none of ours is active.
+    let mut c = LocalClient::connect(socket).await?;
+    let deadline = Instant::now() + opts.drain_timeout;
+    loop {
+        let active = match call(
+            &mut c,
+            &ApiRequest::Queue {
+                all: false,
+                user: None,
+                states: vec![],
+            },
+        )
+        .await?
+        {
+            ApiResponse::Jobs { jobs } => jobs.iter().filter(|j| ids.contains(&j.id)).count(),
+            other => bail!("unexpected answer to Queue: {other:?}"),
+        };
+        if active == 0 {
+            break;
+        }
+        if Instant::now() > deadline {
+            tracing::warn!(active, "jobs still active at the drain timeout");
+            break;
+        }
+        tokio::time::sleep(opts.poll_every).await;
+    }
+    let mut records = Vec::with_capacity(sent.len());
+    for (id, planned, sent_at, ack) in sent {
+        let job: Job = match call(&mut c, &ApiRequest::Show { id }).await? {
+            ApiResponse::Job { job } => *job,
+            other => bail!("unexpected answer to Show: {other:?}"),
+        };
+        records.push(JobRecord {
+            id: id.0,
+            name: job.spec.name.clone(),
+            gpus: job.spec.total_gpus(),
+            planned,
+            sent: sent_at,
+            ack,
+            state: job.state,
+            submit_time: job.submit_time,
+            start_time: job.start_time,
+            end_time: job.end_time,
+        });
+    }
+    records.sort_by_key(|r| r.id);
+    Ok(records)
+}
+
+type Queue = (
+    tokio::sync::mpsc::Sender<(Duration, JobSpec)>,
+    std::sync::Arc<tokio::sync::Mutex<tokio::sync::mpsc::Receiver<(Duration, JobSpec)>>>,
+);
+
+/// A multi-consumer queue: workers take turns at one receiver.
+fn async_channel(cap: usize) -> Queue {
+    let (tx, rx) = tokio::sync::mpsc::channel(cap.max(1));
+    (tx, std::sync::Arc::new(tokio::sync::Mutex::new(rx)))
+}
+
+/// What a workload did, in wall ms (and trace seconds where it says so).
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Report {
+    pub jobs: usize,
+    pub completed: usize,
+    /// Jobs not ended when the driver stopped waiting.
+    pub unfinished: usize,
+    pub fleet_gpus: u64,
+    pub compression: f64,
+    /// From the first submit to the last end, wall seconds.
+    pub makespan_s: f64,
+    /// GPU-time held by jobs over fleet GPU-time in the makespan.
+    pub gpu_utilisation: f64,
+    pub queue_delay_mean_ms: f64,
+    pub queue_delay_p99_ms: f64,
+    pub jct_mean_ms: f64,
+    /// Wait of jobs with 32 GPUs or more.
+    pub large_jobs: usize,
+    pub large_wait_mean_ms: f64,
+    pub large_wait_p99_ms: f64,
+    pub ack_p50_ms: f64,
+    pub ack_p99_ms: f64,
+    /// How far behind schedule the driver submitted, at worst.
+    pub max_submit_lag_ms: f64,
+    /// Per class (job name): jobs and mean queueing delay, ms.
+    pub by_name: BTreeMap<String, (usize, f64)>,
+}
+
+/// The `p` quantile (0..=1) of `v`, nearest rank; 0 for none.
+pub fn quantile(v: &[f64], p: f64) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    let mut s = v.to_vec();
+    s.sort_by(|a, b| a.total_cmp(b));
+    s[((s.len() as f64 - 1.0) * p).round() as usize]
+}
+
+fn mean(v: &[f64]) -> f64 {
+    if v.is_empty() {
+        0.0
+    } else {
+        v.iter().sum::<f64>() / v.len() as f64
+    }
+}
+
+/// Summarises `records` on a fleet of `fleet_gpus`.
+pub fn report(records: &[JobRecord], fleet_gpus: u64, compression: f64) -> Report {
+    let ms = |a: u64, b: u64| b.saturating_sub(a) as f64;
+    let waits: Vec<f64> = records
+        .iter()
+        .filter_map(|r| Some(ms(r.submit_time, r.start_time?)))
+        .collect();
+    let jcts: Vec<f64> = records
+        .iter()
+        .filter_map(|r| Some(ms(r.submit_time, r.end_time?)))
+        .collect();
+    let large: Vec<f64> = records
+        .iter()
+        .filter(|r| r.gpus >= 32)
+        .filter_map(|r| Some(ms(r.submit_time, r.start_time?)))
+        .collect();
+    let first = records.iter().map(|r| r.submit_time).min().unwrap_or(0);
+    let last = records
+        .iter()
+        .filter_map(|r| r.end_time)
+        .max()
+        .unwrap_or(first);
+    let makespan_ms = ms(first, last);
+    let busy: f64 = records
+        .iter()
+        .filter_map(|r| Some(r.gpus as f64 * ms(r.start_time?, r.end_time?)))
+        .sum();
+    let acks: Vec<f64> = records.iter().map(|r| r.ack.as_secs_f64() * 1e3).collect();
+    let mut by_name: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+    for r in records {
+        if let Some(s) = r.start_time {
+            by_name
+                .entry(r.name.clone())
+                .or_default()
+                .push(ms(r.submit_time, s));
+        }
+    }
+    Report {
+        jobs: records.len(),
+        completed: records
+            .iter()
+            .filter(|r| r.state == JobState::Completed)
+            .count(),
+        unfinished: records.iter().filter(|r| !r.state.is_final()).count(),
+        fleet_gpus,
+        compression,
+        makespan_s: makespan_ms / 1e3,
+        gpu_utilisation: if fleet_gpus == 0 || makespan_ms == 0.0 {
+            0.0
+        } else {
+            busy / (fleet_gpus as f64 * makespan_ms)
+        },
+        queue_delay_mean_ms: mean(&waits),
+        queue_delay_p99_ms: quantile(&waits, 0.99),
+        jct_mean_ms: mean(&jcts),
+        large_jobs: records.iter().filter(|r| r.gpus >= 32).count(),
+        large_wait_mean_ms: mean(&large),
+        large_wait_p99_ms: quantile(&large, 0.99),
+        ack_p50_ms: quantile(&acks, 0.5),
+        ack_p99_ms: quantile(&acks, 0.99),
+        max_submit_lag_ms: records
+            .iter()
+            .map(|r| r.sent.saturating_sub(r.planned).as_secs_f64() * 1e3)
+            .fold(0.0, f64::max),
+        by_name: by_name
+            .into_iter()
+            .map(|(k, v)| (k, (v.len(), mean(&v))))
+            .collect(),
+    }
+}
+
+impl std::fmt::Display for Report {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let trace_s = |ms: f64| ms * self.compression / 1e3;
+        writeln!(
+            f,
+            "jobs {} (completed {}, unfinished {}) on {} GPUs, compression {}",
+            self.jobs, self.completed, self.unfinished, self.fleet_gpus, self.compression
+        )?;
+        writeln!(
+            f,
+            "makespan {:.1} s wall; GPU utilisation {:.1}%",
+            self.makespan_s,
+            self.gpu_utilisation * 100.0
+        )?;
+        writeln!(f, "{:<26} {:>12} {:>14}", "figure", "wall ms", "trace s")?;
+        for (name, v) in [
+            ("queueing delay, mean", self.queue_delay_mean_ms),
+            ("queueing delay, p99", self.queue_delay_p99_ms),
+            ("job completion, mean", self.jct_mean_ms),
+            ("wait >=32 GPUs, mean", self.large_wait_mean_ms),
+            ("wait >=32 GPUs, p99", self.large_wait_p99_ms),
+        ] {
+            writeln!(f, "{name:<26} {v:>12.1} {:>14.1}", trace_s(v))?;
+        }
+        write!(
+            f,
+            "large jobs {}; submit ack p50 {:.2} ms p99 {:.2} ms; worst submit lag {:.1} ms",
+            self.large_jobs, self.ack_p50_ms, self.ack_p99_ms, self.max_submit_lag_ms
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(gpus: u64, submit: u64, start: Option<u64>, end: Option<u64>) -> JobRecord {
+        JobRecord {
+            id: submit,
+            name: format!("{gpus}g"),
+            gpus,
+            planned: Duration::ZERO,
+            sent: Duration::from_millis(3),
+            ack: Duration::from_millis(1),
+            state: if end.is_some() {
+                JobState::Completed
+            } else {
+                JobState::Pending
+            },
+            submit_time: submit,
+            start_time: start,
+            end_time: end,
+        }
+    }
+
+    #[test]
+    fn itp_jobs_become_compressed_sim_jobs() {
+        let job = |s, g, r| TraceJob {
+            job_id: "x".into(),
+            cluster: "cluster04".into(),
+            submit_s: s,
+            gpus: g,
+            runtime_s: r,
+        };
+        let items = itp_items(&[job(2000, 16, 7200), job(1000, 1, 60)], 100.0);
+        assert_eq!(items[0].at, Duration::ZERO);
+        assert_eq!(items[1].at, Duration::from_secs(10));
+        let big = &items[1].spec;
+        assert_eq!((big.nodes, big.gpus_per_node), (2, 8));
+        assert!(big
+            .env
+            .contains(&(DURATION_ENV.to_string(), "7200000".to_string())));
+        assert!(big.check_invariants().is_ok());
+        assert_eq!(items[0].spec.gpus_per_node, 1);
+    }
+
+    #[test]
+    fn synthetic_mixes_follow_weights_and_rate_reproducibly() {
+        let mix = Mix {
+            weights: vec![
+                (JobClass::Trivial, 1, Duration::ZERO),
+                (JobClass::Gang64x8, 1, Duration::from_secs(1)),
+            ],
+            rate_per_s: 100.0,
+        };
+        let a = synthetic(&mix, 2000, 7);
+        assert_eq!(a, synthetic(&mix, 2000, 7));
+        let gangs = a.iter().filter(|i| i.spec.nodes == 64).count();
+        assert!((800..1200).contains(&gangs), "{gangs}");
+        // 2000 arrivals at 100/s take about 20 s.
+        let span = a.last().unwrap().at.as_secs_f64();
+        assert!((17.0..23.0).contains(&span), "{span}");
+        assert!(a.windows(2).all(|w| w[0].at <= w[1].at));
+        let burst = synthetic(
+            &Mix {
+                rate_per_s: f64::INFINITY,
+                ..mix
+            },
+            10,
+            1,
+        );
+        assert!(burst.iter().all(|i| i.at == Duration::ZERO));
+    }
+
+    #[test]
+    fn report_figures() {
+        // 16 GPUs for 10 s; two jobs of 8 GPUs each busy 5 s of it.
+        let records = vec![
+            record(8, 0, Some(0), Some(5000)),
+            record(8, 0, Some(5000), Some(10000)),
+            record(32, 1000, Some(2000), Some(3000)),
+            record(1, 9000, None, None),
+        ];
+        let r = report(&records, 64, 10.0);
+        assert_eq!(r.jobs, 4);
+        assert_eq!(r.completed, 3);
+        assert_eq!(r.unfinished, 1);
+        assert_eq!(r.makespan_s, 10.0);
+        let busy = 8.0 * 5000.0 * 2.0 + 32.0 * 1000.0;
+        assert!((r.gpu_utilisation - busy / (64.0 * 10000.0)).abs() < 1e-9);
+        assert_eq!(r.queue_delay_mean_ms, (0.0 + 5000.0 + 1000.0) / 3.0);
+        assert_eq!(r.queue_delay_p99_ms, 5000.0);
+        assert_eq!(r.jct_mean_ms, (5000.0 + 10000.0 + 2000.0) / 3.0);
+        assert_eq!((r.large_jobs, r.large_wait_mean_ms), (1, 1000.0));
+        assert_eq!(r.max_submit_lag_ms, 3.0);
+        assert_eq!(r.by_name["8g"], (2, 2500.0));
+        let text = r.to_string();
+        assert!(
+            text.contains("utilisation") && text.contains("trace s"),
+            "{text}"
+        );
+        assert_eq!(report(&[], 0, 1.0).gpu_utilisation, 0.0);
+    }
+
+    #[test]
+    fn quantiles() {
+        let v: Vec<f64> = (1..=100).map(f64::from).collect();
+        assert_eq!(quantile(&v, 0.5), 51.0);
+        assert_eq!(quantile(&v, 0.99), 99.0);
+        assert_eq!(quantile(&v, 1.0), 100.0);
+        assert_eq!(quantile(&[], 0.5), 0.0);
+    }
+}
