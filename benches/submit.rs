@@ -29,6 +29,8 @@ fn spec() -> JobSpec {
         workdir: "/tmp".into(),
         env: vec![("PATH".into(), "/usr/bin:/bin".into())],
         export: Default::default(),
+        total_gpus: None,
+        placement: Default::default(),
         program: Program::Command {
             argv: vec!["true".into()],
         },

@@ -33,6 +33,8 @@ fn spec(i: usize) -> JobSpec {
             ("PATH".into(), "/usr/bin".into()),
         ],
         export: Default::default(),
+        total_gpus: None,
+        placement: Default::default(),
         program: if i % 2 == 0 {
             Program::Command {
                 argv: vec!["echo".into(), format!("hello {i}")],

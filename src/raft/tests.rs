@@ -39,6 +39,8 @@ fn spec(name: &str) -> JobSpec {
         workdir: "/tmp".into(),
         env: Vec::new(),
         export: ExportMode::All,
+        total_gpus: None,
+        placement: Default::default(),
         program: Program::Command {
             argv: vec!["true".into()],
         },

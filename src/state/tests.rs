@@ -20,6 +20,8 @@ fn spec(name: &str) -> JobSpec {
         workdir: "/tmp".into(),
         env: vec![("A".into(), "1".into())],
         export: ExportMode::All,
+        total_gpus: None,
+        placement: Default::default(),
         program: Program::Command {
             argv: vec!["true".into()],
         },

@@ -63,6 +63,8 @@ fn spec(nodes: u32, gpus: u32) -> JobSpec {
         workdir: "/tmp".into(),
         env: vec![],
         export: Default::default(),
+        total_gpus: None,
+        placement: Default::default(),
         program: Program::Command {
             argv: vec!["true".into()],
         },

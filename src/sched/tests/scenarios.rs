@@ -383,6 +383,8 @@ fn a_pending_job_is_built_from_the_recorded_job() {
         workdir: "/home/alice".into(),
         env: Vec::new(),
         export: Default::default(),
+        total_gpus: None,
+        placement: Default::default(),
         program: Program::Command {
             argv: vec!["torchrun".into()],
         },
