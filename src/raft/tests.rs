@@ -50,7 +50,7 @@ fn spec(name: &str) -> JobSpec {
 fn submit(i: u64) -> Command {
     Command::Submit {
         user: "alice".into(),
-        spec: spec(&format!("job-{i}")),
+        spec: Box::new(spec(&format!("job-{i}"))),
         now: 1_000 + i,
     }
 }

@@ -107,7 +107,7 @@ fn submit(s: &mut State, d: &mut Dirty, nodes: u32, gpus: u32) -> JobId {
     match s.apply(
         &Command::Submit {
             user: "alice".into(),
-            spec: spec(nodes, gpus),
+            spec: Box::new(spec(nodes, gpus)),
             now: 2,
         },
         d,
