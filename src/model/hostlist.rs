@@ -145,7 +145,10 @@ fn expand_ranges(list: &str, ranges: &str) -> Result<Vec<String>, HostlistError>
         if !digits(lo) || !digits(hi) {
             return Err(bad());
         }
-        let (a, b): (u64, u64) = (lo.parse().map_err(|_| bad())?, hi.parse().map_err(|_| bad())?);
+        let (a, b): (u64, u64) = (
+            lo.parse().map_err(|_| bad())?,
+            hi.parse().map_err(|_| bad())?,
+        );
         if a > b {
             return Err(HostlistError::Backwards {
                 list: list.to_string(),
@@ -182,10 +185,7 @@ mod tests {
         assert_eq!(names("n[1-2,7],login"), ["n1", "n2", "n7", "login"]);
         assert_eq!(names("gpu[08-10]"), ["gpu08", "gpu09", "gpu10"]);
         assert_eq!(names("n[9-11]"), ["n9", "n10", "n11"]);
-        assert_eq!(
-            names("r[1-2]-n[1-2]"),
-            ["r1-n1", "r1-n2", "r2-n1", "r2-n2"]
-        );
+        assert_eq!(names("r[1-2]-n[1-2]"), ["r1-n1", "r1-n2", "r2-n1", "r2-n2"]);
         assert_eq!(names(" a , b[3] "), ["a", "b3"]);
         assert_eq!(names("n[1-3],n2"), ["n1", "n2", "n3"], "each name once");
         assert_eq!(names("[1-2]x"), ["1x", "2x"]);

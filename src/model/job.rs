@@ -136,7 +136,8 @@ pub enum TopologyRequirement {
 
 impl TopologyRequirement {
     /// Every level, lowest first.
-    pub const ALL: [TopologyRequirement; 2] = [TopologyRequirement::Leaf, TopologyRequirement::Spine];
+    pub const ALL: [TopologyRequirement; 2] =
+        [TopologyRequirement::Leaf, TopologyRequirement::Spine];
 
     /// How many path parts above a node the level is: 0 for the leaf.
     pub fn levels_up(self) -> usize {
@@ -217,7 +218,9 @@ impl JobSpec {
             }
         }
         if self.placement.gpu_type.is_some() && self.gpus_per_node == 0 {
-            return Err("a GPU type is set but no GPUs are asked for; add --gpus-per-node N".into());
+            return Err(
+                "a GPU type is set but no GPUs are asked for; add --gpus-per-node N".into(),
+            );
         }
         if self.mem_per_node_mb == Some(0) {
             return Err("memory must be positive (e.g. --mem 16G)".into());
