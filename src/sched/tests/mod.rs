@@ -5,6 +5,7 @@
 
 mod checks;
 mod constraints;
+mod fragmentation;
 mod packing;
 mod props;
 mod scenarios;
