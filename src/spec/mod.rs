@@ -24,8 +24,8 @@ use clap::{value_parser, Args, CommandFactory, Parser};
 
 use crate::model::{JobSpec, Program, TopologyRequirement};
 use directives::DirectivePrefix;
-pub use time::TimeLimit;
 pub use placement::{Features, HostList};
+pub use time::TimeLimit;
 pub use values::{Export, GpuRequest};
 
 /// The largest script accepted (Slurm's default `max_script_size`).
@@ -155,14 +155,12 @@ impl SubmitArgs {
             over.clone().or_else(|| base.clone())
         }
         // --gpus-per-node, --gres and --gpus are one setting spelled three ways.
-        let gpus_from = if over.gpus_per_node.is_some()
-            || over.gres.is_some()
-            || over.total_gpus.is_some()
-        {
-            over
-        } else {
-            self
-        };
+        let gpus_from =
+            if over.gpus_per_node.is_some() || over.gres.is_some() || over.total_gpus.is_some() {
+                over
+            } else {
+                self
+            };
         SubmitArgs {
             job_name: pick(&self.job_name, &over.job_name),
             nodes: pick(&self.nodes, &over.nodes),
@@ -525,3 +523,5 @@ fn check_word(field: &'static str, value: &str, spaces_ok: bool) -> Result<(), S
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_placement;
