@@ -31,6 +31,8 @@ fn spec() -> JobSpec {
         export: Default::default(),
         requeue: Default::default(),
         max_restarts: 3,
+        total_gpus: None,
+        placement: Default::default(),
         program: Program::Command {
             argv: vec!["true".into()],
         },

@@ -35,6 +35,8 @@ fn spec(i: usize) -> JobSpec {
         export: Default::default(),
         requeue: Default::default(),
         max_restarts: 3,
+        total_gpus: None,
+        placement: Default::default(),
         program: if i % 2 == 0 {
             Program::Command {
                 argv: vec!["echo".into(), format!("hello {i}")],

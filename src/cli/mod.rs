@@ -602,6 +602,28 @@ fn show_text(j: &Job) -> String {
     kv("Nodes", s.nodes.to_string());
     kv("TasksPerNode", s.ntasks_per_node.to_string());
     kv("GpusPerNode", s.gpus_per_node.to_string());
+    if let Some(total) = s.total_gpus {
+        kv(
+            "GpusTotal",
+            format!("{total} (shape chosen by the scheduler)"),
+        );
+    }
+    let p = &s.placement;
+    if let Some(t) = &p.gpu_type {
+        kv("GpuType", t.clone());
+    }
+    if !p.features.is_empty() {
+        kv("Constraint", p.features.join(","));
+    }
+    if !p.nodelist.is_empty() {
+        kv("NodeList", p.nodelist.join(","));
+    }
+    if !p.exclude.is_empty() {
+        kv("Exclude", p.exclude.join(","));
+    }
+    if let Some(level) = p.topology {
+        kv("Topology", level.to_string());
+    }
     kv("CpusPerTask", s.cpus_per_task.to_string());
     kv(
         "MemPerNode",

@@ -5,7 +5,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use super::Millis;
+use super::{Millis, NodeName};
 
 /// A job id: assigned in apply from a counter, monotonic, never reused.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -78,6 +78,15 @@ pub struct JobSpec {
     /// How many times it may be requeued before it ends for good.
     #[serde(default = "default_max_restarts")]
     pub max_restarts: u32,
+    /// Total GPUs (`--gpus N`) with the shape left to the scheduler: a pass
+    /// chooses nodes × GPUs per node, and the job's start records that shape
+    /// in `nodes` and `gpus_per_node` (1 × N until then). `None`: the shape is
+    /// `nodes` × `gpus_per_node` as given.
+    #[serde(default)]
+    pub total_gpus: Option<u32>,
+    /// Where the job may run (GPU type, features, node lists, topology).
+    #[serde(default)]
+    pub placement: Placement,
 }
 
 fn default_max_restarts() -> u32 {
@@ -97,10 +106,107 @@ pub enum RequeuePolicy {
     Never,
 }
 
+/// Where a job may run and how close its nodes must be. The default (all
+/// empty) is anywhere.
+#[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct Placement {
+    /// A GPU type (`--gpu-type h100`): every GPU of a node must have it in its
+    /// model name, compared case-insensitively (`NVIDIA H100 80GB HBM3`).
+    #[serde(default)]
+    pub gpu_type: Option<String>,
+    /// Node features, all required (`--constraint ib,nvme`).
+    #[serde(default)]
+    pub features: Vec<String>,
+    /// Only these nodes (`--nodelist`); empty: any node. Unlike Slurm's, the
+    /// job need not use every listed node.
+    #[serde(default)]
+    pub nodelist: Vec<NodeName>,
+    /// Never these nodes (`--exclude`).
+    #[serde(default)]
+    pub exclude: Vec<NodeName>,
+    /// Every node of the job in one topology domain of this level (`--topology`).
+    #[serde(default)]
+    pub topology: Option<TopologyRequirement>,
+}
+
+impl Placement {
+    /// Whether nothing restricts where the job runs.
+    pub fn is_anywhere(&self) -> bool {
+        *self == Placement::default()
+    }
+
+    /// Whether some nodes are ruled out (a GPU type, features, or a node list);
+    /// `topology` rules out combinations, not nodes.
+    pub fn restricts_nodes(&self) -> bool {
+        self.gpu_type.is_some()
+            || !self.features.is_empty()
+            || !self.nodelist.is_empty()
+            || !self.exclude.is_empty()
+    }
+}
+
+/// A topology level a multi-node job must fit in, counted from the bottom of
+/// a node's domain path (`spine1/leaf3`: the leaf is `spine1/leaf3`, the spine
+/// `spine1`). Paths may be deeper; the levels are always the last two.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TopologyRequirement {
+    /// One leaf switch: the node's whole path.
+    Leaf,
+    /// One spine: the path without its last part.
+    Spine,
+}
+
+impl TopologyRequirement {
+    /// Every level, lowest first.
+    pub const ALL: [TopologyRequirement; 2] =
+        [TopologyRequirement::Leaf, TopologyRequirement::Spine];
+
+    /// How many path parts above a node the level is: 0 for the leaf.
+    pub fn levels_up(self) -> usize {
+        match self {
+            TopologyRequirement::Leaf => 0,
+            TopologyRequirement::Spine => 1,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TopologyRequirement::Leaf => "leaf",
+            TopologyRequirement::Spine => "spine",
+        }
+    }
+
+    /// The level's name for many domains: `leaves`, `spines`.
+    pub fn plural(self) -> &'static str {
+        match self {
+            TopologyRequirement::Leaf => "leaves",
+            TopologyRequirement::Spine => "spines",
+        }
+    }
+
+    /// Parses `leaf` or `spine` (case-insensitive).
+    pub fn parse(word: &str) -> Option<TopologyRequirement> {
+        let word = word.trim().to_ascii_lowercase();
+        TopologyRequirement::ALL
+            .into_iter()
+            .find(|t| t.as_str() == word)
+    }
+}
+
+impl fmt::Display for TopologyRequirement {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 impl JobSpec {
     /// Total GPUs the job holds while running.
     pub fn total_gpus(&self) -> u64 {
-        u64::from(self.nodes) * u64::from(self.gpus_per_node)
+        match self.total_gpus {
+            Some(n) => u64::from(n),
+            None => u64::from(self.nodes) * u64::from(self.gpus_per_node),
+        }
     }
 
     /// Total tasks (ranks) of the job.
@@ -122,6 +228,22 @@ impl JobSpec {
         }
         if self.time_limit_secs == Some(0) {
             return Err("time limit must be positive (e.g. --time 1:00:00)".into());
+        }
+        if let Some(n) = self.total_gpus {
+            if n == 0 {
+                return Err("--gpus must be at least 1".into());
+            }
+            if u64::from(n) != u64::from(self.nodes) * u64::from(self.gpus_per_node) {
+                return Err(format!(
+                    "total GPUs ({n}) must equal nodes ({}) × GPUs per node ({})",
+                    self.nodes, self.gpus_per_node
+                ));
+            }
+        }
+        if self.placement.gpu_type.is_some() && self.gpus_per_node == 0 {
+            return Err(
+                "a GPU type is set but no GPUs are asked for; add --gpus-per-node N".into(),
+            );
         }
         if self.mem_per_node_mb == Some(0) {
             return Err("memory must be positive (e.g. --mem 16G)".into());

@@ -2,10 +2,12 @@
 //! tokens. Pure data plus the invariants that belong to the data itself (such as
 //! which job state may follow which). Nothing here does I/O or reads a clock.
 
+pub mod hostlist;
 mod job;
 mod node;
 mod token;
 
+pub use hostlist::{expand_hostlist, HostlistError};
 pub use job::*;
 pub use node::*;
 pub use token::*;

@@ -41,6 +41,8 @@ fn spec(name: &str) -> JobSpec {
         export: ExportMode::All,
         requeue: Default::default(),
         max_restarts: 3,
+        total_gpus: None,
+        placement: Default::default(),
         program: Program::Command {
             argv: vec!["true".into()],
         },
@@ -50,7 +52,7 @@ fn spec(name: &str) -> JobSpec {
 fn submit(i: u64) -> Command {
     Command::Submit {
         user: "alice".into(),
-        spec: spec(&format!("job-{i}")),
+        spec: Box::new(spec(&format!("job-{i}"))),
         now: 1_000 + i,
     }
 }

@@ -1,6 +1,10 @@
 //! Which GPUs of a node a job gets: the closest set (NVLink before PCIe before
-//! crossing NUMA), so collectives inside the node run on the fastest links.
+//! crossing NUMA, and on one NUMA node when it can), so collectives inside the
+//! node run on the fastest links; among sets equally close, the one that
+//! leaves the most free groups whole (NVLink pairs, NUMA quads, the whole
+//! node) for larger jobs, as a buddy allocator does.
 
+use std::cmp::Reverse;
 use std::collections::BTreeSet;
 
 use crate::model::{GpuLink, NodeInventory};
@@ -9,26 +13,154 @@ use crate::model::{GpuLink, NodeInventory};
 /// C(12,6) = 924); larger nodes fall back to a greedy grow from every seed.
 const EXHAUSTIVE_LIMIT: u64 = 1024;
 
-/// Picks `n` GPUs out of `free` (indices of the node's free healthy GPUs):
-/// the set whose farthest pair is closest by [`GpuLink::distance`], then the
-/// smallest total distance, then the lowest indices. Sorted; `None` when fewer
-/// than `n` are free.
+/// Picks `n` GPUs out of `free` (indices of the node's free healthy GPUs),
+/// comparing sets by, in order:
+/// 1. the farthest pair by [`GpuLink::distance`] (lower is closer);
+/// 2. how many NUMA nodes the set spans (links may not say: NVSwitch makes
+///    every pair equal, while the CPUs and memory are per NUMA node);
+/// 3. the total distance over all pairs;
+/// 4. the free groups the set leaves whole, largest groups first (see
+///    [`groups`]): a 1-GPU job takes a GPU of an already broken pair;
+/// 5. the lowest indices.
+///
+/// Sorted; `None` when fewer than `n` are free.
 pub fn pick_gpus(inventory: &NodeInventory, free: &BTreeSet<u32>, n: u32) -> Option<Vec<u32>> {
     let n = n as usize;
     if free.len() < n {
         return None;
     }
     let free: Vec<u32> = free.iter().copied().collect();
-    if n <= 1 || n == free.len() {
-        // Every choice is equally close; keep the lowest indices.
+    if n == 0 || n == free.len() {
         return Some(free[..n].to_vec());
     }
+    let ctx = Ctx {
+        inventory,
+        groups: groups(inventory),
+        free: &free,
+    };
     let best = if combinations(free.len() as u64, n as u64) <= EXHAUSTIVE_LIMIT {
-        exhaustive(inventory, &free, n)
+        exhaustive(&ctx, n)
     } else {
-        greedy(inventory, &free, n)
+        greedy(&ctx, n)
     };
     Some(best)
+}
+
+/// The GPU groups worth keeping whole, largest first: the connected sets of
+/// the link graph at each distance (NVLink pairs, PCIe switches, host
+/// bridges), the GPUs of each NUMA node, and the whole node. Single GPUs
+/// are no group.
+fn groups(inventory: &NodeInventory) -> Vec<Vec<u32>> {
+    let ids: Vec<u32> = inventory.gpus.iter().map(|g| g.index).collect();
+    let mut out: BTreeSet<(Reverse<usize>, Vec<u32>)> = BTreeSet::new();
+    let mut add = |mut g: Vec<u32>| {
+        g.sort_unstable();
+        if g.len() > 1 {
+            out.insert((Reverse(g.len()), g));
+        }
+    };
+    add(ids.clone());
+    let mut numas: Vec<u32> = inventory.gpus.iter().filter_map(|g| g.numa_node).collect();
+    numas.sort_unstable();
+    numas.dedup();
+    for numa in numas {
+        add(inventory
+            .gpus
+            .iter()
+            .filter(|g| g.numa_node == Some(numa))
+            .map(|g| g.index)
+            .collect());
+    }
+    let mut distances: Vec<u32> = Vec::new();
+    for (i, &a) in ids.iter().enumerate() {
+        for &b in &ids[i + 1..] {
+            distances.push(distance(inventory, a, b));
+        }
+    }
+    distances.sort_unstable();
+    distances.dedup();
+    for t in distances {
+        // Components of the graph with the links no farther than `t`.
+        let mut comp: Vec<usize> = (0..ids.len()).collect();
+        for i in 0..ids.len() {
+            for j in i + 1..ids.len() {
+                if distance(inventory, ids[i], ids[j]) <= t {
+                    let (ri, rj) = (root(&mut comp, i), root(&mut comp, j));
+                    comp[ri.max(rj)] = ri.min(rj);
+                }
+            }
+        }
+        let mut by_root: std::collections::BTreeMap<usize, Vec<u32>> = Default::default();
+        for (i, &id) in ids.iter().enumerate() {
+            let r = root(&mut comp, i);
+            by_root.entry(r).or_default().push(id);
+        }
+        for g in by_root.into_values() {
+            add(g);
+        }
+    }
+    out.into_iter().map(|(_, g)| g).collect()
+}
+
+/// The root of `i` in the union-find forest `comp`, halving paths on the way.
+fn root(comp: &mut [usize], mut i: usize) -> usize {
+    while comp[i] != i {
+        comp[i] = comp[comp[i]];
+        i = comp[i];
+    }
+    i
+}
+
+struct Ctx<'a> {
+    inventory: &'a NodeInventory,
+    /// From [`groups`], largest first.
+    groups: Vec<Vec<u32>>,
+    free: &'a [u32],
+}
+
+/// Lower is better; see [`pick_gpus`] for the order.
+type SetKey = (u32, usize, u32, Reverse<Vec<usize>>, Vec<u32>);
+
+impl Ctx<'_> {
+    fn key(&self, set: &[u32]) -> SetKey {
+        let (far, total) = spread(self.inventory, set);
+        let mut numas: Vec<u32> = set
+            .iter()
+            .filter_map(|g| self.inventory.gpus.iter().find(|i| i.index == *g))
+            .filter_map(|g| g.numa_node)
+            .collect();
+        numas.sort_unstable();
+        numas.dedup();
+        (
+            far,
+            numas.len(),
+            total,
+            Reverse(self.whole_left(set)),
+            set.to_vec(),
+        )
+    }
+
+    /// How many groups of each size stay wholly free once `set` is taken,
+    /// largest size first.
+    fn whole_left(&self, set: &[u32]) -> Vec<usize> {
+        let mut counts: Vec<usize> = Vec::new();
+        let mut size = usize::MAX;
+        for g in &self.groups {
+            if g.len() != size {
+                size = g.len();
+                counts.push(0);
+            }
+            let whole = g
+                .iter()
+                .all(|i| self.free.binary_search(i).is_ok() && !set.contains(i));
+            if whole {
+                if let Some(c) = counts.last_mut() {
+                    *c += 1;
+                }
+            }
+        }
+        counts
+    }
 }
 
 /// `(farthest pair, total)`: lower is closer.
@@ -73,16 +205,16 @@ fn combinations(n: u64, k: u64) -> u64 {
     c
 }
 
-/// Every `n`-subset of `free` (ascending), in lexicographic order; the first
-/// best one wins, so ties go to the lowest indices.
-fn exhaustive(inventory: &NodeInventory, free: &[u32], n: usize) -> Vec<u32> {
+/// Every `n`-subset of `free` (ascending), in lexicographic order.
+fn exhaustive(ctx: &Ctx, n: usize) -> Vec<u32> {
+    let free = ctx.free;
     let mut pos: Vec<usize> = (0..n).collect();
-    let mut best: Option<((u32, u32), Vec<u32>)> = None;
+    let mut best: Option<SetKey> = None;
     loop {
         let set: Vec<u32> = pos.iter().map(|&p| free[p]).collect();
-        let key = spread(inventory, &set);
-        if best.as_ref().is_none_or(|(k, _)| key < *k) {
-            best = Some((key, set));
+        let key = ctx.key(&set);
+        if best.as_ref().is_none_or(|k| key < *k) {
+            best = Some(key);
         }
         // Advance to the next combination.
         let Some(i) = (0..n).rev().find(|&i| pos[i] < free.len() - n + i) else {
@@ -93,12 +225,13 @@ fn exhaustive(inventory: &NodeInventory, free: &[u32], n: usize) -> Vec<u32> {
             pos[j] = pos[j - 1] + 1;
         }
     }
-    best.map(|(_, set)| set).unwrap_or_default()
+    best.map(|k| k.4).unwrap_or_default()
 }
 
 /// From each seed, add the GPU closest to the set so far; keep the best result.
-fn greedy(inventory: &NodeInventory, free: &[u32], n: usize) -> Vec<u32> {
-    let mut best: Option<((u32, u32), Vec<u32>)> = None;
+fn greedy(ctx: &Ctx, n: usize) -> Vec<u32> {
+    let (inventory, free) = (ctx.inventory, ctx.free);
+    let mut best: Option<SetKey> = None;
     for &seed in free {
         let mut set = vec![seed];
         while set.len() < n {
@@ -117,12 +250,12 @@ fn greedy(inventory: &NodeInventory, free: &[u32], n: usize) -> Vec<u32> {
             }
         }
         set.sort_unstable();
-        let key = spread(inventory, &set);
-        if best.as_ref().is_none_or(|(k, s)| (key, &set) < (*k, s)) {
-            best = Some((key, set));
+        let key = ctx.key(&set);
+        if best.as_ref().is_none_or(|k| key < *k) {
+            best = Some(key);
         }
     }
-    best.map(|(_, set)| set).unwrap_or_default()
+    best.map(|k| k.4).unwrap_or_default()
 }
 
 #[cfg(test)]
@@ -132,5 +265,10 @@ pub(super) fn spread_for_tests(inventory: &NodeInventory, set: &[u32]) -> (u32, 
 
 #[cfg(test)]
 pub(super) fn greedy_for_tests(inventory: &NodeInventory, free: &[u32], n: usize) -> Vec<u32> {
-    greedy(inventory, free, n)
+    let ctx = Ctx {
+        inventory,
+        groups: groups(inventory),
+        free,
+    };
+    greedy(&ctx, n)
 }

@@ -8,24 +8,35 @@
 //!
 //! This first policy is strict FIFO with gang placement and best fit:
 //! - Queue order: priority (higher first), then submit time, then id.
-//! - The first job that cannot start now waits for `Resources` and every job
-//!   behind it for `Priority`, so a big job is never starved by small ones.
-//!   Backfill will relax this with reservations.
+//! - The first job that cannot start now waits for `Resources` (or, under
+//!   `--topology`, for `Topology`) and every job behind it for `Priority`, so
+//!   a big job is never starved by small ones. Backfill will relax this with
+//!   reservations.
 //! - A job no set of up nodes could hold even empty is `Unsatisfiable` and
-//!   does not block the queue.
+//!   does not block the queue. A `--gpus N` job gets its shape here, from what
+//!   the up nodes could hold (see `check::resolve_total`).
+//! - Only nodes its placement allows (`--gpu-type`, `--constraint`,
+//!   `--nodelist`, `--exclude`) are candidates for a job.
 //! - A job gets `nodes` distinct up nodes, each with its per-node share free,
-//!   or nothing (gang). Among the nodes that fit, the fullest first (fewest free
-//!   GPUs, then CPUs, then memory, then name), which keeps whole nodes free for
-//!   whole-node jobs; inside a node, the closest GPUs ([`pick_gpus`]).
+//!   or nothing (gang). One node: the fullest that fits (fewest free GPUs left
+//!   after it, then CPUs, then memory, then name), which keeps whole nodes free
+//!   for whole-node jobs. Several: the fewest topology domains at the lowest
+//!   level, best fit among domains and then among nodes ([`topology`]).
+//!   Ranks go in topology-path then name order, so neighbours in a leaf
+//!   are neighbouring ranks.
+//! - Inside a node, the closest GPUs that break the fewest free groups
+//!   ([`pick_gpus`]), and CPUs of their NUMA nodes ([`pick_cpus`]).
 //!
 //! Where it grows: multifactor priority replaces `PendingJob::priority`;
-//! topology domains join the node order ahead of best fit; fair-share, quotas,
-//! backfill and preemption add reasons ([`PendingReason`] already names them)
-//! and fields of [`Plan`].
+//! fair-share, quotas, backfill and preemption add reasons ([`PendingReason`]
+//! already names them) and fields of [`Plan`].
 
 mod check;
+mod constraints;
+mod cpus;
 mod gpus;
 mod plan;
+mod topology;
 mod view;
 
 #[cfg(test)]
@@ -34,16 +45,29 @@ mod tests;
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::model::{Allocation, Millis, NodeAllocation};
+use crate::model::{Allocation, Millis, NodeAllocation, Placement};
 
 pub use check::{check_allocation, feasible};
+pub use cpus::pick_cpus;
 pub use gpus::pick_gpus;
 pub use plan::{PendingReason, Plan};
 pub use view::{
-    Capacity, ClusterView, NodeState, NodeView, PendingJob, Shape, Usage, DEFAULT_MEM_PER_CPU_MB,
+    cpu_layout, Capacity, ClusterView, NodeState, NodeView, PendingJob, Shape, Usage,
+    DEFAULT_MEM_PER_CPU_MB,
 };
 
-use check::Scope;
+use check::{Candidate, Resolved, Scope};
+
+/// How a pass chooses among the nodes a job fits on.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Packing {
+    /// The policy: topology domains, then the fullest node first.
+    #[default]
+    BestFit,
+    /// The first nodes by name, topology ignored unless `--topology`
+    /// requires it: the naive baseline best fit is measured against.
+    FirstFit,
+}
 
 /// One scheduling pass: places pending jobs in queue order on the free
 /// resources of up nodes, counting what earlier jobs of the same pass took.
@@ -52,15 +76,31 @@ use check::Scope;
 /// read it yet (age priority and begin times will).
 ///
 /// Cost: O(jobs × nodes) at worst, and O(1) per job (plus one cached
-/// satisfiability check per distinct shape) once the queue is blocked. At the
-/// design's scale (100k jobs × 10k nodes, with backfill looking past the head)
-/// the per-job node scan becomes an index of free capacity by shape.
+/// satisfiability check per distinct request) once the queue is blocked. At
+/// the design's scale (100k jobs × 10k nodes, with backfill looking past the
+/// head) the per-job node scan becomes an index of free capacity by shape.
 pub fn plan(view: &ClusterView, now: Millis) -> Plan {
+    plan_with(view, now, Packing::BestFit)
+}
+
+/// [`plan`] with a choice of [`Packing`].
+pub fn plan_with(view: &ClusterView, now: Millis, packing: Packing) -> Plan {
     let _ = now;
-    let mut pool = Pool::new(&view.nodes);
-    let capacities: Vec<Capacity> = pool.nodes.iter().map(|n| n.view.capacity()).collect();
-    // Satisfiability depends only on the shape; queues repeat shapes a lot.
-    let mut verdicts: BTreeMap<(u32, Shape), Result<(), String>> = BTreeMap::new();
+    let up = up_nodes(&view.nodes);
+    let cands: Vec<Candidate> = up
+        .iter()
+        .map(|n| Candidate {
+            name: &n.name,
+            inventory: &n.inventory,
+            cap: n.capacity(),
+        })
+        .collect();
+    let mut pool = Pool::new(&up);
+    // Satisfiability depends only on the request; queues repeat requests a lot.
+    type Request<'j> = (u32, Shape, Option<u32>, &'j Placement);
+    let mut verdicts: BTreeMap<Request, Result<Resolved, String>> = BTreeMap::new();
+    // Which up nodes each distinct placement allows.
+    let mut allowed: BTreeMap<&Placement, Vec<bool>> = BTreeMap::new();
 
     let mut queue: Vec<&PendingJob> = view.pending.iter().collect();
     queue.sort_by_key(|j| (Reverse(j.priority), j.submit_time, j.id));
@@ -68,25 +108,32 @@ pub fn plan(view: &ClusterView, now: Millis) -> Plan {
     let mut out = Plan::default();
     let mut blocked = false;
     for job in queue {
+        let key = (job.nodes, job.per_node(), job.total_gpus, &job.placement);
         let verdict = verdicts
-            .entry((job.nodes, job.per_node()))
-            .or_insert_with(|| check::fits_some(&capacities, job, Scope::Up));
-        if let Err(why) = verdict {
-            out.pending
-                .push((job.id, PendingReason::Unsatisfiable(why.clone())));
-            continue;
-        }
+            .entry(key)
+            .or_insert_with(|| check::fits_some(&cands, job, Scope::Up));
+        let resolved = match verdict {
+            Ok(r) => *r,
+            Err(why) => {
+                out.pending
+                    .push((job.id, PendingReason::Unsatisfiable(why.clone())));
+                continue;
+            }
+        };
         if blocked {
             out.pending.push((job.id, PendingReason::Priority));
             continue;
         }
-        match pool.place(job) {
-            Some(alloc) => {
+        let allowed = allowed
+            .entry(&job.placement)
+            .or_insert_with(|| pool.allowed(&job.placement));
+        match pool.place(job, resolved, allowed, packing) {
+            Ok(alloc) => {
                 pool.charge(&alloc);
                 out.allocations.push(alloc);
             }
-            None => {
-                out.pending.push((job.id, PendingReason::Resources));
+            Err(reason) => {
+                out.pending.push((job.id, reason));
                 blocked = true;
             }
         }
@@ -94,9 +141,17 @@ pub fn plan(view: &ClusterView, now: Millis) -> Plan {
     out
 }
 
+/// Up nodes, sorted by name (a repeated name keeps its first entry).
+fn up_nodes(views: &[NodeView]) -> Vec<&NodeView> {
+    let mut up: Vec<&NodeView> = views.iter().filter(|n| n.state == NodeState::Up).collect();
+    up.sort_by(|a, b| a.name.cmp(&b.name));
+    up.dedup_by(|later, first| later.name == first.name);
+    up
+}
+
 /// The free resources of the up nodes during a pass.
 struct Pool<'v> {
-    /// Up nodes, sorted by name (a repeated name keeps its first entry).
+    /// Up nodes, sorted by name.
     nodes: Vec<FreeNode<'v>>,
     /// Sum of free GPUs over `nodes`, to turn a job away without a scan.
     free_gpus: u64,
@@ -108,6 +163,9 @@ struct FreeNode<'v> {
     view: &'v NodeView,
     gpus: BTreeSet<u32>,
     cpus: u64,
+    /// CPU ids put in cpusets earlier in this pass. The node's free ids are
+    /// worked out only where a job lands, not for every node of every pass.
+    cpu_ids_taken: BTreeSet<u32>,
     memory_mb: u64,
 }
 
@@ -122,16 +180,14 @@ impl FreeNode<'_> {
 }
 
 impl<'v> Pool<'v> {
-    fn new(views: &'v [NodeView]) -> Pool<'v> {
-        let mut up: Vec<&NodeView> = views.iter().filter(|n| n.state == NodeState::Up).collect();
-        up.sort_by(|a, b| a.name.cmp(&b.name));
-        up.dedup_by(|later, first| later.name == first.name);
+    fn new(up: &[&'v NodeView]) -> Pool<'v> {
         let nodes: Vec<FreeNode> = up
-            .into_iter()
-            .map(|view| FreeNode {
+            .iter()
+            .map(|&view| FreeNode {
                 view,
                 gpus: view.free_gpus(),
                 cpus: view.free_cpus(),
+                cpu_ids_taken: BTreeSet::new(),
                 memory_mb: view.free_memory_mb(),
             })
             .collect();
@@ -148,45 +204,101 @@ impl<'v> Pool<'v> {
         }
     }
 
-    /// Where `job` would go now, whole, or `None`.
-    fn place(&self, job: &PendingJob) -> Option<Allocation> {
-        let shape = job.per_node();
-        let want = job.nodes as usize;
-        if self.free_gpus < u64::from(shape.gpus) * u64::from(job.nodes) {
-            return None;
-        }
-        let cpu_count = u32::try_from(shape.cpus).ok()?;
-        // Best fit: fullest nodes first; names are unique, so the order is total.
-        let mut fits: Vec<(Capacity, &str, usize)> = self
-            .nodes
+    /// For each node, whether `placement` allows it.
+    fn allowed(&self, placement: &Placement) -> Vec<bool> {
+        self.nodes
             .iter()
-            .enumerate()
-            .filter(|(_, n)| n.free().holds(&shape))
-            .map(|(i, n)| (n.free(), n.view.name.as_str(), i))
+            .map(|n| {
+                !placement.restricts_nodes()
+                    || constraints::allows(&n.view.name, &n.view.inventory, placement)
+            })
+            .collect()
+    }
+
+    /// Where `job`, in its `resolved` shape, would go now, whole; or why it
+    /// waits. `allowed` is [`Pool::allowed`] for its placement.
+    fn place(
+        &self,
+        job: &PendingJob,
+        resolved: Resolved,
+        allowed: &[bool],
+        packing: Packing,
+    ) -> Result<Allocation, PendingReason> {
+        let shape = resolved.per_node;
+        let want = resolved.nodes as usize;
+        if self.free_gpus < u64::from(shape.gpus) * u64::from(resolved.nodes) {
+            return Err(PendingReason::Resources);
+        }
+        let cpu_count = u32::try_from(shape.cpus).map_err(|_| PendingReason::Resources)?;
+        let fitting: Vec<usize> = (0..self.nodes.len())
+            .filter(|&i| allowed[i] && self.nodes[i].free().holds(&shape))
             .collect();
-        if fits.len() < want {
-            return None;
+        if fitting.len() < want {
+            return Err(PendingReason::Resources);
         }
-        if want < fits.len() {
-            fits.select_nth_unstable(want - 1);
-            fits.truncate(want);
-        }
-        // Node ranks in name order: rank 0 (MASTER_ADDR) is the first name.
-        fits.sort_by_key(|&(_, name, _)| name);
-        let nodes = fits
-            .into_iter()
-            .map(|(_, _, i)| {
+        let fits: Vec<topology::Fit> = fitting
+            .iter()
+            .map(|&i| {
                 let n = &self.nodes[i];
+                let free = n.free();
+                topology::Fit {
+                    name: &n.view.name,
+                    topology: &n.view.inventory.topology,
+                    left: (
+                        free.gpus - u64::from(shape.gpus),
+                        free.cpus - shape.cpus,
+                        free.memory_mb - shape.memory_mb,
+                    ),
+                }
+            })
+            .collect();
+        let strict = job.placement.topology;
+        let chosen: Vec<usize> = match (packing, strict) {
+            (_, _) if want == 1 && packing == Packing::FirstFit => vec![0],
+            (_, _) if want == 1 => {
+                // Best fit: least left free; names are unique, so the order is total.
+                let best = (0..fits.len()).min_by_key(|&f| (fits[f].left, fits[f].name));
+                best.into_iter().collect()
+            }
+            (Packing::FirstFit, None) => (0..want).collect(),
+            (_, strict) => topology::choose_gang(&fits, want, strict.map(|t| t.levels_up()))
+                .ok_or(match strict {
+                    Some(level) => PendingReason::Topology(level),
+                    None => PendingReason::Resources,
+                })?,
+        };
+        let mut chosen: Vec<usize> = chosen.into_iter().map(|f| fitting[f]).collect();
+        // Node ranks in topology-path, then name, order: rank 0 (MASTER_ADDR)
+        // is the first, and a leaf's nodes are neighbouring ranks.
+        chosen.sort_by_key(|&i| {
+            let v = self.nodes[i].view;
+            (v.inventory.topology.as_str(), v.name.as_str())
+        });
+        let nodes = chosen
+            .into_iter()
+            .map(|i| {
+                let n = &self.nodes[i];
+                let gpus = pick_gpus(&n.view.inventory, &n.gpus, shape.gpus)?;
+                let gpus_left: BTreeSet<u32> = n
+                    .gpus
+                    .iter()
+                    .copied()
+                    .filter(|g| !gpus.contains(g))
+                    .collect();
+                let mut cpu_ids = n.view.free_cpu_ids();
+                cpu_ids.retain(|c| !n.cpu_ids_taken.contains(c));
+                let cpus = pick_cpus(&n.view.inventory, &gpus, &gpus_left, &cpu_ids, cpu_count);
                 Some(NodeAllocation {
                     node: n.view.name.clone(),
-                    gpus: pick_gpus(&n.view.inventory, &n.gpus, shape.gpus)?,
-                    cpus: Vec::new(),
+                    gpus,
+                    cpus,
                     cpu_count,
                     memory_mb: shape.memory_mb,
                 })
             })
-            .collect::<Option<Vec<_>>>()?;
-        Some(Allocation { job: job.id, nodes })
+            .collect::<Option<Vec<_>>>()
+            .ok_or(PendingReason::Resources)?;
+        Ok(Allocation { job: job.id, nodes })
     }
 
     /// Takes what `alloc` holds out of the pool.
@@ -201,6 +313,7 @@ impl<'v> Pool<'v> {
                     self.free_gpus -= 1;
                 }
             }
+            n.cpu_ids_taken.extend(na.cpus.iter().copied());
             n.cpus = n.cpus.saturating_sub(u64::from(na.cpu_count));
             n.memory_mb = n.memory_mb.saturating_sub(na.memory_mb);
         }

@@ -4,7 +4,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use crate::model::{Allocation, JobId};
+use crate::model::{Allocation, JobId, TopologyRequirement};
 
 /// What one pass decided. The leader proposes it as one `Command::Schedule`;
 /// apply re-checks each allocation with [`super::check_allocation`].
@@ -38,6 +38,9 @@ pub enum PendingReason {
     Held,
     /// Its `--begin` time has not come.
     BeginTime,
+    /// Enough nodes are free, but not within one domain of the level its
+    /// `--topology` requires.
+    Topology(TopologyRequirement),
 }
 
 impl PendingReason {
@@ -51,6 +54,7 @@ impl PendingReason {
             PendingReason::QuotaExceeded => "QuotaExceeded",
             PendingReason::Held => "Held",
             PendingReason::BeginTime => "BeginTime",
+            PendingReason::Topology(_) => "Topology",
         }
     }
 }
@@ -71,6 +75,12 @@ impl fmt::Display for PendingReason {
             PendingReason::QuotaExceeded => f.write_str("its account is at its quota"),
             PendingReason::Held => f.write_str("held; release it to let it start"),
             PendingReason::BeginTime => f.write_str("its begin time has not come"),
+            PendingReason::Topology(level) => write!(
+                f,
+                "waiting for enough free nodes under one {level} (--topology {level}); \
+                 enough are free now only across several {}",
+                level.plural()
+            ),
         }
     }
 }

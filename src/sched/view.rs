@@ -7,7 +7,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use crate::model::{Job, JobId, Millis, NodeAllocation, NodeInventory, NodeName};
+use crate::model::{Job, JobId, Millis, NodeAllocation, NodeInventory, NodeName, Placement};
 
 /// Memory a job gets per CPU on each node when it gives no `--mem` (Slurm's
 /// `DefMemPerCPU`). Per CPU rather than per task so a 1-task job with 16 CPUs
@@ -51,8 +51,12 @@ impl fmt::Display for NodeState {
 pub struct Usage {
     /// GPU indices held by some job.
     pub gpus: BTreeSet<u32>,
-    /// CPUs held (a count; cpusets come with NUMA-aware CPU placement).
+    /// CPUs held, counted (with or without a cpuset).
     pub cpus: u32,
+    /// CPU ids in the cpusets of the jobs that have one; a job given only a
+    /// count holds CPUs no set names.
+    #[serde(default)]
+    pub cpu_ids: BTreeSet<u32>,
     pub memory_mb: u64,
 }
 
@@ -61,6 +65,7 @@ impl Usage {
     pub fn charge(&mut self, alloc: &NodeAllocation) {
         self.gpus.extend(alloc.gpus.iter().copied());
         self.cpus = self.cpus.saturating_add(alloc.cpu_count);
+        self.cpu_ids.extend(alloc.cpus.iter().copied());
         self.memory_mb = self.memory_mb.saturating_add(alloc.memory_mb);
     }
 
@@ -68,6 +73,9 @@ impl Usage {
     pub fn release(&mut self, alloc: &NodeAllocation) {
         for g in &alloc.gpus {
             self.gpus.remove(g);
+        }
+        for c in &alloc.cpus {
+            self.cpu_ids.remove(c);
         }
         self.cpus = self.cpus.saturating_sub(alloc.cpu_count);
         self.memory_mb = self.memory_mb.saturating_sub(alloc.memory_mb);
@@ -111,6 +119,15 @@ impl NodeView {
         u64::from(self.inventory.cpus.saturating_sub(self.used.cpus))
     }
 
+    /// CPU ids no cpuset holds, or none when the node's NUMA layout does not
+    /// name exactly its `cpus` (see [`cpu_layout`]).
+    pub fn free_cpu_ids(&self) -> BTreeSet<u32> {
+        match cpu_layout(&self.inventory) {
+            Some(ids) => ids.difference(&self.used.cpu_ids).copied().collect(),
+            None => BTreeSet::new(),
+        }
+    }
+
     /// Memory no job holds, in MiB.
     pub fn free_memory_mb(&self) -> u64 {
         self.inventory.memory_mb.saturating_sub(self.used.memory_mb)
@@ -124,6 +141,19 @@ impl NodeView {
             memory_mb: self.inventory.memory_mb,
         }
     }
+}
+
+/// The CPU ids jobs on this node may be pinned to: those of its NUMA nodes,
+/// when they number exactly its `cpus`. Otherwise (a node whose CPU count was
+/// declared in its config, as simulated nodes are) `None`, and jobs there get
+/// a CPU count without a cpuset.
+pub fn cpu_layout(inventory: &NodeInventory) -> Option<BTreeSet<u32>> {
+    let ids: BTreeSet<u32> = inventory
+        .numa
+        .iter()
+        .flat_map(|n| n.cpus.iter().copied())
+        .collect();
+    (ids.len() == inventory.cpus as usize && !ids.is_empty()).then_some(ids)
 }
 
 /// Amounts of the three resources a node has (or has free).
@@ -167,14 +197,28 @@ pub struct PendingJob {
     pub submit_time: Millis,
     /// Higher starts first. 0 until multifactor priority exists.
     pub priority: i64,
+    /// `--gpus N`: the shape is chosen by the pass, and `nodes` and
+    /// `gpus_per_node` are ignored (see [`crate::model::JobSpec::total_gpus`]).
+    #[serde(default)]
+    pub total_gpus: Option<u32>,
+    /// Where the job may run.
+    #[serde(default)]
+    pub placement: Placement,
 }
 
 impl PendingJob {
-    /// What the job needs on each node, with the memory default applied.
+    /// What the job needs on each node, with the memory default applied. For a
+    /// `--gpus N` job, the GPUs are those of its provisional shape; a pass
+    /// uses [`PendingJob::with_gpus`] with the shape it chose.
     pub fn per_node(&self) -> Shape {
+        self.with_gpus(self.gpus_per_node)
+    }
+
+    /// The per-node shape with `gpus` GPUs per node, the rest as asked.
+    pub fn with_gpus(&self, gpus: u32) -> Shape {
         let cpus = u64::from(self.ntasks_per_node) * u64::from(self.cpus_per_task);
         Shape {
-            gpus: self.gpus_per_node,
+            gpus,
             cpus,
             memory_mb: self
                 .mem_per_node_mb
@@ -194,6 +238,9 @@ impl PendingJob {
         if self.cpus_per_task == 0 {
             return Err("asks for 0 CPUs per task; a task needs at least 1".into());
         }
+        if self.total_gpus == Some(0) {
+            return Err("asks for 0 GPUs in total with --gpus; it needs at least 1".into());
+        }
         Ok(())
     }
 }
@@ -210,6 +257,8 @@ impl From<&Job> for PendingJob {
             mem_per_node_mb: job.spec.mem_per_node_mb,
             submit_time: job.submit_time,
             priority: 0,
+            total_gpus: job.spec.total_gpus,
+            placement: job.spec.placement.clone(),
         }
     }
 }

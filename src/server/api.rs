@@ -190,7 +190,7 @@ impl Api {
                 }
                 let cmd = Command::Submit {
                     user: caller.user,
-                    spec: *spec,
+                    spec,
                     now: now_ms(),
                 };
                 match self.write(cmd).await {

@@ -69,6 +69,8 @@ pub fn sim_spec(
         },
         requeue: Default::default(),
         max_restarts: 3,
+        total_gpus: None,
+        placement: Default::default(),
     }
 }
 

@@ -11,6 +11,7 @@
 
 pub mod directives;
 pub mod memory;
+pub mod placement;
 pub mod suggest;
 pub mod time;
 pub mod values;
@@ -21,8 +22,9 @@ use std::path::{Path, PathBuf};
 
 use clap::{value_parser, Args, CommandFactory, Parser};
 
-use crate::model::{JobSpec, Program, RequeuePolicy};
+use crate::model::{JobSpec, Program, RequeuePolicy, TopologyRequirement};
 use directives::DirectivePrefix;
+pub use placement::{Features, HostList};
 pub use time::TimeLimit;
 pub use values::{Export, GpuRequest};
 
@@ -70,6 +72,32 @@ pub struct SubmitArgs {
     /// GPUs per node, Slurm style: gpu:N or gpu:TYPE:N
     #[arg(long, value_name = "gpu:[TYPE:]N", value_parser = values::parse_gres)]
     pub gres: Option<GpuRequest>,
+
+    /// GPUs in total, optionally with a type; the scheduler picks the shape (whole nodes for a multiple of the node size, else one node) unless --nodes is given
+    #[arg(short = 'G', long = "gpus", value_name = "[TYPE:]N",
+          value_parser = placement::parse_gpus_total,
+          conflicts_with_all = ["gpus_per_node", "gres"])]
+    pub total_gpus: Option<GpuRequest>,
+
+    /// GPU type: a part of the model name, any case (h100 matches "NVIDIA H100 80GB HBM3")
+    #[arg(long, value_name = "TYPE", value_parser = placement::parse_gpu_type)]
+    pub gpu_type: Option<String>,
+
+    /// Node features the job needs, all of them: ib,nvme
+    #[arg(short = 'C', long, value_name = "FEATURE,...", value_parser = placement::parse_constraint)]
+    pub constraint: Option<Features>,
+
+    /// Run only on nodes of this list (n[1-4],gpu7); unlike Slurm, the job need not use them all
+    #[arg(short = 'w', long, value_name = "HOSTLIST", value_parser = placement::parse_hostlist)]
+    pub nodelist: Option<HostList>,
+
+    /// Never run on these nodes (n[1-4],gpu7)
+    #[arg(short = 'x', long, value_name = "HOSTLIST", value_parser = placement::parse_hostlist)]
+    pub exclude: Option<HostList>,
+
+    /// Keep all nodes of the job under one leaf switch or one spine; the job waits until they are free there
+    #[arg(long, value_name = "leaf|spine", value_parser = placement::parse_topology)]
+    pub topology: Option<TopologyRequirement>,
 
     /// CPUs per task [default: 1]
     #[arg(short = 'c', long, value_name = "N", allow_negative_numbers = true,
@@ -139,18 +167,25 @@ impl SubmitArgs {
         fn pick<T: Clone>(base: &Option<T>, over: &Option<T>) -> Option<T> {
             over.clone().or_else(|| base.clone())
         }
-        // --gpus-per-node and --gres are one setting spelled two ways.
-        let gpus_from = if over.gpus_per_node.is_some() || over.gres.is_some() {
-            over
-        } else {
-            self
-        };
+        // --gpus-per-node, --gres and --gpus are one setting spelled three ways.
+        let gpus_from =
+            if over.gpus_per_node.is_some() || over.gres.is_some() || over.total_gpus.is_some() {
+                over
+            } else {
+                self
+            };
         SubmitArgs {
             job_name: pick(&self.job_name, &over.job_name),
             nodes: pick(&self.nodes, &over.nodes),
             ntasks_per_node: pick(&self.ntasks_per_node, &over.ntasks_per_node),
             gpus_per_node: gpus_from.gpus_per_node.clone(),
             gres: gpus_from.gres.clone(),
+            total_gpus: gpus_from.total_gpus.clone(),
+            gpu_type: pick(&self.gpu_type, &over.gpu_type),
+            constraint: pick(&self.constraint, &over.constraint),
+            nodelist: pick(&self.nodelist, &over.nodelist),
+            exclude: pick(&self.exclude, &over.exclude),
+            topology: pick(&self.topology, &over.topology),
             cpus_per_task: pick(&self.cpus_per_task, &over.cpus_per_task),
             mem: pick(&self.mem, &over.mem),
             time: pick(&self.time, &over.time),
@@ -173,7 +208,7 @@ impl SubmitArgs {
         }
     }
 
-    /// The GPU request, from whichever of `--gpus-per-node` / `--gres` is set.
+    /// The per-node GPU request, from whichever of `--gpus-per-node` / `--gres` is set.
     pub fn gpus(&self) -> Option<&GpuRequest> {
         self.gpus_per_node.as_ref().or(self.gres.as_ref())
     }
@@ -293,12 +328,13 @@ pub fn build_spec(
         .ok_or_else(|| SpecError::WorkdirNotUtf8(workdir.clone()))?
         .to_string();
     let export = merged.export.clone().unwrap_or_default();
+    let (nodes, gpus_per_node, total_gpus, placement) = placement::resolve(&merged)?;
 
     let spec = JobSpec {
         name,
-        nodes: merged.nodes.unwrap_or(1),
+        nodes,
         ntasks_per_node: merged.ntasks_per_node.unwrap_or(1),
-        gpus_per_node: merged.gpus().map_or(0, |g| g.count),
+        gpus_per_node,
         cpus_per_task: merged.cpus_per_task.unwrap_or(1),
         mem_per_node_mb: merged.mem,
         time_limit_secs: merged.time.and_then(|t| t.0),
@@ -316,6 +352,8 @@ pub fn build_spec(
         },
         max_restarts: merged.max_restarts.unwrap_or(3),
         program,
+        total_gpus,
+        placement,
     };
     spec.check_invariants().map_err(SpecError::Invalid)?;
     check_word("job name", &spec.name, true)?;
@@ -508,3 +546,5 @@ fn check_word(field: &'static str, value: &str, spaces_ok: bool) -> Result<(), S
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_placement;

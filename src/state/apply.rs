@@ -42,7 +42,7 @@ impl State {
                     Job {
                         id,
                         user: user.clone(),
-                        spec: spec.clone(),
+                        spec: spec.as_ref().clone(),
                         state: JobState::Pending,
                         submit_time: *now,
                         start_time: None,

@@ -20,7 +20,8 @@ pub enum Command {
     /// Queues a job for `user` (already vouched for by a daemon).
     Submit {
         user: String,
-        spec: JobSpec,
+        /// Boxed: a spec is far larger than every other command.
+        spec: Box<JobSpec>,
         now: Millis,
     },
     /// Cancels jobs: all or none. `admin` callers may cancel anyone's job.

@@ -106,6 +106,14 @@ impl State {
             };
             super::view::add_usage(&mut views, alloc);
             if let Some(job) = self.jobs.get_mut(&alloc.job) {
+                // A `--gpus N` job runs in the shape the pass chose (checked
+                // above: equal GPUs per node, N in all); the rest of the state,
+                // the agents and the CLI read it from the spec. A requeue
+                // re-chooses, since `total_gpus` stays the request.
+                if job.spec.total_gpus.is_some() {
+                    job.spec.nodes = alloc.nodes.len() as u32;
+                    job.spec.gpus_per_node = first.gpus.len() as u32;
+                }
                 job.run = Some(JobRun {
                     attempt: job.restart_count,
                     allocation: alloc.clone(),

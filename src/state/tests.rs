@@ -22,6 +22,8 @@ fn spec(name: &str) -> JobSpec {
         export: ExportMode::All,
         requeue: Default::default(),
         max_restarts: 3,
+        total_gpus: None,
+        placement: Default::default(),
         program: Program::Command {
             argv: vec!["true".into()],
         },
@@ -31,7 +33,7 @@ fn spec(name: &str) -> JobSpec {
 fn submit(user: &str, now: u64) -> Command {
     Command::Submit {
         user: user.into(),
-        spec: spec("j"),
+        spec: Box::new(spec("j")),
         now,
     }
 }
@@ -104,10 +106,10 @@ fn ids_are_monotonic_and_never_reused() {
         // Interleave rejected commands: they must not consume ids.
         let bad = Command::Submit {
             user: "u".into(),
-            spec: JobSpec {
+            spec: Box::new(JobSpec {
                 nodes: 0,
                 ..spec("bad")
-            },
+            }),
             now: i,
         };
         assert!(matches!(s.apply(&bad, &mut d), CommandResult::Rejected(_)));
@@ -273,10 +275,10 @@ fn a_batch_applies_each_command_and_answers_each() {
         submit("a", 1),
         Command::Submit {
             user: "b".into(),
-            spec: JobSpec {
+            spec: Box::new(JobSpec {
                 nodes: 0,
                 ..spec("bad")
-            },
+            }),
             now: 1,
         },
         submit("c", 1),

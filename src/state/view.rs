@@ -9,9 +9,7 @@ use crate::sched::{ClusterView, NodeState, NodeView, PendingJob, Usage};
 pub fn add_usage(views: &mut [NodeView], alloc: &Allocation) {
     for na in &alloc.nodes {
         if let Some(v) = views.iter_mut().find(|v| v.name == na.node) {
-            v.used.gpus.extend(na.gpus.iter().copied());
-            v.used.cpus += na.cpu_count;
-            v.used.memory_mb += na.memory_mb;
+            v.used.charge(na);
         }
     }
 }

@@ -34,7 +34,12 @@ fn base() -> (Vec<NodeView>, Allocation, PendingJob) {
 
 #[test]
 fn check_allocation_accepts_a_fitting_allocation() {
-    let (nodes, alloc, job) = base();
+    let (nodes, mut alloc, mut job) = base();
+    assert_eq!(check_allocation(&nodes, &alloc, &job), Ok(()));
+    // With cpusets, and as a `--gpus 4` job.
+    alloc.nodes[0].cpus = (0..8).collect();
+    alloc.nodes[1].cpus = (64..72).collect();
+    job.total_gpus = Some(4);
     assert_eq!(check_allocation(&nodes, &alloc, &job), Ok(()));
 }
 
@@ -108,6 +113,29 @@ fn check_allocation_rejects_every_kind_of_conflict() {
             "a cpuset that does not match the count",
             |_, a, _| a.nodes[0].cpus = vec![0, 0, 1, 2, 3, 4, 5, 6],
             "the cpuset on node a does not list 8 distinct CPUs",
+        ),
+        (
+            "a CPU in another job's cpuset",
+            |n, a, _| {
+                n[1].used.cpu_ids.insert(3);
+                a.nodes[1].cpus = (0..8).collect();
+            },
+            "CPU 3 on node b is in another job's cpuset",
+        ),
+        (
+            "a CPU the node does not give to jobs",
+            |_, a, _| a.nodes[1].cpus = (200..208).collect(),
+            "CPU 200 is not one node b gives to jobs",
+        ),
+        (
+            "another total with --gpus",
+            |_, _, j| j.total_gpus = Some(6),
+            "job 1 asks for 6 GPUs in total, the same number on each node; the allocation gives 2 + 2",
+        ),
+        (
+            "an excluded node",
+            |_, _, j| j.placement.exclude = vec!["b".into()],
+            "node b is in the job's --exclude",
         ),
         (
             "a different memory size",
@@ -306,7 +334,8 @@ fn pick_gpus_prefers_close_sets_then_low_indices() {
 fn pick_gpus_survives_a_missing_link_matrix() {
     let mut inv = dgx_pairs("a").build().inventory;
     inv.gpu_links.clear();
-    assert_eq!(pick_gpus(&inv, &set(&[2, 5, 7]), 2), Some(vec![2, 5]));
+    // Every link unknown is equally far; the NUMA nodes still tell.
+    assert_eq!(pick_gpus(&inv, &set(&[2, 5, 7]), 2), Some(vec![5, 7]));
 }
 
 #[test]

@@ -4,13 +4,18 @@
 //! where each job went or why it waits. New policies add rows, not harness.
 
 mod checks;
+mod constraints;
+mod fragmentation;
+mod packing;
 mod props;
 mod scenarios;
+mod topology;
 
 use std::collections::BTreeSet;
 
 use crate::model::{
     Allocation, GpuInfo, GpuLink, JobId, Millis, NodeAllocation, NodeInventory, NumaNode,
+    Placement, TopologyRequirement,
 };
 
 use super::{
@@ -127,6 +132,13 @@ impl NodeBuilder {
         self.numa()
     }
 
+    /// A CPU count declared in the agent's config, as simulated nodes have:
+    /// the NUMA layout keeps the CPUs it had, so they no longer match.
+    pub fn declared_cpus(mut self, n: u32) -> Self {
+        self.view.inventory.cpus = n;
+        self
+    }
+
     /// Marks GPU `index` faulty.
     pub fn unhealthy(mut self, index: u32) -> Self {
         for g in &mut self.view.inventory.gpus {
@@ -134,6 +146,26 @@ impl NodeBuilder {
                 g.healthy = false;
                 g.fault = Some("XID 79: fallen off the bus".into());
             }
+        }
+        self
+    }
+
+    /// The node's topology path, e.g. `s1/l2`.
+    pub fn topo(mut self, path: &str) -> Self {
+        self.view.inventory.topology = path.to_string();
+        self
+    }
+
+    /// The node's features.
+    pub fn features(mut self, features: &[&str]) -> Self {
+        self.view.inventory.features = features.iter().map(|f| f.to_string()).collect();
+        self
+    }
+
+    /// Every GPU's model name.
+    pub fn model(mut self, model: &str) -> Self {
+        for g in &mut self.view.inventory.gpus {
+            g.model = model.to_string();
         }
         self
     }
@@ -194,6 +226,8 @@ pub fn job(id: u64) -> JobBuilder {
             mem_per_node_mb: None,
             submit_time: id,
             priority: 0,
+            total_gpus: None,
+            placement: Placement::default(),
         },
     }
 }
@@ -227,9 +261,44 @@ impl JobBuilder {
         self.job.priority = p;
         self
     }
+    /// `--gpus n`: the shape is the pass's choice (1 × n until then).
+    pub fn total(mut self, n: u32) -> Self {
+        self.job.total_gpus = Some(n);
+        self.job.nodes = 1;
+        self.job.gpus_per_node = n;
+        self
+    }
+    pub fn gpu_type(mut self, t: &str) -> Self {
+        self.job.placement.gpu_type = Some(t.into());
+        self
+    }
+    pub fn constraint(mut self, features: &[&str]) -> Self {
+        self.job.placement.features = features.iter().map(|f| f.to_string()).collect();
+        self
+    }
+    pub fn nodelist(mut self, names: &[&str]) -> Self {
+        self.job.placement.nodelist = names.iter().map(|f| f.to_string()).collect();
+        self
+    }
+    pub fn exclude(mut self, names: &[&str]) -> Self {
+        self.job.placement.exclude = names.iter().map(|f| f.to_string()).collect();
+        self
+    }
+    pub fn topology(mut self, level: TopologyRequirement) -> Self {
+        self.job.placement.topology = Some(level);
+        self
+    }
     pub fn build(self) -> PendingJob {
         self.job
     }
+}
+
+/// What a running job holds on one node: GPUs, and a cpuset of `cpus`, 1 GiB.
+pub fn held_cpus(job: u64, node: &str, gpus: &[u32], cpus: std::ops::Range<u32>) -> Allocation {
+    let cpus: Vec<u32> = cpus.collect();
+    let mut a = held_full(job, node, gpus, cpus.len() as u32, 1024);
+    a.nodes[0].cpus = cpus;
+    a
 }
 
 /// What a running job holds on one node: GPUs, 1 CPU, 1 GiB.
@@ -300,9 +369,11 @@ impl Scenario {
 
 /// What every plan keeps, whatever the policy: each pending job appears exactly
 /// once (placed or with a reason); allocations, applied in order as apply does,
-/// each pass [`check_allocation`] (so nothing is oversubscribed, nothing lands
-/// on a node that is not up or on a faulty GPU); and no job is placed behind
-/// one that waits for `Resources` (FIFO).
+/// each pass [`check_allocation`] (so nothing is oversubscribed, no cpusets
+/// overlap, nothing lands on a node that is not up, on a faulty GPU, on a node
+/// the job's placement rules out or across domains its `--topology` forbids);
+/// and no job is placed behind one that waits for `Resources` or `Topology`
+/// (FIFO).
 pub fn assert_sound(view: &ClusterView, plan: &Plan) {
     let mut seen = BTreeSet::new();
     for id in plan
@@ -349,7 +420,7 @@ pub fn assert_sound(view: &ClusterView, plan: &Plan) {
     if let Some(head) = plan
         .pending
         .iter()
-        .filter(|(_, r)| *r == PendingReason::Resources)
+        .filter(|(_, r)| matches!(r, PendingReason::Resources | PendingReason::Topology(_)))
         .map(|(id, _)| key(*id))
         .min()
     {
@@ -369,11 +440,32 @@ pub struct Outcome {
     pub plan: Plan,
 }
 
+/// One row of a placement table: a named scenario and where each job should
+/// end up.
+pub struct Case {
+    pub name: &'static str,
+    pub scenario: Scenario,
+    pub expect: Vec<(u64, Expect)>,
+}
+
+/// Runs every row; fails listing every mismatch, one line each.
+pub fn run_table(cases: Vec<Case>) {
+    let mut failures = Vec::new();
+    for case in cases {
+        for m in case.scenario.run().mismatches(&case.expect) {
+            failures.push(format!("{}: {m}", case.name));
+        }
+    }
+    assert!(failures.is_empty(), "\n{}", failures.join("\n"));
+}
+
 /// Where one job should end up.
 #[derive(Clone, Debug)]
 pub enum Expect {
     /// Placed on exactly these nodes (in rank order) and GPU indices.
     On(&'static [(&'static str, &'static [u32])]),
+    /// Placed on exactly these nodes, in rank order (GPUs not compared).
+    Nodes(&'static [&'static str]),
     /// Waiting for this reason.
     Waits(PendingReason),
     /// Unsatisfiable, with a reason containing this text.
@@ -425,6 +517,9 @@ impl Outcome {
                             .zip(nodes.iter())
                             .all(|((n, g), (wn, wg))| n == wn && g.as_slice() == *wg)
                 }),
+                Expect::Nodes(nodes) => placed
+                    .as_ref()
+                    .is_some_and(|p| p.iter().map(|(n, _)| n.as_str()).eq(nodes.iter().copied())),
                 Expect::Waits(r) => reason == Some(r),
                 Expect::Unsatisfiable(text) => matches!(
                     reason,

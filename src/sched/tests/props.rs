@@ -1,12 +1,14 @@
-//! Properties over random clusters and queues: plans never oversubscribe,
-//! always re-validate, keep FIFO, and call a job unsatisfiable exactly when an
-//! empty cluster could not run it either.
+//! Properties over random clusters and queues (with topology paths,
+//! features, GPU models, cpusets, placements and `--gpus` jobs): plans never
+//! oversubscribe, always re-validate, keep FIFO, and call a job
+//! unsatisfiable exactly when an empty cluster could not run it either.
 
 use std::collections::BTreeSet;
 
 use proptest::prelude::*;
 
 use super::*;
+use crate::model::{Placement, TopologyRequirement};
 use crate::sched::pick_gpus;
 
 const LINKS: [GpuLink; 6] = [
@@ -18,22 +20,34 @@ const LINKS: [GpuLink; 6] = [
     GpuLink::CrossNuma,
 ];
 
-/// A node with some GPUs faulty and some GPUs, CPUs and memory already held.
+const PATHS: [&str; 5] = ["", "s1/l1", "s1/l2", "s2/l3", "s2/l3"];
+
+/// A node with some GPUs faulty and some GPUs, CPUs (some in cpusets) and
+/// memory already held, a topology path, features and a GPU model.
 fn arb_node(i: usize) -> impl Strategy<Value = NodeView> {
     (
-        0u32..=8,
-        0usize..3,
-        1u32..=64,
-        1u64..=64,
+        (0u32..=8, 0usize..3, 1u32..=64, 1u64..=64),
         prop_oneof![6 => Just(NodeState::Up), 1 => Just(NodeState::Drained), 1 => Just(NodeState::Down)],
-        any::<u8>(),
-        any::<u8>(),
-        0u32..=100,
-        0u64..=100,
+        (any::<u8>(), any::<u8>(), 0u32..=100, 0u64..=100),
+        (0usize..PATHS.len(), 0u8..4, any::<bool>()),
     )
-        .prop_map(move |(gpus, topo, cpus, mem_gb, state, faulty, used, cpu_pct, mem_pct)| {
+        .prop_map(move |((gpus, topo, cpus, mem_gb), state, (faulty, used, cpu_pct, mem_pct), (path, features, a100))| {
             let topo = [Topo::NvSwitch, Topo::NvLinkPairs, Topo::Pcie][topo];
-            let mut b = node(&format!("n{i}")).gpus(gpus, topo).cpus(cpus).mem_gb(mem_gb).state(state);
+            let names: Vec<&str> = [(1, "ib"), (2, "nvme")]
+                .iter()
+                .filter(|(bit, _)| features & bit != 0)
+                .map(|(_, f)| *f)
+                .collect();
+            let mut b = node(&format!("n{i}"))
+                .gpus(gpus, topo)
+                .cpus(cpus)
+                .mem_gb(mem_gb)
+                .state(state)
+                .topo(PATHS[path])
+                .features(&names);
+            if a100 {
+                b = b.model("NVIDIA A100-SXM4-80GB");
+            }
             for g in 0..gpus {
                 if faulty & (1 << g) != 0 && g % 3 == 0 {
                     b = b.unhealthy(g);
@@ -42,8 +56,42 @@ fn arb_node(i: usize) -> impl Strategy<Value = NodeView> {
             let mut v = b.build();
             v.used.gpus = (0..gpus).filter(|g| used & (1 << g) != 0).collect();
             v.used.cpus = cpus * cpu_pct / 100;
+            // Half of what is held is in cpusets (the lowest ids), half a count.
+            v.used.cpu_ids = (0..v.used.cpus / 2).collect();
             v.used.memory_mb = v.inventory.memory_mb * mem_pct / 100;
             v
+        })
+}
+
+/// Sometimes a placement: a GPU type, features, a node list, a topology level.
+fn arb_placement() -> impl Strategy<Value = Placement> {
+    (
+        prop_oneof![4 => Just(None), 1 => Just(Some("h100")), 1 => Just(Some("A100"))],
+        0u8..4,
+        prop::option::of(prop::collection::vec(0usize..6, 1..4)),
+        prop_oneof![4 => Just(None), 1 => Just(Some(TopologyRequirement::Leaf)), 1 => Just(Some(TopologyRequirement::Spine))],
+    )
+        .prop_map(|(gpu_type, features, list, topology)| Placement {
+            gpu_type: gpu_type.map(str::to_string),
+            features: [(1, "ib"), (2, "nvme")]
+                .iter()
+                .filter(|(bit, _)| features & bit != 0)
+                .map(|(_, f)| f.to_string())
+                .collect(),
+            nodelist: list
+                .clone()
+                .filter(|_| features != 3)
+                .unwrap_or_default()
+                .into_iter()
+                .map(|i| format!("n{i}"))
+                .collect(),
+            exclude: list
+                .filter(|_| features == 3)
+                .unwrap_or_default()
+                .into_iter()
+                .map(|i| format!("n{i}"))
+                .collect(),
+            topology,
         })
 }
 
@@ -56,20 +104,31 @@ fn arb_job(id: u64) -> impl Strategy<Value = PendingJob> {
         prop::option::of(1u64..=48),
         -1i64..=1,
         0u64..5,
+        (
+            prop_oneof![5 => Just(None), 1 => (1u32..=16).prop_map(Some)],
+            arb_placement(),
+        ),
     )
-        .prop_map(move |(nodes, gpus, tasks, cpus, mem_gb, prio, submit)| {
-            let mut j = job(id)
-                .nodes(nodes)
-                .gpus(gpus)
-                .tasks(tasks)
-                .cpus(cpus)
-                .prio(prio)
-                .submit(submit);
-            if let Some(gb) = mem_gb {
-                j = j.mem_gb(gb);
-            }
-            j.build()
-        })
+        .prop_map(
+            move |(nodes, gpus, tasks, cpus, mem_gb, prio, submit, (total, placement))| {
+                let mut j = job(id)
+                    .nodes(nodes)
+                    .gpus(gpus)
+                    .tasks(tasks)
+                    .cpus(cpus)
+                    .prio(prio)
+                    .submit(submit);
+                if let Some(gb) = mem_gb {
+                    j = j.mem_gb(gb);
+                }
+                let mut j = j.build();
+                // `nodes` and `gpus_per_node` stay as drawn: a `--gpus` job's
+                // shape is the pass's, whatever they say.
+                j.total_gpus = total;
+                j.placement = placement;
+                j
+            },
+        )
 }
 
 fn arb_view() -> impl Strategy<Value = ClusterView> {

@@ -6,13 +6,6 @@ use super::*;
 use crate::model::{Job, JobSpec, JobState, Program};
 use crate::sched::PendingReason::{Priority, Resources};
 
-/// One row: a named scenario and where each job should end up.
-struct Case {
-    name: &'static str,
-    scenario: Scenario,
-    expect: Vec<(u64, Expect)>,
-}
-
 fn cases() -> Vec<Case> {
     use Expect::{On, Unsatisfiable, Waits};
     vec![
@@ -48,12 +41,12 @@ fn cases() -> Vec<Case> {
             expect: vec![(1, Waits(Resources)), (2, Waits(Priority))],
         },
         Case {
-            name: "a gang takes the fullest nodes that fit; ranks in name order",
+            name: "a gang takes the fullest nodes that fit, a NUMA-local quad on each; ranks in name order",
             scenario: Scenario::new([dgx("c"), dgx("b"), dgx("a"), dgx("d")])
                 .running(held(90, "d", &[0, 1, 2, 3]))
                 .running(held(91, "b", &[0, 1]))
                 .pending([job(1).nodes(2).gpus(4)]),
-            expect: vec![(1, On(&[("b", &[2, 3, 4, 5]), ("d", &[4, 5, 6, 7])]))],
+            expect: vec![(1, On(&[("b", &[4, 5, 6, 7]), ("d", &[4, 5, 6, 7])]))],
         },
         Case {
             name: "FIFO: a blocked head holds back smaller jobs that would fit",
@@ -276,13 +269,7 @@ fn cases() -> Vec<Case> {
 
 #[test]
 fn placement_table() {
-    let mut failures = Vec::new();
-    for case in cases() {
-        for m in case.scenario.run().mismatches(&case.expect) {
-            failures.push(format!("{}: {m}", case.name));
-        }
-    }
-    assert!(failures.is_empty(), "\n{}", failures.join("\n"));
+    run_table(cases());
 }
 
 #[test]
@@ -318,7 +305,7 @@ fn a_gang_is_never_half_placed() {
 }
 
 #[test]
-fn allocations_carry_cpus_and_memory_per_node() {
+fn allocations_carry_cpusets_and_memory_per_node() {
     let out = Scenario::new([dgx("a"), dgx("b")])
         .pending([
             job(1).nodes(2).gpus(8).tasks(8).cpus(4),
@@ -326,14 +313,22 @@ fn allocations_carry_cpus_and_memory_per_node() {
         ])
         .run();
     let a1 = out.allocation(1).expect("job 1 placed");
+    // 8 GPUs, 4 on each NUMA node: half the CPUs from each.
+    let halves: Vec<u32> = (0..16).chain(64..80).collect();
     for na in &a1.nodes {
         assert_eq!(na.cpu_count, 32);
         assert_eq!(na.memory_mb, 32 * 1024, "default: 1 GiB per CPU");
-        assert!(na.cpus.is_empty(), "no cpusets yet");
+        assert_eq!(na.cpus, halves);
     }
     let a2 = out.allocation(2).expect("job 2 placed");
+    assert_eq!(a2.nodes[0].node, "a");
     assert_eq!(a2.nodes[0].cpu_count, 6);
     assert_eq!(a2.nodes[0].memory_mb, 5 * 1024);
+    assert_eq!(
+        a2.nodes[0].cpus,
+        (16..22).collect::<Vec<u32>>(),
+        "next to job 1's, on NUMA 0"
+    );
 }
 
 #[test]
@@ -385,6 +380,8 @@ fn a_pending_job_is_built_from_the_recorded_job() {
         export: Default::default(),
         requeue: Default::default(),
         max_restarts: 3,
+        total_gpus: None,
+        placement: Default::default(),
         program: Program::Command {
             argv: vec!["torchrun".into()],
         },
