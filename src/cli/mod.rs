@@ -561,7 +561,10 @@ fn show_text(j: &Job) -> String {
     kv("TasksPerNode", s.ntasks_per_node.to_string());
     kv("GpusPerNode", s.gpus_per_node.to_string());
     if let Some(total) = s.total_gpus {
-        kv("GpusTotal", format!("{total} (shape chosen by the scheduler)"));
+        kv(
+            "GpusTotal",
+            format!("{total} (shape chosen by the scheduler)"),
+        );
     }
     let p = &s.placement;
     if let Some(t) = &p.gpu_type {
