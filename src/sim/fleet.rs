@@ -36,6 +36,8 @@ use crate::net::{JoinError, JoinToken, NodeIdentity};
 pub const SIM_CPUS: u32 = 224;
 /// Memory a simulated node declares, MiB (a DGX H100: 2 TiB).
 pub const SIM_MEMORY_MB: u64 = 2 * 1024 * 1024;
+/// How long a join is retried while the server cannot be reached.
+const JOIN_PATIENCE: Duration = Duration::from_secs(300);
 /// Open files the process needs besides one per agent.
 const FD_HEADROOM: u64 = 256;
 
@@ -214,10 +216,12 @@ fn ensure_open_files(need: u64) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Joins one agent: loads the identity from the data dir, or joins. Every
-/// failure but a wrong cluster is retried a few times: a refusal may pass
-/// too (a server that was just bootstrapped refuses joins until its cluster
-/// record is committed), and a bad token still fails within seconds.
+/// Joins one agent: loads the identity from the data dir, or joins. A
+/// refusal is retried a few times (a just-bootstrapped server refuses joins
+/// until its cluster record is committed, yet a bad token must fail within
+/// seconds); an unreachable or overloaded server is retried for
+/// [`JOIN_PATIENCE`], as a real agent would keep trying; a wrong cluster is
+/// final.
 async fn identity_for(
     opts: &FleetOptions,
     token: &JoinToken,
@@ -241,25 +245,33 @@ async fn join_with_retries(
     token: &JoinToken,
     name: &str,
 ) -> anyhow::Result<NodeIdentity> {
+    let started = Instant::now();
     let mut backoff = Duration::from_millis(100);
-    let mut tries = 0;
+    let mut refusals = 0;
     loop {
-        tries += 1;
-        match crate::net::join(opts.join, token, Role::Agent, name).await {
+        let err = match crate::net::join(opts.join, token, Role::Agent, name).await {
             Ok(id) => return Ok(id),
-            Err(e @ JoinError::WrongCluster { .. }) => {
-                return Err(e).with_context(|| format!("node {name} could not join"))
+            Err(e) => e,
+        };
+        let give_up = match &err {
+            JoinError::WrongCluster { .. } => true,
+            JoinError::Refused { .. } => {
+                refusals += 1;
+                refusals >= 6
             }
-            Err(e) if tries >= 6 => {
-                return Err(e)
-                    .with_context(|| format!("node {name} could not join in {tries} tries"))
-            }
-            Err(e) => {
-                tracing::debug!(node = name, "join failed, retrying: {e}");
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_secs(2));
-            }
+            _ => started.elapsed() > JOIN_PATIENCE,
+        };
+        if give_up {
+            return Err(err).with_context(|| {
+                format!(
+                    "node {name} could not join (for {:.0} s)",
+                    started.elapsed().as_secs_f64()
+                )
+            });
         }
+        tracing::debug!(node = name, "join failed, retrying: {err}");
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(Duration::from_secs(5));
     }
 }
 
