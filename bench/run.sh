@@ -27,7 +27,7 @@ smoke=0
 case "${1:-}" in
   --smoke) smoke=1 ;;
   "") ;;
-  -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
+  -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
   *) echo "bench/run.sh: unknown argument $1 (use --smoke or nothing)" >&2; exit 1 ;;
 esac
 
