@@ -35,12 +35,18 @@ pub async fn run(api: Arc<Api>, mut shutdown: watch::Receiver<bool>) {
         last_seen_index = Some(index);
         let plan = {
             let state = api.state();
-            let view = state.cluster_view();
-            if view.pending.is_empty() {
+            // Most applied entries (task events, heartbeats of progress) leave
+            // nothing pending: skip building the view (it clones inventories).
+            if !state
+                .jobs
+                .values()
+                .any(|j| j.state == crate::model::JobState::Pending)
+            {
+                drop(state);
                 api.set_pending_reasons(Default::default());
                 continue;
             }
-            crate::sched::plan(&view, now_ms())
+            crate::sched::plan(&state.cluster_view(), now_ms())
         };
         api.set_pending_reasons(
             plan.pending
