@@ -513,6 +513,12 @@ example_server_toml() {
 # leader change every node gets this long again before it can be declared down.
 # node_ttl_secs = 10
 
+# Seconds after a job ends before it moves from memory to the history archive
+# on disk (same redb file, replicated in snapshots). `gpuq show` and `gpuq acct`
+# answer for archived jobs too; `gpuq queue --all` lists only those not yet
+# archived. The leader's value counts.
+# history_retention_secs = 300
+
 [server.raft]
 
 # How often the leader heartbeats followers. Must be below

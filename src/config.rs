@@ -41,6 +41,9 @@ pub struct ServerConfig {
     pub admin_group: Option<String>,
     /// A node whose agent is silent this long is declared down.
     pub node_ttl_secs: u64,
+    /// Finished jobs move from memory to the on-disk history archive this
+    /// long after they end.
+    pub history_retention_secs: u64,
     pub raft: RaftConfig,
 }
 
@@ -115,6 +118,7 @@ impl Default for ServerConfig {
             socket: "/run/gpuq/gpuq.sock".into(),
             admin_group: None,
             node_ttl_secs: 10,
+            history_retention_secs: 300,
             raft: RaftConfig::default(),
         }
     }

@@ -95,6 +95,7 @@ pub async fn start(
         socket: socket.clone(),
         admin_group: None,
         node_ttl_secs: 10,
+        history_retention_secs: 300,
         raft: Default::default(),
     };
     let server = crate::server::start(

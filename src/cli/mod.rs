@@ -5,6 +5,7 @@
 //! or forbidden; 2 the cluster could not be reached or did not answer; 3 an
 //! internal error.
 
+mod acct;
 pub mod table;
 
 use std::path::PathBuf;
@@ -115,6 +116,9 @@ pub enum ClientCommand {
         #[command(flatten)]
         json: JsonFlag,
     },
+    /// Finished jobs with their usage (as Slurm's sacct), from memory and the
+    /// on-disk history archive; or totals per account and user (--summary).
+    Acct(acct::AcctArgs),
     /// Show one job in full.
     Show {
         /// The job id.
@@ -305,6 +309,7 @@ pub async fn run(cmd: ClientCommand) -> Result<(), CliError> {
             }
             other => Err(unexpected(other)),
         },
+        ClientCommand::Acct(args) => acct::run(args).await,
         ClientCommand::Show { id, json } => match call(ApiRequest::Show { id: JobId(id) }).await? {
             ApiResponse::Job { job } => {
                 if json.json {

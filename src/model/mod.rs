@@ -2,6 +2,7 @@
 //! tokens. Pure data plus the invariants that belong to the data itself (such as
 //! which job state may follow which). Nothing here does I/O or reads a clock.
 
+pub mod acct;
 pub mod hostlist;
 mod job;
 mod node;

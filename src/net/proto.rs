@@ -45,6 +45,13 @@ pub enum ApiRequest {
     TokenList,
     /// Revoke a join token (admins only).
     TokenRevoke { id: String },
+    /// Finished jobs, active and archived (`gpuq acct`); with `summary`,
+    /// totals per account and user instead. A read: any server answers.
+    Acct {
+        filter: crate::model::acct::AcctFilter,
+        #[serde(default)]
+        summary: bool,
+    },
 }
 
 /// Who a daemon vouches the request comes from.
@@ -192,6 +199,12 @@ pub enum ApiResponse {
     },
     TokenRevoked {
         id: String,
+    },
+    Acct {
+        records: Vec<crate::model::acct::AcctRecord>,
+    },
+    AcctSummary {
+        rows: Vec<crate::model::acct::AcctSummary>,
     },
     Error {
         kind: ErrorKind,

@@ -97,6 +97,8 @@ pub struct RaftNode {
     pub state: Arc<RwLock<State>>,
     /// Group-commit figures of the log store.
     pub stats: Arc<LogStats>,
+    /// The redb file of log and state: the history archive is read from it.
+    pub db: Arc<redb::Database>,
 }
 
 impl RaftNode {
@@ -155,7 +157,13 @@ where
     let config = Arc::new(config.validate()?);
     let (log, sm) = open_storage(db_path).await?;
     let state = sm.state();
+    let db = sm.db();
     let stats = log.stats();
     let raft = openraft::Raft::new(node_id, config, network, log, sm).await?;
-    Ok(RaftNode { raft, state, stats })
+    Ok(RaftNode {
+        raft,
+        state,
+        stats,
+        db,
+    })
 }

@@ -198,6 +198,11 @@ impl StateMachine {
     pub fn state(&self) -> Arc<RwLock<State>> {
         self.state.clone()
     }
+
+    /// The redb file the state lives in (readers of the history archive).
+    pub fn db(&self) -> Arc<Database> {
+        self.db.clone()
+    }
 }
 
 impl RaftStateMachine<TypeConfig> for StateMachine {
@@ -243,6 +248,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let state = self.state.clone();
         let applied = self.last_applied;
         let membership = membership_changed.then(|| self.last_membership.clone());
+        let archived = dirty.archived;
         blocking(move || {
             let mut txn = db.begin_write().map_err(db_err)?;
             txn.set_durability(Durability::None);
@@ -254,6 +260,14 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             }
             write_applied(&txn, &applied, membership.as_ref())?;
             txn.commit().map_err(db_err)?;
+            if archived {
+                // Committed: readers find these jobs in the history tables now.
+                state
+                    .write()
+                    .map_err(|_| SmError::Task("state lock poisoned".into()))?
+                    .archiving
+                    .clear();
+            }
             Ok(())
         })
         .await
@@ -285,13 +299,13 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let snap_err = |e: SmError| -> StorageError<u64> {
             StorageIOError::write_snapshot(Some(signature.clone()), &e).into()
         };
-        let new_state = store::from_snapshot_bytes(&data).map_err(|e| snap_err(e.into()))?;
         let db = self.db.clone();
         let m = meta.clone();
         let new_state = blocking(move || {
+            let (new_state, history) = store::from_snapshot_bytes(&data)?;
             let mut txn = db.begin_write().map_err(db_err)?;
             txn.set_durability(Durability::Immediate);
-            store::replace_all(&txn, &new_state)?;
+            store::replace_all(&txn, &new_state, history)?;
             write_applied(&txn, &m.last_log_id, Some(&m.last_membership))?;
             write_snapshot(&txn, &m, &data, false)?;
             txn.commit().map_err(db_err)?;
@@ -346,10 +360,9 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
             })?;
         let db = self.db.clone();
         let (meta, data) = blocking(move || {
-            let state = store::load(&view)?;
+            let data = store::snapshot_of(&view)?;
             let (applied, membership) = read_applied(&view)?;
             drop(view);
-            let data = store::to_snapshot_bytes(&state)?;
             let seq = SNAPSHOT_SEQ.fetch_add(1, Ordering::Relaxed);
             let snapshot_id = match applied {
                 Some(id) => format!("{}-{}-{}", id.leader_id, id.index, seq),

@@ -127,7 +127,12 @@ impl Api {
             .unwrap_or_else(|p| p.into_inner()) = reasons;
     }
 
-    fn with_reason(&self, mut job: crate::model::Job) -> crate::model::Job {
+    /// The redb file holding the history archive.
+    pub(super) fn db(&self) -> Arc<redb::Database> {
+        self.node.db.clone()
+    }
+
+    pub(super) fn with_reason(&self, mut job: crate::model::Job) -> crate::model::Job {
         if job.state == JobState::Pending && job.reason.is_none() {
             let reasons = self
                 .pending_reasons
@@ -224,15 +229,8 @@ impl Api {
                     .collect();
                 ApiResponse::Jobs { jobs }
             }
-            ApiRequest::Show { id } => match self.state().job(id) {
-                Some(job) => ApiResponse::Job {
-                    job: Box::new(self.with_reason(job.clone())),
-                },
-                None => ApiResponse::error(
-                    ErrorKind::NotFound,
-                    format!("job {id} does not exist (see `gpuq queue --all`)"),
-                ),
-            },
+            ApiRequest::Show { id } => self.show(id).await,
+            ApiRequest::Acct { filter, summary } => self.acct(filter, summary).await,
             ApiRequest::Cluster => ApiResponse::Cluster {
                 status: self.cluster_status(),
             },

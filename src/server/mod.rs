@@ -2,8 +2,10 @@
 //! endpoint (raft, api and join protocols), the local unix socket, and the
 //! leader's duties. Only the leader writes; followers forward client requests.
 
+mod acct;
 mod agents;
 mod api;
+mod archive;
 mod datadir;
 mod join;
 mod liveness;
@@ -197,6 +199,11 @@ pub async fn start(
     }
 
     tokio::spawn(scheduler::run(api.clone(), shutdown.clone()));
+    tokio::spawn(archive::run(
+        api.clone(),
+        Duration::from_secs(cfg.history_retention_secs),
+        shutdown.clone(),
+    ));
     tokio::spawn(liveness::run(
         api.clone(),
         Duration::from_secs(cfg.node_ttl_secs.max(1)),

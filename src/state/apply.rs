@@ -136,6 +136,7 @@ impl State {
                 requeue_now,
                 now,
             } => Ok(self.set_drain(node, drain.as_deref(), *by, *requeue_now, *now, dirty)),
+            Command::Archive { before } => Ok(self.archive(*before, dirty)),
             Command::GpuHealth { node, gpus, now } => Ok(self.gpu_health(node, gpus, *now, dirty)),
             Command::Batch(cmds) => Ok(CommandResult::Batch(
                 cmds.iter()

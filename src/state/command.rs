@@ -80,6 +80,10 @@ pub enum Command {
     /// one fsync for a burst of concurrent writes). Each is applied in order
     /// and answered on its own; a batch inside a batch is rejected.
     Batch(Vec<Command>),
+    /// Moves finished jobs that ended at or before `before` from the active
+    /// set to the history archive. The leader proposes it with `before = now
+    /// - retention`, so apply needs no clock.
+    Archive { before: Millis },
     /// Task starts and ends reported by a node's agent. Idempotent: keyed by
     /// (job, attempt, rank), a repeat changes nothing.
     TaskEvents {
@@ -115,6 +119,10 @@ pub enum CommandResult {
     /// How many task events changed something.
     TaskEventsApplied {
         applied: u32,
+    },
+    /// How many jobs an `Archive` moved to the history archive.
+    Archived {
+        count: u64,
     },
     /// The answers of a `Batch`, in order.
     Batch(Vec<CommandResult>),

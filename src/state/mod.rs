@@ -6,6 +6,7 @@
 
 mod apply;
 mod command;
+pub mod history;
 mod run;
 pub mod store;
 mod view;
@@ -97,6 +98,10 @@ pub struct State {
     pub tokens: BTreeMap<String, TokenRecord>,
     #[serde(default)]
     pub nodes: BTreeMap<String, NodeRecord>,
+    /// Jobs an `Archive` moved out of `jobs` that the store has not yet
+    /// written to the history tables (emptied once it has; see `history`).
+    #[serde(skip)]
+    pub archiving: Vec<Job>,
 }
 
 /// The records one or more applies touched, for `store::write_dirty`.
@@ -106,11 +111,17 @@ pub struct Dirty {
     pub jobs: BTreeSet<JobId>,
     pub tokens: BTreeSet<String>,
     pub nodes: BTreeSet<String>,
+    /// `State::archiving` holds jobs to write to the history tables.
+    pub archived: bool,
 }
 
 impl Dirty {
     pub fn is_empty(&self) -> bool {
-        !self.meta && self.jobs.is_empty() && self.tokens.is_empty() && self.nodes.is_empty()
+        !self.meta
+            && !self.archived
+            && self.jobs.is_empty()
+            && self.tokens.is_empty()
+            && self.nodes.is_empty()
     }
 }
 
@@ -159,3 +170,6 @@ mod tests;
 
 #[cfg(test)]
 mod tests_run;
+
+#[cfg(test)]
+mod tests_history;

@@ -3,8 +3,14 @@
 //! state and index never disagree after a crash).
 //!
 //! Tables: `jobs` (id -> Job), `tokens` (id -> TokenRecord), `nodes` (name ->
-//! NodeRecord), `state_meta` (`cluster`, `counters`). Values are MessagePack with named fields, so records
+//! NodeRecord), `state_meta` (`cluster`, `counters`), and the history archive's
+//! tables (`history`). Values are MessagePack with named fields, so records
 //! written by an older build still decode after an upgrade.
+//!
+//! A snapshot is `SNAPSHOT_MAGIC`, the active state's length (u64 LE), the
+//! active state (MessagePack), then the history section: the archived rows as
+//! stored, copied without decoding (see `history::dump`). Bytes without the
+//! magic are an older build's snapshot: the active state alone.
 
 use redb::{ReadTransaction, ReadableTable, TableDefinition, WriteTransaction};
 use serde::de::DeserializeOwned;
@@ -27,6 +33,8 @@ pub enum StoreError {
         what: String,
         source: rmp_serde::decode::Error,
     },
+    #[error("snapshot is malformed: {0}")]
+    Snapshot(String),
     #[error("state record could not be encoded: {0}")]
     Encode(#[from] rmp_serde::encode::Error),
 }
@@ -37,11 +45,14 @@ macro_rules! db {
     };
 }
 
-fn encode<T: Serialize>(v: &T) -> Result<Vec<u8>, StoreError> {
+pub(super) fn encode<T: Serialize>(v: &T) -> Result<Vec<u8>, StoreError> {
     Ok(rmp_serde::to_vec_named(v)?)
 }
 
-fn decode<T: DeserializeOwned>(what: impl Into<String>, bytes: &[u8]) -> Result<T, StoreError> {
+pub(super) fn decode<T: DeserializeOwned>(
+    what: impl Into<String>,
+    bytes: &[u8],
+) -> Result<T, StoreError> {
     rmp_serde::from_slice(bytes).map_err(|source| StoreError::Decode {
         what: what.into(),
         source,
@@ -54,6 +65,7 @@ pub fn create_tables(txn: &WriteTransaction) -> Result<(), StoreError> {
     db!(txn.open_table(TOKENS))?;
     db!(txn.open_table(META))?;
     db!(txn.open_table(NODES))?;
+    super::history::create_tables(txn)?;
     Ok(())
 }
 
@@ -127,6 +139,9 @@ pub fn write_dirty(txn: &WriteTransaction, state: &State, dirty: &Dirty) -> Resu
             };
         }
     }
+    if dirty.archived {
+        super::history::write(txn, &state.archiving)?;
+    }
     if !dirty.tokens.is_empty() {
         let mut tokens = db!(txn.open_table(TOKENS))?;
         for id in &dirty.tokens {
@@ -139,28 +154,64 @@ pub fn write_dirty(txn: &WriteTransaction, state: &State, dirty: &Dirty) -> Resu
     Ok(())
 }
 
-/// Replaces every state table with `state` (installing a snapshot).
-pub fn replace_all(txn: &WriteTransaction, state: &State) -> Result<(), StoreError> {
+/// Marks a snapshot in this file's format.
+const SNAPSHOT_MAGIC: &[u8; 8] = b"GPQSNAP2";
+
+/// Replaces every state table with `state` and the archive with the rows of
+/// `history` (a snapshot's history section), when installing a snapshot.
+pub fn replace_all(
+    txn: &WriteTransaction,
+    state: &State,
+    history: &[u8],
+) -> Result<(), StoreError> {
     db!(txn.delete_table(JOBS))?;
     db!(txn.delete_table(TOKENS))?;
     db!(txn.delete_table(META))?;
     db!(txn.delete_table(NODES))?;
     create_tables(txn)?;
+    super::history::restore(txn, history)?;
     let dirty = Dirty {
         meta: true,
         jobs: state.jobs.keys().copied().collect(),
         tokens: state.tokens.keys().cloned().collect(),
         nodes: state.nodes.keys().cloned().collect(),
+        archived: false,
     };
     write_dirty(txn, state, &dirty)
 }
 
-/// Encodes the whole state for a snapshot.
-pub fn to_snapshot_bytes(state: &State) -> Result<Vec<u8>, StoreError> {
-    encode(state)
+/// Encodes `state` and a history section (from `history::dump`) as a snapshot.
+pub fn to_snapshot_bytes(state: &State, history: &[u8]) -> Result<Vec<u8>, StoreError> {
+    let active = encode(state)?;
+    let mut out = Vec::with_capacity(16 + active.len() + history.len());
+    out.extend_from_slice(SNAPSHOT_MAGIC);
+    out.extend_from_slice(&(active.len() as u64).to_le_bytes());
+    out.extend_from_slice(&active);
+    out.extend_from_slice(history);
+    Ok(out)
 }
 
-/// Decodes a snapshot made by `to_snapshot_bytes`.
-pub fn from_snapshot_bytes(bytes: &[u8]) -> Result<State, StoreError> {
-    decode("snapshot", bytes)
+/// Builds a snapshot of everything `txn` sees: active state and archive.
+pub fn snapshot_of(txn: &ReadTransaction) -> Result<Vec<u8>, StoreError> {
+    let state = load(txn)?;
+    let mut history = Vec::new();
+    super::history::dump(txn, &mut history)?;
+    to_snapshot_bytes(&state, &history)
+}
+
+/// Decodes a snapshot into the active state and its history section.
+pub fn from_snapshot_bytes(bytes: &[u8]) -> Result<(State, &[u8]), StoreError> {
+    let Some(rest) = bytes.strip_prefix(SNAPSHOT_MAGIC.as_slice()) else {
+        return Ok((decode("snapshot", bytes)?, &[]));
+    };
+    let short = || StoreError::Snapshot("it ends inside its header".into());
+    let len = u64::from_le_bytes(
+        rest.get(..8)
+            .ok_or_else(short)?
+            .try_into()
+            .unwrap_or([0; 8]),
+    );
+    let len = usize::try_from(len).map_err(|_| short())?;
+    let active = rest.get(8..8 + len).ok_or_else(short)?;
+    Ok((decode("snapshot", active)?, &rest[8 + len..]))
 }

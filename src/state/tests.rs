@@ -258,11 +258,12 @@ fn store_round_trips_dirty_records() {
     let loaded = store::load(&db.begin_read().unwrap()).unwrap();
     assert_eq!(loaded, s);
 
-    let bytes = store::to_snapshot_bytes(&s).unwrap();
+    let bytes = store::to_snapshot_bytes(&s, &[]).unwrap();
     let other = tempfile::tempdir().unwrap();
     let db2 = redb::Database::create(other.path().join("s.redb")).unwrap();
     let txn = db2.begin_write().unwrap();
-    store::replace_all(&txn, &store::from_snapshot_bytes(&bytes).unwrap()).unwrap();
+    let (snap, history) = store::from_snapshot_bytes(&bytes).unwrap();
+    store::replace_all(&txn, &snap, history).unwrap();
     txn.commit().unwrap();
     assert_eq!(store::load(&db2.begin_read().unwrap()).unwrap(), s);
 }

@@ -7,7 +7,7 @@ use crate::model::{
     RequeuePolicy, TaskEnd, TaskEvent, TaskEventKind,
 };
 
-fn inventory(name: &str, gpus: u32) -> NodeInventory {
+pub(super) fn inventory(name: &str, gpus: u32) -> NodeInventory {
     NodeInventory {
         name: name.into(),
         gpus: (0..gpus)
@@ -47,7 +47,7 @@ fn inventory(name: &str, gpus: u32) -> NodeInventory {
     }
 }
 
-fn spec(nodes: u32, gpus: u32) -> JobSpec {
+pub(super) fn spec(nodes: u32, gpus: u32) -> JobSpec {
     JobSpec {
         name: "train".into(),
         nodes,
@@ -73,7 +73,7 @@ fn spec(nodes: u32, gpus: u32) -> JobSpec {
     }
 }
 
-fn alloc(job: u64, nodes: &[(&str, &[u32])]) -> Allocation {
+pub(super) fn alloc(job: u64, nodes: &[(&str, &[u32])]) -> Allocation {
     Allocation {
         job: JobId(job),
         nodes: nodes
@@ -89,7 +89,7 @@ fn alloc(job: u64, nodes: &[(&str, &[u32])]) -> Allocation {
     }
 }
 
-fn cluster() -> (State, Dirty) {
+pub(super) fn cluster() -> (State, Dirty) {
     let mut s = State::default();
     let mut d = Dirty::default();
     for (n, addr) in [("n1", "10.1.0.1:7421"), ("n2", "10.1.0.2:7421")] {

@@ -1,0 +1,90 @@
+//! Reads over finished jobs: `gpuq show` for a job that may be archived, and
+//! `gpuq acct`. Each looks in the active set first, then the jobs being
+//! archived, then the history tables; jobs only ever move in that direction,
+//! so a job is always found (and `acct` dedupes a job seen twice by id).
+//! Reads are served from this server's own state: no leader needed.
+
+use std::collections::BTreeMap;
+
+use crate::model::acct::{summarize, AcctFilter, AcctRecord};
+use crate::model::{Job, JobId};
+use crate::net::proto::{ApiResponse, ErrorKind};
+use crate::state::history;
+
+use super::Api;
+
+impl Api {
+    /// One job, active or archived.
+    pub(super) async fn show(&self, id: JobId) -> ApiResponse {
+        let found = {
+            let s = self.state();
+            s.job(id).or_else(|| s.archiving_job(id)).cloned()
+        };
+        let found = match found {
+            Some(job) => Some(self.with_reason(job)),
+            None => {
+                let db = self.db();
+                let read = tokio::task::spawn_blocking(move || -> Result<Option<Job>, String> {
+                    let txn = db.begin_read().map_err(|e| e.to_string())?;
+                    history::get(&txn, id).map_err(|e| e.to_string())
+                })
+                .await;
+                match read {
+                    Ok(Ok(job)) => job,
+                    Ok(Err(e)) => return ApiResponse::error(ErrorKind::Internal, e),
+                    Err(e) => return ApiResponse::error(ErrorKind::Internal, e.to_string()),
+                }
+            }
+        };
+        match found {
+            Some(job) => ApiResponse::Job { job: Box::new(job) },
+            None => ApiResponse::error(
+                ErrorKind::NotFound,
+                format!("job {id} does not exist (see `gpuq queue --all` and `gpuq acct`)"),
+            ),
+        }
+    }
+
+    /// Finished jobs `filter` selects, or their totals per account and user.
+    pub(super) async fn acct(&self, filter: AcctFilter, summary: bool) -> ApiResponse {
+        if let (Some(s), Some(u)) = (filter.since, filter.until) {
+            if s > u {
+                return ApiResponse::error(
+                    ErrorKind::BadInput,
+                    "--since is after --until; give the earlier time to --since",
+                );
+            }
+        }
+        let mut jobs: BTreeMap<JobId, AcctRecord> = {
+            let s = self.state();
+            s.jobs
+                .values()
+                .chain(s.archiving.iter())
+                .filter(|j| j.state.is_final() && filter.matches(j))
+                .map(|j| (j.id, AcctRecord::from_job(j)))
+                .collect()
+        };
+        let db = self.db();
+        let f = filter.clone();
+        let read = tokio::task::spawn_blocking(move || -> Result<Vec<AcctRecord>, String> {
+            let txn = db.begin_read().map_err(|e| e.to_string())?;
+            let jobs = history::query(&txn, &f).map_err(|e| e.to_string())?;
+            Ok(jobs.iter().map(AcctRecord::from_job).collect())
+        })
+        .await;
+        match read {
+            Ok(Ok(records)) => jobs.extend(records.into_iter().map(|r| (r.id, r))),
+            Ok(Err(e)) => return ApiResponse::error(ErrorKind::Internal, e),
+            Err(e) => return ApiResponse::error(ErrorKind::Internal, e.to_string()),
+        }
+        if summary {
+            ApiResponse::AcctSummary {
+                rows: summarize(jobs.values()),
+            }
+        } else {
+            ApiResponse::Acct {
+                records: jobs.into_values().collect(),
+            }
+        }
+    }
+}
