@@ -58,6 +58,8 @@ pub struct Server {
     pub socket: PathBuf,
     /// Seconds of agent silence before a node is down.
     pub node_ttl_secs: u64,
+    /// More `[server]` keys, one `key = value` per line.
+    pub extra_config: String,
     child: Option<Child>,
 }
 
@@ -69,12 +71,18 @@ impl Server {
 
     /// Bootstraps with a node TTL of `node_ttl_secs`.
     pub fn bootstrap_with_ttl(dir: &Path, node_ttl_secs: u64) -> Server {
+        Server::bootstrap_with_config(dir, node_ttl_secs, "")
+    }
+
+    /// Bootstraps with a node TTL and more `[server]` keys (`key = value` lines).
+    pub fn bootstrap_with_config(dir: &Path, node_ttl_secs: u64, extra: &str) -> Server {
         std::fs::create_dir_all(dir).expect("server dir");
         let mut s = Server {
             dir: dir.to_path_buf(),
             port: free_port(),
             socket: dir.join("gpuq.sock"),
             node_ttl_secs,
+            extra_config: extra.to_string(),
             child: None,
         };
         s.start();
@@ -86,7 +94,10 @@ impl Server {
         let cfg = self.dir.join("server.toml");
         std::fs::write(
             &cfg,
-            format!("[server]\nnode_ttl_secs = {}\n", self.node_ttl_secs),
+            format!(
+                "[server]\nnode_ttl_secs = {}\n{}\n",
+                self.node_ttl_secs, self.extra_config
+            ),
         )
         .expect("server config");
         let log = std::fs::OpenOptions::new()
@@ -472,7 +483,12 @@ impl Cluster {
 
     /// A cluster whose nodes are declared down after `ttl` seconds of silence.
     pub fn start_with_ttl(dir: &Path, n: usize, gpus: u32, ttl: u64) -> Cluster {
-        let server = Server::bootstrap_with_ttl(&dir.join("server"), ttl);
+        Cluster::start_with_config(dir, n, gpus, ttl, "")
+    }
+
+    /// A cluster whose server gets more `[server]` keys (`key = value` lines).
+    pub fn start_with_config(dir: &Path, n: usize, gpus: u32, ttl: u64, extra: &str) -> Cluster {
+        let server = Server::bootstrap_with_config(&dir.join("server"), ttl, extra);
         let token = server.ok(&["token", "create"]).trim().to_string();
         let agents = (1..=n)
             .map(|i| {
