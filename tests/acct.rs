@@ -53,25 +53,43 @@ fn finished_jobs_are_archived_and_acct_reports_them() {
     assert_eq!(r["exit_code"], 0);
     assert_eq!(r["nodes"], serde_json::json!(["n1"]));
     assert_eq!(r["gpus"], 2);
-    let (start, end) = (r["start_time"].as_u64().unwrap(), r["end_time"].as_u64().unwrap());
+    let (start, end) = (
+        r["start_time"].as_u64().unwrap(),
+        r["end_time"].as_u64().unwrap(),
+    );
     assert!(r["submit_time"].as_u64().unwrap() <= start && start < end);
     assert_eq!(r["elapsed_secs"].as_u64().unwrap(), (end - start) / 1000);
     let gpu_hours = r["gpu_hours"].as_f64().unwrap();
     assert!((gpu_hours - 2.0 * (end - start) as f64 / 3.6e6).abs() < 1e-9);
-    assert!(r["elapsed_secs"].as_u64().unwrap() >= 1, "it slept a second");
+    assert!(
+        r["elapsed_secs"].as_u64().unwrap() >= 1,
+        "it slept a second"
+    );
     assert_eq!(all[1]["account"], "vision");
     assert_eq!(all[1]["exit_code"], 3);
 
     // Filters.
-    assert_eq!(ids(&json(&c, &["acct", "--state", "FAILED", "--json"])), vec![bad.clone()]);
-    assert_eq!(ids(&json(&c, &["acct", "-A", "vision", "--json"])), vec![bad.clone()]);
+    assert_eq!(
+        ids(&json(&c, &["acct", "--state", "FAILED", "--json"])),
+        vec![bad.clone()]
+    );
+    assert_eq!(
+        ids(&json(&c, &["acct", "-A", "vision", "--json"])),
+        vec![bad.clone()]
+    );
     assert_eq!(ids(&json(&c, &["acct", "-u", "root", "--json"])).len(), 2);
     assert!(ids(&json(&c, &["acct", "-u", "nobody", "--json"])).is_empty());
     assert!(ids(&json(&c, &["acct", "-S", "2099-01-01", "--json"])).is_empty());
     assert!(ids(&json(&c, &["acct", "-E", "2000-01-01", "--json"])).is_empty());
-    assert_eq!(ids(&json(&c, &["acct", "-S", "now-1h", "-E", "now", "--json"])).len(), 2);
+    assert_eq!(
+        ids(&json(&c, &["acct", "-S", "now-1h", "-E", "now", "--json"])).len(),
+        2
+    );
     let table = c.server.ok(&["acct"]);
-    assert!(table.starts_with("JOBID") && table.contains("vision"), "{table}");
+    assert!(
+        table.starts_with("JOBID") && table.contains("vision"),
+        "{table}"
+    );
 
     // Summary: per account, and per user within it.
     let sum = json(&c, &["acct", "--summary", "--json"]);

@@ -223,6 +223,10 @@ pub async fn serve(api: Arc<Api>, hub: Arc<AgentHub>, peer: Peer) {
 
     let mut metrics = api.metrics();
     let mut last_sent: Option<Vec<DesiredTask>> = None;
+    // The node's index version when `last_sent` was computed: an applied
+    // entry that touched no job on this node leaves it, and the desired
+    // state is then neither recomputed nor compared.
+    let mut sent_version: Option<u64> = None;
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     loop {
         if !api.is_leader() {
@@ -236,11 +240,17 @@ pub async fn serve(api: Arc<Api>, hub: Arc<AgentHub>, peer: Peer) {
             .await;
             break;
         }
-        let (desired, index) = {
+        let changed = {
             let s = api.state();
-            (desired_tasks(&s, &node), api.applied_index())
+            let version = s.index.node_version(&node);
+            if sent_version == Some(version) {
+                None
+            } else {
+                sent_version = Some(version);
+                Some((desired_tasks(&s, &node), api.applied_index()))
+            }
         };
-        if last_sent.as_ref() != Some(&desired) {
+        if let Some((desired, index)) = changed.filter(|(d, _)| last_sent.as_ref() != Some(d)) {
             let msg = ServerMsg::Desired {
                 index,
                 tasks: desired.clone(),
@@ -319,13 +329,7 @@ pub async fn serve(api: Arc<Api>, hub: Arc<AgentHub>, peer: Peer) {
 /// Counts of nodes' jobs, for tables.
 pub fn running_jobs_on(state: &State, node: &str) -> usize {
     state
-        .jobs
-        .values()
+        .jobs_on(node)
         .filter(|j| j.state == JobState::Running || j.state == JobState::Completing)
-        .filter(|j| {
-            j.run
-                .as_ref()
-                .is_some_and(|r| r.allocation.nodes.iter().any(|n| n.node == node))
-        })
         .count()
 }

@@ -542,10 +542,12 @@ impl Api {
         let alive: std::collections::HashSet<String> = self.hub.alive().into_iter().collect();
         let s = self.state();
         let views = s.node_views();
+        // node_views is in the same (name) order as `nodes`.
         s.nodes
             .values()
-            .map(|n| {
-                let v = views.iter().find(|v| v.name == n.inventory.name);
+            .zip(views.iter())
+            .map(|(n, v)| {
+                let v = Some(v);
                 let reason = match &n.status {
                     crate::state::NodeStatus::Up => None,
                     crate::state::NodeStatus::Drained { reason, .. }

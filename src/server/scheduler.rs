@@ -37,11 +37,7 @@ pub async fn run(api: Arc<Api>, mut shutdown: watch::Receiver<bool>) {
             let state = api.state();
             // Most applied entries (task events, heartbeats of progress) leave
             // nothing pending: skip building the view (it clones inventories).
-            if !state
-                .jobs
-                .values()
-                .any(|j| j.state == crate::model::JobState::Pending)
-            {
+            if !state.has_pending() {
                 drop(state);
                 api.set_pending_reasons(Default::default());
                 continue;

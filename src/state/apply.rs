@@ -7,10 +7,19 @@ impl State {
     /// Applies one command, recording touched records in `dirty`. A rejected
     /// command changes nothing.
     pub fn apply(&mut self, cmd: &Command, dirty: &mut Dirty) -> CommandResult {
-        match self.try_apply(cmd, dirty) {
+        // The records this command touches, to keep the indexes in step.
+        let mut mine = Dirty::default();
+        let r = match self.try_apply(cmd, &mut mine) {
             Ok(r) => r,
             Err(why) => CommandResult::Rejected(why),
+        };
+        if !matches!(cmd, Command::Batch(_)) {
+            for id in &mine.jobs {
+                self.reindex_job(*id);
+            }
         }
+        dirty.merge(mine);
+        r
     }
 
     fn try_apply(&mut self, cmd: &Command, dirty: &mut Dirty) -> Result<CommandResult, Rejection> {

@@ -7,6 +7,7 @@
 mod apply;
 mod command;
 pub mod history;
+mod index;
 mod run;
 pub mod store;
 mod view;
@@ -16,6 +17,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::{Deserialize, Serialize};
 
 pub use command::{Command, CommandResult, Rejection};
+pub use index::ActiveIndex;
 
 use crate::model::{Job, JobId, JobState, Millis, NodeInventory, TokenRecord};
 
@@ -102,6 +104,9 @@ pub struct State {
     /// written to the history tables (emptied once it has; see `history`).
     #[serde(skip)]
     pub archiving: Vec<Job>,
+    /// Indexes over the active jobs, kept in step by apply (see `index`).
+    #[serde(skip)]
+    pub index: ActiveIndex,
 }
 
 /// The records one or more applies touched, for `store::write_dirty`.
@@ -116,6 +121,19 @@ pub struct Dirty {
 }
 
 impl Dirty {
+    /// Adds what `other` touched.
+    pub fn merge(&mut self, other: Dirty) {
+        self.meta |= other.meta;
+        self.archived |= other.archived;
+        if self.jobs.is_empty() {
+            self.jobs = other.jobs;
+        } else {
+            self.jobs.extend(other.jobs);
+        }
+        self.tokens.extend(other.tokens);
+        self.nodes.extend(other.nodes);
+    }
+
     pub fn is_empty(&self) -> bool {
         !self.meta
             && !self.archived
@@ -134,6 +152,17 @@ impl State {
     /// Jobs that are not in a final state, in id order.
     pub fn active_jobs(&self) -> impl Iterator<Item = &Job> {
         self.jobs.values().filter(|j| !j.state.is_final())
+    }
+
+    /// The RUNNING or COMPLETING jobs with ranks on `node`.
+    pub fn jobs_on<'a>(&'a self, node: &str) -> impl Iterator<Item = &'a Job> + 'a {
+        let ids: Vec<JobId> = self.index.jobs_on(node).collect();
+        ids.into_iter().filter_map(|id| self.jobs.get(&id))
+    }
+
+    /// Whether some job is PENDING.
+    pub fn has_pending(&self) -> bool {
+        !self.index.pending.is_empty()
     }
 
     /// Number of jobs in each state.

@@ -58,8 +58,7 @@ impl State {
 
     /// Ports used as MASTER_PORT by active jobs whose rank 0 is on `node`.
     fn master_ports_in_use(&self, node: &str) -> std::collections::BTreeSet<u16> {
-        self.jobs
-            .values()
+        self.jobs_on(node)
             .filter(|j| j.state.is_active())
             .filter_map(|j| j.run.as_ref())
             .filter(|r| r.allocation.nodes.first().is_some_and(|n| n.node == node))
@@ -76,6 +75,8 @@ impl State {
         let mut started = Vec::new();
         let mut skipped = Vec::new();
         let mut views = self.node_views();
+        // Ports given out by this command (the index catches up after it).
+        let mut ports_given: Vec<(String, u16)> = Vec::new();
         for alloc in allocations {
             let Some(job) = self.jobs.get(&alloc.job) else {
                 skipped.push((alloc.job, "no such job".to_string()));
@@ -99,11 +100,18 @@ impl State {
                 .get(&first.node)
                 .map(|n| host_of(&n.addr))
                 .unwrap_or_default();
-            let used = self.master_ports_in_use(&first.node);
+            let mut used = self.master_ports_in_use(&first.node);
+            used.extend(
+                ports_given
+                    .iter()
+                    .filter(|(n, _)| *n == first.node)
+                    .map(|(_, p)| *p),
+            );
             let Some(master_port) = MASTER_PORTS.clone().find(|p| !used.contains(p)) else {
                 skipped.push((alloc.job, format!("no free MASTER_PORT on {}", first.node)));
                 continue;
             };
+            ports_given.push((first.node.clone(), master_port));
             super::view::add_usage(&mut views, alloc);
             if let Some(job) = self.jobs.get_mut(&alloc.job) {
                 // A `--gpus N` job runs in the shape the pass chose (checked

@@ -107,6 +107,7 @@ pub fn load(txn: &ReadTransaction) -> Result<State, StoreError> {
         Err(redb::TableError::TableDoesNotExist(_)) => {}
         Err(e) => return Err(StoreError::Db(Box::new(e.into()))),
     }
+    state.rebuild_index();
     Ok(state)
 }
 
@@ -202,7 +203,9 @@ pub fn snapshot_of(txn: &ReadTransaction) -> Result<Vec<u8>, StoreError> {
 /// Decodes a snapshot into the active state and its history section.
 pub fn from_snapshot_bytes(bytes: &[u8]) -> Result<(State, &[u8]), StoreError> {
     let Some(rest) = bytes.strip_prefix(SNAPSHOT_MAGIC.as_slice()) else {
-        return Ok((decode("snapshot", bytes)?, &[]));
+        let mut state: State = decode("snapshot", bytes)?;
+        state.rebuild_index();
+        return Ok((state, &[]));
     };
     let short = || StoreError::Snapshot("it ends inside its header".into());
     let len = u64::from_le_bytes(
@@ -213,5 +216,7 @@ pub fn from_snapshot_bytes(bytes: &[u8]) -> Result<(State, &[u8]), StoreError> {
     );
     let len = usize::try_from(len).map_err(|_| short())?;
     let active = rest.get(8..8 + len).ok_or_else(short)?;
-    Ok((decode("snapshot", active)?, &rest[8 + len..]))
+    let mut state: State = decode("snapshot", active)?;
+    state.rebuild_index();
+    Ok((state, &rest[8 + len..]))
 }

@@ -176,3 +176,46 @@ fn an_older_snapshot_without_history_still_installs() {
     assert_eq!(snap, s);
     assert!(hist.is_empty());
 }
+
+#[test]
+fn the_active_index_follows_every_change_and_matches_a_rebuild() {
+    let (mut s, mut d) = cluster();
+    let a = submit_as(&mut s, &mut d, "alice", None, 10);
+    let b = submit_as(&mut s, &mut d, "bob", None, 11);
+    assert_eq!(
+        s.index.pending.iter().copied().collect::<Vec<_>>(),
+        vec![a, b]
+    );
+    let before = s.index.node_version("n1");
+    s.apply(
+        &Command::Schedule {
+            allocations: vec![alloc(a.0, &[("n1", &[0, 1])])],
+            now: 20,
+        },
+        &mut d,
+    );
+    assert!(s.index.node_version("n1") > before, "a start changes n1");
+    let n2 = s.index.node_version("n2");
+    assert_eq!(s.jobs_on("n1").map(|j| j.id).collect::<Vec<_>>(), vec![a]);
+    assert_eq!(s.index.pending.iter().copied().collect::<Vec<_>>(), vec![b]);
+    assert_eq!(s.node_views()[0].used.gpus.len(), 2);
+    // A batch of commands keeps the index in step too.
+    s.apply(
+        &Command::Batch(vec![Command::Cancel {
+            by: "alice".into(),
+            admin: false,
+            ids: vec![a],
+            now: 30,
+        }]),
+        &mut d,
+    );
+    assert_eq!(s.index.node_version("n2"), n2, "nothing changed on n2");
+    let mut rebuilt = s.clone();
+    rebuilt.rebuild_index();
+    for n in ["n1", "n2"] {
+        let ids = |st: &State| st.jobs_on(n).map(|j| j.id).collect::<Vec<_>>();
+        assert_eq!(ids(&s), ids(&rebuilt), "{n}");
+    }
+    assert_eq!(s.index.pending, rebuilt.index.pending);
+    assert_eq!(s.node_views(), rebuilt.node_views());
+}

@@ -1,5 +1,9 @@
 //! Read views of the state for the scheduler and for dispatch: node capacity
-//! and usage, pending jobs, and the tasks each node should be running.
+//! and usage, pending jobs, and the tasks each node should be running. Each
+//! reads the active-job indexes (`index`), so its cost follows what is
+//! pending or running, not every job the state holds.
+
+use std::collections::HashMap;
 
 use super::{NodeStatus, State};
 use crate::model::{Allocation, Job, JobState};
@@ -15,7 +19,7 @@ pub fn add_usage(views: &mut [NodeView], alloc: &Allocation) {
 }
 
 impl State {
-    /// Every node with what active jobs use on it.
+    /// Every node with what active jobs use on it, in name order.
     pub fn node_views(&self) -> Vec<NodeView> {
         let mut views: Vec<NodeView> = self
             .nodes
@@ -31,9 +35,20 @@ impl State {
                 used: Usage::default(),
             })
             .collect();
-        for job in self.jobs.values().filter(|j| j.state.is_active()) {
-            if let Some(run) = &job.run {
-                add_usage(&mut views, &run.allocation);
+        let at: HashMap<&str, usize> = self
+            .nodes
+            .values()
+            .enumerate()
+            .map(|(i, n)| (n.inventory.name.as_str(), i))
+            .collect();
+        for id in self.index.holding() {
+            let Some(run) = self.jobs.get(&id).and_then(|j| j.run.as_ref()) else {
+                continue;
+            };
+            for na in &run.allocation.nodes {
+                if let Some(&i) = at.get(na.node.as_str()) {
+                    views[i].used.charge(na);
+                }
             }
         }
         views
@@ -44,9 +59,10 @@ impl State {
         ClusterView {
             nodes: self.node_views(),
             pending: self
-                .jobs
-                .values()
-                .filter(|j| j.state == JobState::Pending)
+                .index
+                .pending
+                .iter()
+                .filter_map(|id| self.jobs.get(id))
                 .map(PendingJob::from)
                 .collect(),
         }
@@ -55,8 +71,7 @@ impl State {
     /// The jobs with ranks that `node` should be running now, with the node's
     /// rank in each. Only RUNNING jobs: ranks of a COMPLETING job are stopped.
     pub fn desired_on(&self, node: &str) -> Vec<(&Job, u32)> {
-        self.jobs
-            .values()
+        self.jobs_on(node)
             .filter(|j| j.state == JobState::Running)
             .filter_map(|j| {
                 let run = j.run.as_ref()?;
