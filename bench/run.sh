@@ -8,6 +8,9 @@
 #                            benches/fleet.rs   simulated fleet: 64x8 gang start
 #                                               on 64/256/1000 nodes, ITP replay,
 #                                               synthetic mix
+#                            benches/scale.rs   leader state at 1k/5k/10k nodes
+#                                               with 100k and 1M jobs: pass
+#                                               p50/p99, peak RSS, acct query
 #                          About 15 minutes on 2 cores, plus the first release
 #                          build (about 4 minutes).
 #   bench/run.sh --smoke   tiny versions of each in the dev profile (the build
@@ -27,7 +30,7 @@ smoke=0
 case "${1:-}" in
   --smoke) smoke=1 ;;
   "") ;;
-  -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+  -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
   *) echo "bench/run.sh: unknown argument $1 (use --smoke or nothing)" >&2; exit 1 ;;
 esac
 
@@ -36,8 +39,10 @@ if [ "$smoke" = 1 ]; then
   export GPUQ_BENCH_SMOKE=1
   GPUQ_BENCH_N=100 cargo bench --profile dev --bench submit
   cargo bench --profile dev --bench fleet
+  cargo bench --profile dev --bench scale
 else
   cargo bench --bench submit
   cargo bench --bench fleet
+  cargo bench --bench scale
 fi
 echo "bench/run.sh: done in $(( $(date +%s) - start )) s; JSON in target/bench/"
