@@ -314,10 +314,16 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         .await
         .map_err(snap_err)?;
 
-        *self
+        let mut new_state = new_state;
+        let mut state = self
             .state
             .write()
-            .map_err(|_| snap_err(SmError::Task("state lock poisoned".into())))? = new_state;
+            .map_err(|_| snap_err(SmError::Task("state lock poisoned".into())))?;
+        // Node versions keep growing, so no agent loop takes the new
+        // state's desired tasks for ones it already sent.
+        new_state.succeed(&state);
+        *state = new_state;
+        drop(state);
         self.last_applied = meta.last_log_id;
         self.last_membership = meta.last_membership.clone();
         Ok(())

@@ -98,6 +98,16 @@ impl State {
     /// Rebuilds every index from `jobs` (after loading or installing).
     pub fn rebuild_index(&mut self) {
         let versions = std::mem::take(&mut self.index.version);
+        self.rebuild_index_after(versions);
+    }
+
+    /// Takes the place of `old` (installing a snapshot): the indexes are
+    /// rebuilt with every node version above what `old` had.
+    pub fn succeed(&mut self, old: &State) {
+        self.rebuild_index_after(old.index.version.clone());
+    }
+
+    fn rebuild_index_after(&mut self, versions: HashMap<String, u64>) {
         self.index = ActiveIndex::default();
         let ids: Vec<JobId> = self.jobs.keys().copied().collect();
         for id in ids {
