@@ -202,11 +202,13 @@ impl Drop for Server {
     }
 }
 
-/// Runs `gpuq ARGS` with GPUQ_SOCKET set.
+/// Runs `gpuq ARGS` with GPUQ_SOCKET set, from the socket's directory (the
+/// test's own), so a job's default output files land there, not in the repo.
 pub fn cli(socket: &Path, args: &[&str]) -> Output {
     Command::new(gpuq_bin())
         .args(args)
         .env("GPUQ_SOCKET", socket)
+        .current_dir(socket.parent().unwrap_or(Path::new("/")))
         .stdin(Stdio::null())
         .output()
         .expect("run gpuq")
