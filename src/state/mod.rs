@@ -6,6 +6,8 @@
 
 mod apply;
 mod command;
+mod deps;
+mod queue;
 mod run;
 pub mod store;
 mod view;
@@ -15,6 +17,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::{Deserialize, Serialize};
 
 pub use command::{Command, CommandResult, Rejection};
+pub use deps::DepStatus;
 
 use crate::model::{Job, JobId, JobState, Millis, NodeInventory, TokenRecord};
 
@@ -159,3 +162,6 @@ mod tests;
 
 #[cfg(test)]
 mod tests_run;
+
+#[cfg(test)]
+mod tests_queue;
