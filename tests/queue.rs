@@ -56,11 +56,11 @@ fn an_afterok_chain_runs_in_order_and_a_failed_dependency_says_so() {
         "{}",
         stderr(&out)
     );
-    // A malformed one is refused by the CLI, showing the forms.
+    // A malformed one is refused by the CLI (exit 1), showing the forms.
     let out = c
         .server
         .cli(&["submit", "-d", "aftrok:1", "--wrap", "true"]);
-    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
     assert!(stderr(&out).contains("afterok:ID"), "{}", stderr(&out));
 }
 
