@@ -30,9 +30,10 @@
 //! - Inside a node, the closest GPUs that break the fewest free groups
 //!   ([`pick_gpus`]), and CPUs of their NUMA nodes ([`pick_cpus`]).
 //!
-//! Where it grows: multifactor priority replaces `PendingJob::priority`;
-//! fair-share, quotas, backfill and preemption add reasons ([`PendingReason`]
-//! already names them) and fields of [`Plan`].
+//! Where it grows: multifactor priority replaces `PendingJob::priority` (the
+//! backfill loop takes the queue in whatever order it is given); fair-share,
+//! quotas and preemption add reasons ([`PendingReason`] already names them),
+//! gates next to `backfill::gate`, and fields of [`Plan`].
 
 mod backfill;
 mod check;
