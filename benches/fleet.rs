@@ -102,7 +102,7 @@ async fn call(c: &mut LocalClient, req: ApiRequest) -> ApiResponse {
 }
 
 async fn show(c: &mut LocalClient, id: JobId) -> gpuq::model::Job {
-    match call(c, ApiRequest::Show { id }).await {
+    match call(c, ApiRequest::Show { id, task: None }).await {
         ApiResponse::Job { job } => *job,
         other => panic!("{other:?}"),
     }
@@ -144,7 +144,14 @@ async fn gang_once(c: &mut LocalClient, nodes: u32) -> (f64, f64, f64) {
         tokio::time::sleep(Duration::from_millis(2)).await;
     };
     // Back to idle: cancel and wait for every rank to stop.
-    call(c, ApiRequest::Cancel { ids: vec![id] }).await;
+    call(
+        c,
+        ApiRequest::Cancel {
+            ids: vec![id],
+            tasks: vec![],
+        },
+    )
+    .await;
     let t = Instant::now();
     while !show(c, id).await.state.is_final() {
         assert!(

@@ -22,7 +22,7 @@ use gpuq::net::local::LocalClient;
 use gpuq::net::proto::{ApiRequest, ApiResponse};
 
 async fn show(c: &mut LocalClient, id: JobId) -> gpuq::model::Job {
-    match c.call(&ApiRequest::Show { id }).await.unwrap() {
+    match c.call(&ApiRequest::Show { id, task: None }).await.unwrap() {
         ApiResponse::Job { job } => *job,
         other => panic!("{other:?}"),
     }
@@ -152,7 +152,12 @@ async fn main() {
             }
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
-        let _ = c.call(&ApiRequest::Cancel { ids: vec![id] }).await;
+        let _ = c
+            .call(&ApiRequest::Cancel {
+                ids: vec![id],
+                tasks: vec![],
+            })
+            .await;
         tokio::task::block_in_place(|| cl.agents[idx].spawn());
         // Wait until the node is back up and empty before the next round.
         loop {
@@ -212,7 +217,12 @@ async fn main() {
         "p50": pct(&mut readopt, 0.5), "p99": pct(&mut readopt, 0.99), "runs": readopt.len(),
         "job_state_after": still.state.as_str(), "restarts": still.restart_count}),
     );
-    let _ = c.call(&ApiRequest::Cancel { ids: vec![id] }).await;
+    let _ = c
+        .call(&ApiRequest::Cancel {
+            ids: vec![id],
+            tasks: vec![],
+        })
+        .await;
 
     for r in &rows {
         println!("{r}");

@@ -1,13 +1,15 @@
 //! Scheduling pass cost: a 64-node × 8-GPU gang on 1,000 simulated DGX
 //! nodes (10 spines × 5 leaves × 20 nodes, about a third of them partly
-//! busy), with 1,000 small jobs queued behind it. Prints p50/p99 of
-//! `sched::plan`; asserts nothing. Run: `cargo bench --bench place`
-//! (GPUQ_BENCH_N sets the number of passes).
+//! busy), with 1,000 small jobs queued behind it. Then backfill: the same
+//! 1,000 nodes nearly full of running jobs with known ends, 10 blocked
+//! 16-node gangs at the head and 10,000 or 100,000 mixed jobs behind them.
+//! Prints p50/p99 of `sched::plan`; asserts nothing. Run:
+//! `cargo bench --bench place` (GPUQ_BENCH_N sets the number of passes).
 
 use std::time::{Duration, Instant};
 
 use gpuq::model::{Allocation, GpuInfo, GpuLink, JobId, NodeAllocation, NodeInventory, NumaNode};
-use gpuq::sched::{plan, ClusterView, NodeState, NodeView, PendingJob};
+use gpuq::sched::{plan, ClusterView, NodeState, NodeView, PendingJob, RunningJob};
 
 fn dgx(name: String, topology: String) -> NodeInventory {
     NodeInventory {
@@ -64,6 +66,11 @@ fn job(id: u64, nodes: u32, gpus: u32) -> PendingJob {
         priority: 0,
         total_gpus: None,
         placement: Default::default(),
+        time_limit_secs: None,
+        begin_time: None,
+        blocked: None,
+        array_throttle: None,
+        singleton: None,
     }
 }
 
@@ -90,7 +97,11 @@ fn main() {
     }
     let mut pending = vec![job(1, 64, 8)];
     pending.extend((2..=1001).map(|id| job(id, 1, [1, 2, 4][id as usize % 3])));
-    let view = ClusterView { nodes, pending };
+    let view = ClusterView {
+        nodes,
+        pending,
+        ..Default::default()
+    };
 
     let first = plan(&view, 0);
     let gang: Option<&Allocation> = first.allocations.iter().find(|a| a.job == JobId(1));
@@ -126,6 +137,7 @@ fn main() {
     let alone = ClusterView {
         nodes: view.nodes.clone(),
         pending: vec![job(1, 64, 8)],
+        ..Default::default()
     };
     let mut times: Vec<Duration> = (0..passes)
         .map(|_| {
@@ -138,6 +150,84 @@ fn main() {
     let pct = |p: usize| times[(times.len() * p / 100).min(times.len() - 1)];
     println!(
         "plan, 1,000 nodes, the 64x8 gang alone: p50 {:?}, p99 {:?}",
+        pct(50),
+        pct(99)
+    );
+    for queued in [10_000u64, 100_000] {
+        backfill(
+            queued,
+            passes.clamp(1, if queued > 10_000 { 20 } else { 50 }),
+        );
+    }
+}
+
+/// 1,000 nodes, each running 1-GPU jobs that end over the next 8 hours
+/// (every tenth node with 2 GPUs free); 10 blocked 16x8 gangs, then
+/// `queued` jobs of 1, 2, 4 or 8 GPUs with limits from 10 minutes to 8 hours.
+fn backfill(queued: u64, passes: usize) {
+    let now = 1_000_000_000;
+    let mut nodes = Vec::new();
+    let mut running = Vec::new();
+    for i in 0..1000u32 {
+        let path = format!("spine{}/leaf{}", i / 100, i / 20);
+        let mut v = NodeView::new(dgx(format!("node{i:04}"), path), NodeState::Up);
+        let busy = if i % 10 == 0 { 6 } else { 8 };
+        for g in 0..busy {
+            let na = NodeAllocation {
+                node: v.name.clone(),
+                gpus: vec![g],
+                cpus: Vec::new(),
+                cpu_count: 8,
+                memory_mb: 32 * 1024,
+            };
+            v.used.charge(&na);
+            let id = 10_000_000 + u64::from(i * 8 + g);
+            running.push(RunningJob {
+                id: JobId(id),
+                allocation: Allocation {
+                    job: JobId(id),
+                    nodes: vec![na],
+                },
+                expected_end: Some(now + (u64::from(i * 8 + g) * 7919 % 480 + 1) * 60_000),
+            });
+        }
+        nodes.push(v);
+    }
+    let mut pending: Vec<PendingJob> = (1..=10)
+        .map(|id| {
+            let mut j = job(id, 16, 8);
+            j.time_limit_secs = Some(7200);
+            j
+        })
+        .collect();
+    pending.extend((11..11 + queued).map(|id| {
+        let mut j = job(id, 1, [1, 2, 4, 8][id as usize % 4]);
+        j.time_limit_secs = Some(600 * (1 + id % 48));
+        j
+    }));
+    let view = ClusterView {
+        nodes,
+        pending,
+        running,
+        ..Default::default()
+    };
+    let first = plan(&view, now);
+    println!(
+        "backfill, 1,000 nodes, {queued} queued: {} reservations, {} backfilled in one pass",
+        first.reservations.len(),
+        first.allocations.len()
+    );
+    let mut times: Vec<Duration> = (0..passes)
+        .map(|_| {
+            let t = Instant::now();
+            std::hint::black_box(plan(&view, now));
+            t.elapsed()
+        })
+        .collect();
+    times.sort();
+    let pct = |p: usize| times[(times.len() * p / 100).min(times.len() - 1)];
+    println!(
+        "plan with backfill, 1,000 nodes, 10 blocked gangs + {queued} jobs: p50 {:?}, p99 {:?} over {passes} passes",
         pct(50),
         pct(99)
     );

@@ -33,6 +33,8 @@ fn spec() -> JobSpec {
         max_restarts: 3,
         total_gpus: None,
         placement: Default::default(),
+        queue: Default::default(),
+        signal: None,
         program: Program::Command {
             argv: vec!["true".into()],
         },

@@ -37,6 +37,8 @@ fn spec(i: usize) -> JobSpec {
         max_restarts: 3,
         total_gpus: None,
         placement: Default::default(),
+        queue: Default::default(),
+        signal: None,
         program: if i % 2 == 0 {
             Program::Command {
                 argv: vec!["echo".into(), format!("hello {i}")],

@@ -361,6 +361,7 @@ fn a_signal_warns_the_task_before_its_time_limit() {
     spec.signal_before_limit = Some(LimitSignal {
         signal: libc::SIGUSR1,
         secs_before: 299,
+        batch_only: false,
     });
     f.exec.start(&spec).unwrap();
     let status = wait_ended(&f.exec, spec.key());

@@ -71,6 +71,7 @@ pub fn task_spec(t: &DesiredTask, allow_root: bool, kill_grace_secs: u64) -> Tas
         gpus: &gpus,
         master_addr: &t.master_addr,
         master_port: t.master_port,
+        array: t.array.map(|a| (a.array_job, a.index)),
     };
     let env = task_env(&t.env, &ctx);
     let share = |n: u64| (n / u64::from(per_node)).max(1);
@@ -93,7 +94,11 @@ pub fn task_spec(t: &DesiredTask, allow_root: bool, kill_grace_secs: u64) -> Tas
         pids_max: None,
         time_limit_secs: t.time_limit_secs,
         kill_grace_secs,
-        signal_before_limit: None,
+        signal_before_limit: t.signal.map(|s| crate::agent::exec::LimitSignal {
+            signal: s.signal,
+            secs_before: s.secs_before,
+            batch_only: s.batch_only,
+        }),
     }
 }
 

@@ -6,6 +6,8 @@
 //! internal error.
 
 mod acct;
+mod hold;
+mod queue;
 pub mod table;
 
 use std::path::PathBuf;
@@ -13,7 +15,7 @@ use std::process::ExitCode;
 
 use clap::{Args, Subcommand};
 
-use crate::model::{Job, JobId, JobState, Program, Role};
+use crate::model::{Job, JobId, JobRef, JobState, Program, Role};
 use crate::net::local::LocalClient;
 use crate::net::proto::{ApiRequest, ApiResponse, ErrorKind};
 use crate::spec::SubmitArgs;
@@ -113,6 +115,9 @@ pub enum ClientCommand {
         /// Only jobs in these states (comma list, e.g. PENDING,RUNNING).
         #[arg(short = 't', long, value_delimiter = ',', value_parser = parse_state)]
         state: Vec<JobState>,
+        /// Pending jobs with the time backfill expects them to start (N/A: not known).
+        #[arg(long)]
+        start: bool,
         #[command(flatten)]
         json: JsonFlag,
     },
@@ -121,16 +126,29 @@ pub enum ClientCommand {
     Acct(acct::AcctArgs),
     /// Show one job in full.
     Show {
-        /// The job id.
-        id: u64,
+        /// The job id (12, or an array task: 12_3).
+        #[arg(value_parser = hold::parse_job_ref)]
+        id: JobRef,
         #[command(flatten)]
         json: JsonFlag,
     },
     /// Cancel jobs (all or none: nothing is cancelled if one id is wrong).
     Cancel {
-        /// Job ids.
-        #[arg(required = true)]
-        ids: Vec<u64>,
+        /// Job ids: 12 (an array id cancels all its tasks), or 12_3 for one array task.
+        #[arg(required = true, value_parser = hold::parse_job_ref)]
+        ids: Vec<JobRef>,
+    },
+    /// Keep pending jobs from starting until `gpuq release` (your own; admins any).
+    Hold {
+        /// Job ids: 12 (an array id holds all its pending tasks), or 12_3.
+        #[arg(required = true, value_parser = hold::parse_job_ref)]
+        ids: Vec<JobRef>,
+    },
+    /// Let held jobs start again.
+    Release {
+        /// Job ids: 12 (an array id releases all its pending tasks), or 12_3.
+        #[arg(required = true, value_parser = hold::parse_job_ref)]
+        ids: Vec<JobRef>,
     },
     /// Control-plane members, leader, term and log progress.
     Cluster {
@@ -292,6 +310,7 @@ pub async fn run(cmd: ClientCommand) -> Result<(), CliError> {
             all,
             user,
             state,
+            start,
             json,
         } => match call(ApiRequest::Queue {
             all,
@@ -304,13 +323,22 @@ pub async fn run(cmd: ClientCommand) -> Result<(), CliError> {
                 if json.json {
                     return print_json(&jobs);
                 }
-                print!("{}", queue_table(&jobs));
+                if start {
+                    print!("{}", queue::start_table(&jobs));
+                } else {
+                    print!("{}", queue_table(&jobs));
+                }
                 Ok(())
             }
             other => Err(unexpected(other)),
         },
         ClientCommand::Acct(args) => acct::run(args).await,
-        ClientCommand::Show { id, json } => match call(ApiRequest::Show { id: JobId(id) }).await? {
+        ClientCommand::Show { id, json } => match call(ApiRequest::Show {
+            id: id.id,
+            task: id.task,
+        })
+        .await?
+        {
             ApiResponse::Job { job } => {
                 if json.json {
                     return print_json(&job);
@@ -320,9 +348,13 @@ pub async fn run(cmd: ClientCommand) -> Result<(), CliError> {
             }
             other => Err(unexpected(other)),
         },
+        ClientCommand::Hold { ids } => hold::run(ids, true).await,
+        ClientCommand::Release { ids } => hold::run(ids, false).await,
         ClientCommand::Cancel { ids } => {
-            let ids = ids.into_iter().map(JobId).collect();
-            match call(ApiRequest::Cancel { ids }).await? {
+            let (tasks, plain): (Vec<JobRef>, Vec<JobRef>) =
+                ids.into_iter().partition(|r| r.task.is_some());
+            let ids = plain.into_iter().map(|r| r.id).collect();
+            match call(ApiRequest::Cancel { ids, tasks }).await? {
                 ApiResponse::Cancelled { ids } => {
                     for id in ids {
                         println!("Cancelled job {id}");
@@ -526,9 +558,10 @@ fn queue_table(jobs: &[Job]) -> String {
         "SUBMIT",
         "REASON",
     ]);
-    for j in jobs {
+    for r in queue::rows(jobs) {
+        let j = r.job;
         t.row(vec![
-            j.id.to_string(),
+            r.id,
             j.spec.name.clone(),
             j.user.clone(),
             j.state.to_string(),
@@ -596,11 +629,43 @@ fn show_text(j: &Job) -> String {
     let mut out = String::new();
     let mut kv = |k: &str, v: String| out.push_str(&format!("{k:>16}: {v}\n"));
     kv("JobId", j.id.to_string());
+    if let Some(a) = &j.array {
+        kv("ArrayJobId", a.array_job.to_string());
+        kv("ArrayTaskId", a.index.to_string());
+        if let Some(t) = a.throttle {
+            kv("ArrayThrottle", t.to_string());
+        }
+    }
     kv("Name", s.name.clone());
     kv("User", j.user.clone());
     kv("State", j.state.to_string());
     if let Some(r) = &j.reason {
         kv("Reason", r.clone());
+    }
+    if j.state == JobState::Pending {
+        kv("ExpectedStart", opt_time(j.expected_start));
+    }
+    if j.held {
+        kv("Held", "yes (gpuq release to let it start)".into());
+    }
+    let q = &s.queue;
+    if !q.dependency.is_empty() {
+        let deps: Vec<String> = q.dependency.iter().map(|d| d.to_string()).collect();
+        kv("Dependency", deps.join(","));
+    }
+    if let Some(b) = q.begin_time {
+        kv("BeginTime", fmt_time(b));
+    }
+    if let Some(sig) = &s.signal {
+        kv(
+            "Signal",
+            format!(
+                "{}{}@{}",
+                if sig.batch_only { "B:" } else { "" },
+                sig.signal,
+                sig.secs_before
+            ),
+        );
     }
     kv("Program", program);
     kv("WorkDir", s.workdir.clone());

@@ -87,6 +87,13 @@ pub struct JobSpec {
     /// Where the job may run (GPU type, features, node lists, topology).
     #[serde(default)]
     pub placement: Placement,
+    /// When it may start: dependencies, `--begin`, a hold at submit, arrays.
+    #[serde(default)]
+    pub queue: super::QueueSpec,
+    /// `--signal [B:]SIG@SECS`: a warning signal before the time limit; also
+    /// the signal preemption sends.
+    #[serde(default)]
+    pub signal: Option<super::SignalSpec>,
 }
 
 fn default_max_restarts() -> u32 {
@@ -398,6 +405,26 @@ pub struct Job {
     /// The current (or last) attempt's placement and per-rank progress.
     #[serde(default)]
     pub run: Option<JobRun>,
+    /// Held (`gpuq hold`, `--hold`): it does not start until released.
+    #[serde(default)]
+    pub held: bool,
+    /// The array this job is a task of, and its index (`12_3`).
+    #[serde(default)]
+    pub array: Option<super::ArrayTask>,
+    /// When backfill expects it to start: filled in by the leader from its
+    /// last pass when answering, like a pending `reason`; never by apply.
+    #[serde(default)]
+    pub expected_start: Option<Millis>,
+}
+
+impl Job {
+    /// The id users see: `12` or, for an array task, `12_3`.
+    pub fn display_id(&self) -> String {
+        match &self.array {
+            Some(a) => format!("{}_{}", a.array_job, a.index),
+            None => self.id.to_string(),
+        }
+    }
 }
 
 /// How one task (rank) of a job ended, as its shim saw it.

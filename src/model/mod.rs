@@ -6,11 +6,13 @@ pub mod acct;
 pub mod hostlist;
 mod job;
 mod node;
+mod queue;
 mod token;
 
 pub use hostlist::{expand_hostlist, HostlistError};
 pub use job::*;
 pub use node::*;
+pub use queue::*;
 pub use token::*;
 
 /// Milliseconds since the Unix epoch. The leader stamps it into commands; apply

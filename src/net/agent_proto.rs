@@ -119,4 +119,10 @@ pub struct DesiredTask {
     pub time_limit_secs: Option<u64>,
     pub master_addr: String,
     pub master_port: u16,
+    /// `--signal`: sent this long before the time limit.
+    #[serde(default)]
+    pub signal: Option<crate::model::SignalSpec>,
+    /// The array and index, for an array task.
+    #[serde(default)]
+    pub array: Option<crate::model::ArrayTask>,
 }

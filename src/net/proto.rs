@@ -4,7 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::model::{Job, JobId, JobSpec, JobState, Millis, NodeInventory, Role};
+use crate::model::{Job, JobId, JobRef, JobSpec, JobState, Millis, NodeInventory, Role};
 
 /// A request from the CLI. The caller's identity is not in it: the daemon
 /// learns it from the socket (SO_PEERCRED), never from the client.
@@ -12,8 +12,15 @@ use crate::model::{Job, JobId, JobSpec, JobState, Millis, NodeInventory, Role};
 pub enum ApiRequest {
     /// Queue a job; answered with `Submitted` only after the job is committed.
     Submit { spec: Box<JobSpec> },
-    /// Cancel jobs, all or none.
-    Cancel { ids: Vec<JobId> },
+    /// Cancel jobs, all or none. An array job id cancels its unfinished
+    /// tasks; `tasks` names single array tasks (`12_3`).
+    Cancel {
+        ids: Vec<JobId>,
+        #[serde(default)]
+        tasks: Vec<JobRef>,
+    },
+    /// Hold (`hold: true`) or release pending jobs, all or none.
+    Hold { jobs: Vec<JobRef>, hold: bool },
     /// List jobs. Without `all`, finished jobs are left out.
     Queue {
         all: bool,
@@ -22,8 +29,12 @@ pub enum ApiRequest {
         #[serde(default)]
         states: Vec<JobState>,
     },
-    /// One job in full.
-    Show { id: JobId },
+    /// One job in full (`task`: the array task `id_task`).
+    Show {
+        id: JobId,
+        #[serde(default)]
+        task: Option<u32>,
+    },
     /// Control-plane members and Raft progress.
     Cluster,
     /// Compute nodes: state, hardware, what is in use.
@@ -164,6 +175,10 @@ pub enum ApiResponse {
     },
     Cancelled {
         ids: Vec<JobId>,
+    },
+    Held {
+        ids: Vec<JobId>,
+        hold: bool,
     },
     Jobs {
         jobs: Vec<Job>,

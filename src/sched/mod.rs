@@ -6,12 +6,15 @@
 //! is then, since the state may have moved while the pass ran (Nomad's
 //! optimistic plan applier).
 //!
-//! This first policy is strict FIFO with gang placement and best fit:
+//! The policy: queue order with backfill, gang placement and best fit:
 //! - Queue order: priority (higher first), then submit time, then id.
 //! - The first job that cannot start now waits for `Resources` (or, under
-//!   `--topology`, for `Topology`) and every job behind it for `Priority`, so
-//!   a big job is never starved by small ones. Backfill will relax this with
-//!   reservations.
+//!   `--topology`, for `Topology`) and the jobs behind it for `Priority`,
+//!   except those backfill lets start because they delay no reservation of
+//!   the top blocked jobs ([`backfill`] says how; its reservations give
+//!   those jobs an expected start), so a big job is never starved by small
+//!   ones. Holds, dependencies, `--begin` and array throttles keep a job
+//!   back without blocking anyone.
 //! - A job no set of up nodes could hold even empty is `Unsatisfiable` and
 //!   does not block the queue. A `--gpus N` job gets its shape here, from what
 //!   the up nodes could hold (see `check::resolve_total`).
@@ -27,10 +30,12 @@
 //! - Inside a node, the closest GPUs that break the fewest free groups
 //!   ([`pick_gpus`]), and CPUs of their NUMA nodes ([`pick_cpus`]).
 //!
-//! Where it grows: multifactor priority replaces `PendingJob::priority`;
-//! fair-share, quotas, backfill and preemption add reasons ([`PendingReason`]
-//! already names them) and fields of [`Plan`].
+//! Where it grows: multifactor priority replaces `PendingJob::priority` (the
+//! backfill loop takes the queue in whatever order it is given); fair-share,
+//! quotas and preemption add reasons ([`PendingReason`] already names them),
+//! gates next to `backfill::gate`, and fields of [`Plan`].
 
+mod backfill;
 mod check;
 mod constraints;
 mod cpus;
@@ -47,16 +52,17 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use crate::model::{Allocation, Millis, NodeAllocation, Placement};
 
+pub use backfill::BackfillConfig;
 pub use check::{check_allocation, feasible};
 pub use cpus::pick_cpus;
 pub use gpus::pick_gpus;
-pub use plan::{PendingReason, Plan};
+pub use plan::{PendingReason, Plan, Reservation};
 pub use view::{
-    cpu_layout, Capacity, ClusterView, NodeState, NodeView, PendingJob, Shape, Usage,
-    DEFAULT_MEM_PER_CPU_MB,
+    cpu_layout, ArrayThrottle, Capacity, ClusterView, NodeState, NodeView, PendingJob, RunningJob,
+    Shape, Usage, DEFAULT_MEM_PER_CPU_MB,
 };
 
-use check::{Candidate, Resolved, Scope};
+use check::{Candidate, Resolved};
 
 /// How a pass chooses among the nodes a job fits on.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -72,20 +78,19 @@ pub enum Packing {
 /// One scheduling pass: places pending jobs in queue order on the free
 /// resources of up nodes, counting what earlier jobs of the same pass took.
 ///
-/// `now` is the leader's clock, stamped into the pass; the FIFO policy does not
-/// read it yet (age priority and begin times will).
+/// `now` is the leader's clock, stamped into the pass: begin times and
+/// backfill's timeline are measured from it.
 ///
-/// Cost: O(jobs × nodes) at worst, and O(1) per job (plus one cached
-/// satisfiability check per distinct request) once the queue is blocked. At
-/// the design's scale (100k jobs × 10k nodes, with backfill looking past the
-/// head) the per-job node scan becomes an index of free capacity by shape.
+/// Cost: O(nodes) per job tried; behind the first blocked job at most
+/// `BackfillConfig::max_job_test` jobs are tried and a failed request is not
+/// tried twice, so the rest of a long queue costs O(1) per job (plus one
+/// cached satisfiability check per distinct request).
 pub fn plan(view: &ClusterView, now: Millis) -> Plan {
     plan_with(view, now, Packing::BestFit)
 }
 
 /// [`plan`] with a choice of [`Packing`].
 pub fn plan_with(view: &ClusterView, now: Millis, packing: Packing) -> Plan {
-    let _ = now;
     let up = up_nodes(&view.nodes);
     let cands: Vec<Candidate> = up
         .iter()
@@ -95,50 +100,18 @@ pub fn plan_with(view: &ClusterView, now: Millis, packing: Packing) -> Plan {
             cap: n.capacity(),
         })
         .collect();
-    let mut pool = Pool::new(&up);
-    // Satisfiability depends only on the request; queues repeat requests a lot.
-    type Request<'j> = (u32, Shape, Option<u32>, &'j Placement);
-    let mut verdicts: BTreeMap<Request, Result<Resolved, String>> = BTreeMap::new();
-    // Which up nodes each distinct placement allows.
-    let mut allowed: BTreeMap<&Placement, Vec<bool>> = BTreeMap::new();
-
+    let pool = Pool::new(&up);
     let mut queue: Vec<&PendingJob> = view.pending.iter().collect();
     queue.sort_by_key(|j| (Reverse(j.priority), j.submit_time, j.id));
-
-    let mut out = Plan::default();
-    let mut blocked = false;
-    for job in queue {
-        let key = (job.nodes, job.per_node(), job.total_gpus, &job.placement);
-        let verdict = verdicts
-            .entry(key)
-            .or_insert_with(|| check::fits_some(&cands, job, Scope::Up));
-        let resolved = match verdict {
-            Ok(r) => *r,
-            Err(why) => {
-                out.pending
-                    .push((job.id, PendingReason::Unsatisfiable(why.clone())));
-                continue;
-            }
-        };
-        if blocked {
-            out.pending.push((job.id, PendingReason::Priority));
-            continue;
-        }
-        let allowed = allowed
-            .entry(&job.placement)
-            .or_insert_with(|| pool.allowed(&job.placement));
-        match pool.place(job, resolved, allowed, packing) {
-            Ok(alloc) => {
-                pool.charge(&alloc);
-                out.allocations.push(alloc);
-            }
-            Err(reason) => {
-                out.pending.push((job.id, reason));
-                blocked = true;
-            }
-        }
-    }
-    out
+    backfill::run(
+        &queue,
+        &cands,
+        pool,
+        &view.running,
+        &view.backfill,
+        now,
+        packing,
+    )
 }
 
 /// Up nodes, sorted by name (a repeated name keeps its first entry).
@@ -150,6 +123,7 @@ fn up_nodes(views: &[NodeView]) -> Vec<&NodeView> {
 }
 
 /// The free resources of the up nodes during a pass.
+#[derive(Clone)]
 struct Pool<'v> {
     /// Up nodes, sorted by name.
     nodes: Vec<FreeNode<'v>>,
@@ -159,6 +133,7 @@ struct Pool<'v> {
     by_name: BTreeMap<&'v str, usize>,
 }
 
+#[derive(Clone)]
 struct FreeNode<'v> {
     view: &'v NodeView,
     gpus: BTreeSet<u32>,
@@ -299,6 +274,37 @@ impl<'v> Pool<'v> {
             .collect::<Option<Vec<_>>>()
             .ok_or(PendingReason::Resources)?;
         Ok(Allocation { job: job.id, nodes })
+    }
+
+    /// Gives back what `alloc` holds (a running job's expected end, on
+    /// backfill's timeline): healthy GPUs only, counts up to capacity.
+    fn release(&mut self, alloc: &Allocation) {
+        for na in &alloc.nodes {
+            let Some(&i) = self.by_name.get(na.node.as_str()) else {
+                continue;
+            };
+            let n = &mut self.nodes[i];
+            for g in &na.gpus {
+                let healthy = n
+                    .view
+                    .inventory
+                    .gpus
+                    .iter()
+                    .any(|x| x.index == *g && x.healthy);
+                if healthy && n.gpus.insert(*g) {
+                    self.free_gpus += 1;
+                }
+            }
+            n.cpus = (n.cpus + u64::from(na.cpu_count)).min(u64::from(n.view.inventory.cpus));
+            n.memory_mb = (n.memory_mb + na.memory_mb).min(n.view.inventory.memory_mb);
+        }
+    }
+
+    /// Whether GPU `gpu` of `node` is free in this pool.
+    fn is_free_gpu(&self, node: &str, gpu: u32) -> bool {
+        self.by_name
+            .get(node)
+            .is_some_and(|&i| self.nodes[i].gpus.contains(&gpu))
     }
 
     /// Takes what `alloc` holds out of the pool.

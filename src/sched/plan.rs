@@ -4,19 +4,45 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use crate::model::{Allocation, JobId, TopologyRequirement};
+use crate::model::{Allocation, JobId, Millis, TopologyRequirement};
 
 /// What one pass decided. The leader proposes it as one `Command::Schedule`;
 /// apply re-checks each allocation with [`super::check_allocation`].
 ///
-/// Preemptions (victims to signal) and reservations (backfill's promised start
-/// times) join as further fields, `#[serde(default)]`, when those policies land.
+/// Preemptions (victims to signal) join as a further field, `#[serde(default)]`,
+/// when that policy lands.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Plan {
     /// Jobs to start, in queue order; a gang job is one entry, whole.
     pub allocations: Vec<Allocation>,
     /// Every other pending job, in queue order, with why it waits.
     pub pending: Vec<(JobId, PendingReason)>,
+    /// Backfill's reservations for the top blocked jobs: when and where each
+    /// is expected to start. Jobs started by this plan delay none of them.
+    #[serde(default)]
+    pub reservations: Vec<Reservation>,
+}
+
+/// Where and when a blocked job is expected to start (backfill).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Reservation {
+    pub job: JobId,
+    /// The expected start: the earliest time its resources are free.
+    pub start: Millis,
+    /// Start plus time limit; `None`: unlimited.
+    pub end: Option<Millis>,
+    /// The resources set aside for it from `start` to `end`.
+    pub allocation: Allocation,
+}
+
+impl Plan {
+    /// The expected start of `job`, if backfill reserved one.
+    pub fn expected_start(&self, job: JobId) -> Option<Millis> {
+        self.reservations
+            .iter()
+            .find(|r| r.job == job)
+            .map(|r| r.start)
+    }
 }
 
 /// Why a job is still pending (Slurm's `REASON` column). New variants are added
@@ -41,6 +67,14 @@ pub enum PendingReason {
     /// Enough nodes are free, but not within one domain of the level its
     /// `--topology` requires.
     Topology(TopologyRequirement),
+    /// It would fit the free resources, but they are reserved for
+    /// higher-priority jobs it would delay (backfill).
+    ReservedForOthers,
+    /// A dependency can never be met (e.g. `afterok` on a job that failed);
+    /// the job stays pending until cancelled.
+    DependencyNeverSatisfied(String),
+    /// Its array already runs as many tasks as its `%N` throttle allows.
+    JobArrayTaskLimit,
 }
 
 impl PendingReason {
@@ -55,6 +89,9 @@ impl PendingReason {
             PendingReason::Held => "Held",
             PendingReason::BeginTime => "BeginTime",
             PendingReason::Topology(_) => "Topology",
+            PendingReason::ReservedForOthers => "ReservedForOthers",
+            PendingReason::DependencyNeverSatisfied(_) => "DependencyNeverSatisfied",
+            PendingReason::JobArrayTaskLimit => "JobArrayTaskLimit",
         }
     }
 }
@@ -81,6 +118,16 @@ impl fmt::Display for PendingReason {
                  enough are free now only across several {}",
                 level.plural()
             ),
+            PendingReason::ReservedForOthers => f.write_str(
+                "the free resources are reserved for higher-priority jobs it would delay",
+            ),
+            PendingReason::DependencyNeverSatisfied(why) => write!(
+                f,
+                "its dependency can never be met: {why}; cancel it (gpuq cancel)"
+            ),
+            PendingReason::JobArrayTaskLimit => {
+                f.write_str("its array runs as many tasks as its %N throttle allows")
+            }
         }
     }
 }

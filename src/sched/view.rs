@@ -23,6 +23,33 @@ pub struct ClusterView {
     pub nodes: Vec<NodeView>,
     /// Jobs waiting to start. Ids are unique; order does not matter.
     pub pending: Vec<PendingJob>,
+    /// Jobs holding resources now (already charged to `nodes`' usage), with
+    /// when they are expected to release them: backfill's timeline.
+    #[serde(default)]
+    pub running: Vec<RunningJob>,
+    /// Backfill's knobs.
+    #[serde(default)]
+    pub backfill: super::BackfillConfig,
+}
+
+/// A running (or completing) job as backfill sees it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunningJob {
+    pub id: JobId,
+    pub allocation: crate::model::Allocation,
+    /// Start plus time limit (or the planning default for a job without one);
+    /// `None`: never known to end. A time already past means "any moment".
+    pub expected_end: Option<Millis>,
+}
+
+/// An array's throttle (`--array 0-99%8`): how many more of its tasks may
+/// start now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ArrayThrottle {
+    /// The array job id (`12` of `12_3`).
+    pub array: JobId,
+    /// The throttle minus the tasks running now (0: none may start).
+    pub slots: u32,
 }
 
 /// Whether a node takes new work.
@@ -204,6 +231,24 @@ pub struct PendingJob {
     /// Where the job may run.
     #[serde(default)]
     pub placement: Placement,
+    /// `--time` (or a partition default): backfill starts a job early only if
+    /// it ends before the reservations it would overlap. `None`: unlimited.
+    #[serde(default)]
+    pub time_limit_secs: Option<u64>,
+    /// `--begin`: not before this time.
+    #[serde(default)]
+    pub begin_time: Option<Millis>,
+    /// Set by the state when something outside the scheduler keeps the job
+    /// back (a hold, unmet dependencies): the job waits with this reason.
+    #[serde(default)]
+    pub blocked: Option<super::PendingReason>,
+    /// The array throttle the job is a task of, if any.
+    #[serde(default)]
+    pub array_throttle: Option<ArrayThrottle>,
+    /// `--dependency singleton`: at most one job of this user and name runs;
+    /// a pass starts at most one of them.
+    #[serde(default)]
+    pub singleton: Option<String>,
 }
 
 impl PendingJob {
@@ -259,6 +304,11 @@ impl From<&Job> for PendingJob {
             priority: 0,
             total_gpus: job.spec.total_gpus,
             placement: job.spec.placement.clone(),
+            time_limit_secs: job.spec.time_limit_secs,
+            begin_time: job.spec.queue.begin_time,
+            blocked: None,
+            array_throttle: None,
+            singleton: None,
         }
     }
 }

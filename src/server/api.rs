@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use crate::config::ServerConfig;
-use crate::model::{JobState, Role, TokenRecord};
+use crate::model::{JobRef, JobState, Role, TokenRecord};
 use crate::net::endpoint::{Endpoint, Peer, ALPN_API};
 use crate::net::pki::NodeIdentity;
 use crate::net::proto::{
@@ -19,14 +19,19 @@ use crate::state::{Command, CommandResult, Rejection, State};
 
 use super::now_ms;
 
+/// Per pending job: why it waits, and its expected start if backfill knows it.
+pub type PendingReasons =
+    std::collections::HashMap<crate::model::JobId, (String, Option<crate::model::Millis>)>;
+
 /// The server's request handler.
 pub struct Api {
     cfg: ServerConfig,
     node: RaftNode,
     endpoint: Arc<Endpoint>,
     identity: NodeIdentity,
-    /// Why each pending job waits, from the leader's last scheduling pass.
-    pending_reasons: std::sync::RwLock<std::collections::HashMap<crate::model::JobId, String>>,
+    /// Why each pending job waits, and when backfill expects it to start,
+    /// from the leader's last scheduling pass.
+    pending_reasons: std::sync::RwLock<PendingReasons>,
     /// Connected agents (leader only).
     pub hub: Arc<super::agents::AgentHub>,
     proposer: super::propose::Proposer,
@@ -117,10 +122,7 @@ impl Api {
     }
 
     /// Records the reasons of the last scheduling pass.
-    pub fn set_pending_reasons(
-        &self,
-        reasons: std::collections::HashMap<crate::model::JobId, String>,
-    ) {
+    pub fn set_pending_reasons(&self, reasons: PendingReasons) {
         *self
             .pending_reasons
             .write()
@@ -138,9 +140,32 @@ impl Api {
                 .pending_reasons
                 .read()
                 .unwrap_or_else(|p| p.into_inner());
-            job.reason = reasons.get(&job.id).cloned();
+            if let Some((reason, start)) = reasons.get(&job.id) {
+                job.reason = Some(reason.clone());
+                job.expected_start = *start;
+            }
         }
         job
+    }
+
+    /// The job ids `refs` name (see `State::resolve`); `keep` picks the tasks
+    /// of a whole array that the request acts on.
+    fn resolve(
+        &self,
+        refs: impl IntoIterator<Item = JobRef>,
+        keep: impl Fn(&crate::model::Job) -> bool,
+    ) -> Result<Vec<crate::model::JobId>, String> {
+        let state = self.state();
+        let mut ids = Vec::new();
+        for r in refs {
+            let found = state.resolve(r, &keep)?;
+            for id in found {
+                if !ids.contains(&id) {
+                    ids.push(id);
+                }
+            }
+        }
+        Ok(ids)
     }
 
     /// The cluster CA certificate this server trusts.
@@ -174,6 +199,7 @@ impl Api {
             req,
             ApiRequest::Submit { .. }
                 | ApiRequest::Cancel { .. }
+                | ApiRequest::Hold { .. }
                 | ApiRequest::TokenCreate { .. }
                 | ApiRequest::TokenRevoke { .. }
                 | ApiRequest::Logs { .. }
@@ -204,7 +230,13 @@ impl Api {
                     Err(resp) => resp,
                 }
             }
-            ApiRequest::Cancel { ids } => {
+            ApiRequest::Cancel { ids, tasks } => {
+                // `12` of an array is every unfinished task; `12_3` one task.
+                let refs = ids.iter().map(|&id| JobRef { id, task: None }).chain(tasks);
+                let ids = match self.resolve(refs, |j| !j.state.is_final()) {
+                    Ok(ids) => ids,
+                    Err(why) => return ApiResponse::error(ErrorKind::NotFound, why),
+                };
                 let cmd = Command::Cancel {
                     by: caller.user,
                     admin: caller.admin,
@@ -229,7 +261,30 @@ impl Api {
                     .collect();
                 ApiResponse::Jobs { jobs }
             }
-            ApiRequest::Show { id } => self.show(id).await,
+            ApiRequest::Hold { jobs, hold } => {
+                let ids = match self.resolve(jobs, |j| j.state == JobState::Pending) {
+                    Ok(ids) => ids,
+                    Err(why) => return ApiResponse::error(ErrorKind::NotFound, why),
+                };
+                let cmd = Command::Hold {
+                    by: caller.user,
+                    admin: caller.admin,
+                    ids,
+                    hold,
+                };
+                match self.write(cmd).await {
+                    Ok(CommandResult::Held { ids, .. }) => ApiResponse::Held { ids, hold },
+                    Ok(other) => self.unexpected(other),
+                    Err(resp) => resp,
+                }
+            }
+            ApiRequest::Show { id, task } => {
+                let found = match self.resolve([JobRef { id, task }], |_| true) {
+                    Ok(ids) => ids[0],
+                    Err(why) => return ApiResponse::error(ErrorKind::NotFound, why),
+                };
+                self.show(found).await
+            }
             ApiRequest::Acct { filter, summary } => self.acct(filter, summary).await,
             ApiRequest::Cluster => ApiResponse::Cluster {
                 status: self.cluster_status(),
@@ -534,6 +589,9 @@ impl Api {
             exit_code: None,
             cancelled_by: None,
             run: None,
+            held: false,
+            array: None,
+            expected_start: None,
         };
         crate::sched::feasible(&inventories, &crate::sched::PendingJob::from(&probe))
     }

@@ -44,10 +44,12 @@ pub async fn run(api: Arc<Api>, mut shutdown: watch::Receiver<bool>) {
             }
             crate::sched::plan(&state.cluster_view(), now_ms())
         };
+        let starts: std::collections::HashMap<_, _> =
+            plan.reservations.iter().map(|r| (r.job, r.start)).collect();
         api.set_pending_reasons(
             plan.pending
                 .iter()
-                .map(|(id, r)| (*id, r.to_string()))
+                .map(|(id, r)| (*id, (r.to_string(), starts.get(id).copied())))
                 .collect(),
         );
         if plan.allocations.is_empty() {

@@ -71,6 +71,8 @@ pub fn sim_spec(
         max_restarts: 3,
         total_gpus: None,
         placement: Default::default(),
+        queue: Default::default(),
+        signal: None,
     }
 }
 
@@ -304,7 +306,7 @@ pub async fn drive(
     }
     let mut records = Vec::with_capacity(sent.len());
     for (id, planned, sent_at, ack) in sent {
-        let job: Job = match call(&mut c, &ApiRequest::Show { id }).await? {
+        let job: Job = match call(&mut c, &ApiRequest::Show { id, task: None }).await? {
             ApiResponse::Job { job } => *job,
             other => bail!("unexpected answer to Show: {other:?}"),
         };

@@ -12,6 +12,7 @@
 pub mod directives;
 pub mod memory;
 pub mod placement;
+pub mod queue;
 pub mod suggest;
 pub mod time;
 pub mod values;
@@ -151,6 +152,26 @@ pub struct SubmitArgs {
     #[arg(long, value_name = "N")]
     pub max_restarts: Option<u32>,
 
+    /// Start only after other jobs: afterok:ID[:ID...], afterany:ID, afternotok:ID, after:ID, singleton; comma-separated, all must hold
+    #[arg(short = 'd', long, value_name = "TYPE:ID[:ID...][,...]", value_parser = queue::parse_dependency)]
+    pub dependency: Option<queue::Dependencies>,
+
+    /// Start no earlier than this: 2026-12-01T15:00 (UTC), 2026-12-01, now+10min
+    #[arg(short = 'b', long, value_name = "TIME", value_parser = queue::parse_begin)]
+    pub begin: Option<queue::Begin>,
+
+    /// Submit the job held: it waits until `gpuq release ID`
+    #[arg(short = 'H', long)]
+    pub hold: bool,
+
+    /// An array of jobs, one per index: 0-99, 1,3,5-7, 0-15:4, with %N to run at most N at once (0-99%8)
+    #[arg(short = 'a', long, value_name = "INDICES[%N]", value_parser = queue::parse_array)]
+    pub array: Option<crate::model::ArraySpec>,
+
+    /// Send SIG SECS seconds before the time limit (and on preemption): USR1@60; B: sends it to the batch shell only
+    #[arg(long, value_name = "[B:]SIG[@SECS]", value_parser = queue::parse_signal)]
+    pub signal: Option<crate::model::SignalSpec>,
+
     /// Run this shell command (with /bin/sh -c) instead of a script
     #[arg(long, value_name = "COMMAND", conflicts_with = "script_or_command")]
     pub wrap: Option<String>,
@@ -200,6 +221,11 @@ impl SubmitArgs {
             requeue: (self.requeue && !over.no_requeue) || over.requeue,
             no_requeue: (self.no_requeue && !over.requeue) || over.no_requeue,
             max_restarts: pick(&self.max_restarts, &over.max_restarts),
+            dependency: pick(&self.dependency, &over.dependency),
+            begin: pick(&self.begin, &over.begin),
+            hold: self.hold || over.hold,
+            array: pick(&self.array, &over.array),
+            signal: pick(&self.signal, &over.signal),
             script_or_command: if over.script_or_command.is_empty() {
                 self.script_or_command.clone()
             } else {
@@ -354,7 +380,22 @@ pub fn build_spec(
         program,
         total_gpus,
         placement,
+        queue: crate::model::QueueSpec {
+            dependency: merged.dependency.clone().map(|d| d.0).unwrap_or_default(),
+            begin_time: merged.begin.map(|b| b.resolve(now_ms())),
+            hold: merged.hold,
+            array: merged.array.clone(),
+        },
+        signal: merged.signal,
     };
+    if let (Some(sig), Some(limit)) = (&spec.signal, spec.time_limit_secs) {
+        if sig.secs_before >= limit {
+            return Err(SpecError::Invalid(format!(
+                "--signal is sent {}s before the time limit, but the limit is only {limit}s;                  give fewer seconds (--signal SIG@N) or a longer --time",
+                sig.secs_before
+            )));
+        }
+    }
     spec.check_invariants().map_err(SpecError::Invalid)?;
     check_word("job name", &spec.name, true)?;
     if let Some(account) = &spec.account {
@@ -364,6 +405,14 @@ pub fn build_spec(
         check_word("partition", partition, false)?;
     }
     Ok(spec)
+}
+
+/// The submitter's clock, for `--begin now+N`.
+fn now_ms() -> crate::model::Millis {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
 }
 
 /// What the first positional word of `gpuq submit` names.

@@ -1,7 +1,7 @@
 //! `State::apply`: the deterministic transition function over the log.
 
 use super::{ClusterRecord, Command, CommandResult, Dirty, Rejection, State};
-use crate::model::{Job, JobId, JobState};
+use crate::model::JobState;
 
 impl State {
     /// Applies one command, recording touched records in `dirty`. A rejected
@@ -43,30 +43,18 @@ impl State {
                 Ok(CommandResult::Initialized)
             }
             Command::Submit { user, spec, now } => {
-                spec.check_invariants().map_err(Rejection::InvalidSpec)?;
-                let id = JobId(self.counters.next_job_id);
-                self.counters.next_job_id += 1;
-                self.jobs.insert(
-                    id,
-                    Job {
-                        id,
-                        user: user.clone(),
-                        spec: spec.as_ref().clone(),
-                        state: JobState::Pending,
-                        submit_time: *now,
-                        start_time: None,
-                        end_time: None,
-                        restart_count: 0,
-                        reason: None,
-                        exit_code: None,
-                        cancelled_by: None,
-                        run: None,
-                    },
-                );
-                dirty.meta = true;
-                dirty.jobs.insert(id);
+                let id = self.submit(user, spec, *now, dirty)?;
                 Ok(CommandResult::Submitted { id })
             }
+            Command::Hold {
+                by,
+                admin,
+                ids,
+                hold,
+            } => Ok(CommandResult::Held {
+                ids: self.set_held(by, *admin, ids, *hold, dirty)?,
+                hold: *hold,
+            }),
             Command::Cancel {
                 by,
                 admin,

@@ -31,6 +31,14 @@ pub enum Command {
         ids: Vec<JobId>,
         now: Millis,
     },
+    /// Holds (`hold: true`) or releases pending jobs, all or none. Owners
+    /// may act on their own jobs, `admin` callers on all.
+    Hold {
+        by: String,
+        admin: bool,
+        ids: Vec<JobId>,
+        hold: bool,
+    },
     /// Records a new join token (its secret's hash only).
     CreateToken { record: TokenRecord },
     /// Revokes a token so it admits nobody from now on.
@@ -106,6 +114,11 @@ pub enum CommandResult {
     Cancelled {
         ids: Vec<JobId>,
     },
+    /// The jobs a `Hold` held or released.
+    Held {
+        ids: Vec<JobId>,
+        hold: bool,
+    },
     TokenCreated,
     TokenRevoked,
     TokenUsed,
@@ -140,6 +153,12 @@ pub enum Rejection {
     NotOwner { id: JobId, owner: String },
     #[error("job {id} already ended ({state})")]
     AlreadyEnded { id: JobId, state: JobState },
+    #[error("job {id} is {state}; only a PENDING job can be held or released")]
+    NotPending { id: JobId, state: JobState },
+    #[error("job {0} is not held; nothing to release")]
+    NotHeld(JobId),
+    #[error("--dependency names job {0}, which does not exist (see `gpuq queue --all`)")]
+    UnknownDependency(JobId),
     #[error("invalid job: {0}")]
     InvalidSpec(String),
     #[error("token {0} does not exist (see `gpuq token list`)")]

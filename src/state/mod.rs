@@ -6,8 +6,10 @@
 
 mod apply;
 mod command;
+mod deps;
 pub mod history;
 mod index;
+mod queue;
 mod run;
 pub mod store;
 mod view;
@@ -17,6 +19,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::{Deserialize, Serialize};
 
 pub use command::{Command, CommandResult, Rejection};
+pub use deps::DepStatus;
 pub use index::ActiveIndex;
 
 use crate::model::{Job, JobId, JobState, Millis, NodeInventory, TokenRecord};
@@ -202,3 +205,6 @@ mod tests_run;
 
 #[cfg(test)]
 mod tests_history;
+
+#[cfg(test)]
+mod tests_queue;

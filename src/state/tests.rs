@@ -24,6 +24,8 @@ fn spec(name: &str) -> JobSpec {
         max_restarts: 3,
         total_gpus: None,
         placement: Default::default(),
+        queue: Default::default(),
+        signal: None,
         program: Program::Command {
             argv: vec!["true".into()],
         },

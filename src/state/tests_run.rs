@@ -67,6 +67,8 @@ pub(super) fn spec(nodes: u32, gpus: u32) -> JobSpec {
         max_restarts: 3,
         total_gpus: None,
         placement: Default::default(),
+        queue: Default::default(),
+        signal: None,
         program: Program::Command {
             argv: vec!["true".into()],
         },

@@ -3,11 +3,13 @@
 //! reads the active-job indexes (`index`), so its cost follows what is
 //! pending or running, not every job the state holds.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use super::{NodeStatus, State};
-use crate::model::{Allocation, Job, JobState};
-use crate::sched::{ClusterView, NodeState, NodeView, PendingJob, Usage};
+use crate::model::{Allocation, DependencyKind, Job, JobId, JobState};
+use crate::sched::{
+    ArrayThrottle, BackfillConfig, ClusterView, NodeState, NodeView, PendingJob, RunningJob, Usage,
+};
 
 /// Adds an allocation's resources to the usage of the nodes it names.
 pub fn add_usage(views: &mut [NodeView], alloc: &Allocation) {
@@ -54,17 +56,63 @@ impl State {
         views
     }
 
-    /// What the scheduler needs for one pass.
+    /// What the scheduler needs for one pass: nodes, pending jobs with what
+    /// keeps them back outside the scheduler (holds, dependencies, array
+    /// throttles, singletons), and running jobs with their expected ends.
     pub fn cluster_view(&self) -> ClusterView {
+        let backfill = BackfillConfig::default();
+        let mut running = Vec::new();
+        let mut names: BTreeSet<(&str, &str)> = BTreeSet::new();
+        let mut array_running: BTreeMap<JobId, u32> = BTreeMap::new();
+        let active = self.index.pending.iter().copied().chain(self.index.holding());
+        for job in active.filter_map(|id| self.jobs.get(&id)) {
+            names.insert((job.user.as_str(), job.spec.name.as_str()));
+            if let Some(a) = job.array {
+                *array_running.entry(a.array_job).or_default() += 1;
+            }
+            if let (Some(run), Some(start)) = (&job.run, job.start_time) {
+                let limit = job
+                    .spec
+                    .time_limit_secs
+                    .unwrap_or(backfill.default_time_limit_secs);
+                running.push(RunningJob {
+                    id: job.id,
+                    allocation: run.allocation.clone(),
+                    expected_end: Some(start.saturating_add(limit.saturating_mul(1000))),
+                });
+            }
+        }
+        let pending = self
+            .index
+            .pending
+            .iter()
+            .filter_map(|id| self.jobs.get(id))
+            .map(|j| {
+                let mut p = PendingJob::from(j);
+                p.blocked = self.blocked_reason(j, &names);
+                p.array_throttle = j.array.and_then(|a| {
+                    let limit = a.throttle?;
+                    let used = array_running.get(&a.array_job).copied().unwrap_or(0);
+                    Some(ArrayThrottle {
+                        array: a.array_job,
+                        slots: limit.saturating_sub(used),
+                    })
+                });
+                p.singleton = j
+                    .spec
+                    .queue
+                    .dependency
+                    .iter()
+                    .any(|d| d.kind == DependencyKind::Singleton)
+                    .then(|| j.spec.name.clone());
+                p
+            })
+            .collect();
         ClusterView {
             nodes: self.node_views(),
-            pending: self
-                .index
-                .pending
-                .iter()
-                .filter_map(|id| self.jobs.get(id))
-                .map(PendingJob::from)
-                .collect(),
+            pending,
+            running,
+            backfill,
         }
     }
 

@@ -97,6 +97,8 @@ pub struct TaskContext<'a> {
     pub master_addr: &'a str,
     /// A port unique among the jobs on the rank-0 node.
     pub master_port: u16,
+    /// The array job id and task index, for an array task.
+    pub array: Option<(JobId, u32)>,
 }
 
 /// The task's environment: the job's own variables, then the contract, whose
@@ -136,12 +138,20 @@ pub fn task_env(job_env: &[(String, String)], ctx: &TaskContext<'_>) -> Vec<(Str
         ("PET_MASTER_ADDR", ctx.master_addr.to_string()),
         ("PET_MASTER_PORT", ctx.master_port.to_string()),
     ];
+    // An array task's ids; a job submitted from inside an array task must
+    // not inherit them, so they are dropped from the job's env either way.
+    const ARRAY_VARS: [&str; 2] = ["GPUQ_ARRAY_JOB_ID", "GPUQ_ARRAY_TASK_ID"];
     let mut env: Vec<(String, String)> = job_env
         .iter()
         .filter(|(name, _)| !contract.iter().any(|(c, _)| c == name))
+        .filter(|(name, _)| !ARRAY_VARS.contains(&name.as_str()))
         .cloned()
         .collect();
     env.extend(contract.into_iter().map(|(k, v)| (k.to_string(), v)));
+    if let Some((array, index)) = ctx.array {
+        env.push((ARRAY_VARS[0].into(), array.to_string()));
+        env.push((ARRAY_VARS[1].into(), index.to_string()));
+    }
     env
 }
 
@@ -417,6 +427,7 @@ mod tests {
             gpus: &gpus,
             master_addr: "node001",
             master_port: 29517,
+            array: None,
         };
         let user = vec![
             ("PATH".to_string(), "/usr/bin".to_string()),
@@ -470,6 +481,7 @@ mod tests {
             gpus: &[],
             master_addr: "cpu1",
             master_port: 20001,
+            array: None,
         };
         let env = task_env(&[], &ctx);
         assert_eq!(lookup(&env, "CUDA_VISIBLE_DEVICES"), Some(""));

@@ -397,7 +397,11 @@ fn supervise(
         .map(|secs| started + Duration::from_secs(secs));
     let warning = spec.signal_before_limit.as_ref().and_then(|w| {
         let at = deadline?.checked_sub(Duration::from_secs(w.secs_before))?;
-        Some((at.max(started), Signal::try_from(w.signal).ok()?))
+        Some((
+            at.max(started),
+            Signal::try_from(w.signal).ok()?,
+            w.batch_only,
+        ))
     });
     let grace = Duration::from_secs(spec.kill_grace_secs);
     let mut warned = false;
@@ -436,9 +440,15 @@ fn supervise(
             tree.signal(Signal::SIGTERM);
             // A process stopped by SIGSTOP would not see SIGTERM until resumed.
             tree.signal(Signal::SIGCONT);
-        } else if let Some((_, sig)) = warning.filter(|&(at, _)| !warned && now >= at) {
-            tracing::info!(signal = %sig, "time limit is near; signalling the task");
-            tree.signal(sig);
+        } else if let Some((_, sig, batch_only)) =
+            warning.filter(|&(at, _, _)| !warned && now >= at)
+        {
+            tracing::info!(signal = %sig, batch_only, "time limit is near; signalling the task");
+            if batch_only {
+                let _ = nix::sys::signal::kill(tree.child, sig);
+            } else {
+                tree.signal(sig);
+            }
             warned = true;
         }
     }

@@ -79,6 +79,9 @@ pub struct LimitSignal {
     pub signal: i32,
     /// How many seconds before the limit it is sent.
     pub secs_before: u64,
+    /// Only to the main process (`--signal B:...`), not the whole task.
+    #[serde(default)]
+    pub batch_only: bool,
 }
 
 /// Everything the shim needs to run one task, fully resolved by the agent:

@@ -3,6 +3,8 @@
 //! checks the invariants every plan must keep; an expectation table then says
 //! where each job went or why it waits. New policies add rows, not harness.
 
+mod backfill;
+mod backfill_sim;
 mod checks;
 mod constraints;
 mod fragmentation;
@@ -228,6 +230,11 @@ pub fn job(id: u64) -> JobBuilder {
             priority: 0,
             total_gpus: None,
             placement: Placement::default(),
+            time_limit_secs: None,
+            begin_time: None,
+            blocked: None,
+            array_throttle: None,
+            singleton: None,
         },
     }
 }
@@ -288,6 +295,32 @@ impl JobBuilder {
         self.job.placement.topology = Some(level);
         self
     }
+    /// `--time` in seconds.
+    pub fn time(mut self, secs: u64) -> Self {
+        self.job.time_limit_secs = Some(secs);
+        self
+    }
+    pub fn begin(mut self, t: Millis) -> Self {
+        self.job.begin_time = Some(t);
+        self
+    }
+    /// Kept back by the state (a hold, dependencies).
+    pub fn blocked(mut self, r: PendingReason) -> Self {
+        self.job.blocked = Some(r);
+        self
+    }
+    /// A task of array `array` with `slots` more tasks allowed to start.
+    pub fn array(mut self, array: u64, slots: u32) -> Self {
+        self.job.array_throttle = Some(super::ArrayThrottle {
+            array: JobId(array),
+            slots,
+        });
+        self
+    }
+    pub fn singleton(mut self, name: &str) -> Self {
+        self.job.singleton = Some(name.into());
+        self
+    }
     pub fn build(self) -> PendingJob {
         self.job
     }
@@ -333,6 +366,7 @@ impl Scenario {
             view: ClusterView {
                 nodes: nodes.into_iter().map(NodeBuilder::build).collect(),
                 pending: Vec::new(),
+                ..Default::default()
             },
             now: 1_000_000,
         }
@@ -352,6 +386,16 @@ impl Scenario {
         self
     }
 
+    /// A running job expected to end at `end` (start + time limit).
+    pub fn running_until(mut self, alloc: Allocation, end: Millis) -> Scenario {
+        self.view.running.push(super::RunningJob {
+            id: alloc.job,
+            allocation: alloc.clone(),
+            expected_end: Some(end),
+        });
+        self.running(alloc)
+    }
+
     pub fn pending(mut self, jobs: impl IntoIterator<Item = JobBuilder>) -> Scenario {
         self.view
             .pending
@@ -363,6 +407,7 @@ impl Scenario {
     pub fn run(&self) -> Outcome {
         let plan = plan(&self.view, self.now);
         assert_sound(&self.view, &plan);
+        assert_no_delay(&self.view, &plan, self.now);
         Outcome { plan }
     }
 }
@@ -417,19 +462,64 @@ pub fn assert_sound(view: &ClusterView, plan: &Plan) {
             .expect("pending job");
         (std::cmp::Reverse(j.priority), j.submit_time, j.id)
     };
-    if let Some(head) = plan
+    let head = plan
         .pending
         .iter()
         .filter(|(_, r)| matches!(r, PendingReason::Resources | PendingReason::Topology(_)))
-        .map(|(id, _)| key(*id))
-        .min()
-    {
-        for alloc in &plan.allocations {
-            assert!(
-                key(alloc.job) < head,
-                "job {} was placed behind a blocked job",
-                alloc.job
-            );
+        .min_by_key(|(id, _)| key(*id));
+    if let Some((head, _)) = head {
+        if plan.expected_start(*head).is_none() {
+            for alloc in &plan.allocations {
+                assert!(
+                    key(alloc.job) < key(*head),
+                    "job {} was placed behind a blocked job without a reservation",
+                    alloc.job
+                );
+            }
+        }
+    }
+}
+
+/// No job the plan starts delays a reservation of a job ahead of it: it ends
+/// (by its time limit, from `now`) before the reservation starts, or shares
+/// no GPU with it and leaves room for both on every shared node.
+pub fn assert_no_delay(view: &ClusterView, plan: &Plan, now: Millis) {
+    let job = |id: JobId| view.pending.iter().find(|j| j.id == id).expect("pending");
+    let key = |j: &PendingJob| (std::cmp::Reverse(j.priority), j.submit_time, j.id);
+    for alloc in &plan.allocations {
+        let started = job(alloc.job);
+        let end = started
+            .time_limit_secs
+            .map(|s| now.saturating_add(s * 1000));
+        for r in &plan.reservations {
+            if key(job(r.job)) > key(started) {
+                continue;
+            }
+            if end.is_some_and(|e| e <= r.start) {
+                continue;
+            }
+            for na in &alloc.nodes {
+                for rn in r.allocation.nodes.iter().filter(|rn| rn.node == na.node) {
+                    let shared: Vec<_> = na.gpus.iter().filter(|g| rn.gpus.contains(g)).collect();
+                    assert!(
+                        shared.is_empty(),
+                        "job {} takes GPUs {shared:?} of {} reserved for job {} from {}",
+                        alloc.job,
+                        na.node,
+                        r.job,
+                        r.start
+                    );
+                    let node = view.nodes.iter().find(|n| n.name == na.node).expect("node");
+                    assert!(
+                        u64::from(na.cpu_count) + u64::from(rn.cpu_count)
+                            <= u64::from(node.inventory.cpus),
+                        "job {} and reservation {} overfill the CPUs of {}",
+                        alloc.job,
+                        r.job,
+                        na.node
+                    );
+                }
+            }
         }
     }
 }
@@ -485,6 +575,10 @@ impl Outcome {
                     .map(|n| (n.node.clone(), n.gpus.clone()))
                     .collect()
             })
+    }
+
+    pub fn expected_start(&self, job: u64) -> Option<Millis> {
+        self.plan.expected_start(JobId(job))
     }
 
     pub fn allocation(&self, job: u64) -> Option<&Allocation> {

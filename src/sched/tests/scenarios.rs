@@ -382,6 +382,8 @@ fn a_pending_job_is_built_from_the_recorded_job() {
         max_restarts: 3,
         total_gpus: None,
         placement: Default::default(),
+        queue: Default::default(),
+        signal: None,
         program: Program::Command {
             argv: vec!["torchrun".into()],
         },
@@ -399,6 +401,9 @@ fn a_pending_job_is_built_from_the_recorded_job() {
         exit_code: None,
         cancelled_by: None,
         run: None,
+        held: false,
+        array: None,
+        expected_start: None,
     };
     let p = PendingJob::from(&recorded);
     assert_eq!(

@@ -1,0 +1,123 @@
+//! Queue listing helpers: array tasks shown compactly (`12_[4-99%8]`, as
+//! squeue does) and the `--start` view of expected start times.
+
+use crate::model::{Job, JobState};
+
+use super::table::{fmt_time, Table};
+
+/// One line of the queue: a job, or pending tasks of one array folded
+/// together (same reason) with the id shown as `12_[4-7,9%2]`.
+pub struct QueueRow<'j> {
+    pub id: String,
+    /// The first job of the line: every other column comes from it.
+    pub job: &'j Job,
+}
+
+/// Folds runs of pending tasks of one array with the same reason and
+/// expected start into one row. Other jobs get a row each.
+pub fn rows(jobs: &[Job]) -> Vec<QueueRow<'_>> {
+    let mut out: Vec<QueueRow> = Vec::new();
+    let mut i = 0;
+    while i < jobs.len() {
+        let j = &jobs[i];
+        let Some(a) = j.array.filter(|_| j.state == JobState::Pending) else {
+            out.push(QueueRow {
+                id: j.display_id(),
+                job: j,
+            });
+            i += 1;
+            continue;
+        };
+        let mut k = i + 1;
+        while k < jobs.len() {
+            let n = &jobs[k];
+            let same = n.state == JobState::Pending
+                && n.array.is_some_and(|b| b.array_job == a.array_job)
+                && n.reason == j.reason
+                && n.expected_start == j.expected_start;
+            if !same {
+                break;
+            }
+            k += 1;
+        }
+        let indices: Vec<u32> = jobs[i..k]
+            .iter()
+            .filter_map(|t| t.array.map(|a| a.index))
+            .collect();
+        let id = if indices.len() == 1 {
+            j.display_id()
+        } else {
+            let throttle = a.throttle.map(|t| format!("%{t}")).unwrap_or_default();
+            format!("{}_[{}{throttle}]", a.array_job, ranges(&indices))
+        };
+        out.push(QueueRow { id, job: j });
+        i = k;
+    }
+    out
+}
+
+/// `1,3,5-7` for ascending indices.
+pub fn ranges(indices: &[u32]) -> String {
+    let mut parts = Vec::new();
+    let mut i = 0;
+    while i < indices.len() {
+        let mut k = i;
+        while k + 1 < indices.len() && indices[k + 1] == indices[k] + 1 {
+            k += 1;
+        }
+        parts.push(if k == i {
+            indices[i].to_string()
+        } else {
+            format!("{}-{}", indices[i], indices[k])
+        });
+        i = k + 1;
+    }
+    parts.join(",")
+}
+
+/// `gpuq queue --start`: pending jobs with their expected start (squeue --start).
+pub fn start_table(jobs: &[Job]) -> String {
+    let mut t = Table::new(&[
+        "JOBID",
+        "NAME",
+        "USER",
+        "STATE",
+        "START_TIME",
+        "NODES",
+        "GPUS",
+        "REASON",
+    ]);
+    let pending: Vec<Job> = jobs
+        .iter()
+        .filter(|j| j.state == JobState::Pending)
+        .cloned()
+        .collect();
+    for r in rows(&pending) {
+        let j = r.job;
+        t.row(vec![
+            r.id,
+            j.spec.name.clone(),
+            j.user.clone(),
+            j.state.to_string(),
+            j.expected_start
+                .map(fmt_time)
+                .unwrap_or_else(|| "N/A".into()),
+            j.spec.nodes.to_string(),
+            j.spec.total_gpus().to_string(),
+            j.reason.clone().unwrap_or_default(),
+        ]);
+    }
+    t.render()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn index_ranges_compress() {
+        assert_eq!(ranges(&[1, 3, 5, 6, 7]), "1,3,5-7");
+        assert_eq!(ranges(&[4, 5, 6]), "4-6");
+        assert_eq!(ranges(&[]), "");
+    }
+}

@@ -1,0 +1,358 @@
+//! Backfill: the pass's loop over the queue, in whatever order the queue is
+//! given (Slurm's backfill, EASY for jobs past the reservation depth and
+//! conservative for the top `depth` blocked ones).
+//!
+//! - Jobs start in queue order while they fit the free resources.
+//! - The first `depth` jobs that cannot start get a [`Reservation`]: the
+//!   earliest time `T` their placement (the same gang-, topology- and
+//!   constraint-aware placement as a start now) fits on a timeline of free
+//!   capacity, built from running jobs' expected ends (start + time limit)
+//!   and the jobs this pass started, minus the earlier reservations that
+//!   overlap `[T, T + limit)`. `T` is the job's expected start.
+//! - A lower job starts now only if it fits the free resources minus every
+//!   reservation it would overlap: a reservation starting after the job's own
+//!   end (now + its time limit) is not in its way; any other is. A job with
+//!   no time limit overlaps them all. So no start delays a reservation.
+//! - Jobs held back by the state (holds, dependencies), by `--begin`, by an
+//!   array throttle or a running singleton wait with that reason and block
+//!   nobody.
+//! - When a blocked job's start cannot be worked out (resources held by jobs
+//!   the timeline does not know, or `max_times` candidate times tried), the
+//!   pass falls back to strict priority behind it: nothing lower starts.
+//!
+//! Cost: like Slurm's `bf_max_job_test`, at most `max_job_test` jobs behind
+//! the first blocked one are tried per pass; the rest wait for `Priority`.
+//! A request that failed to start (same shape, placement and time limit)
+//! is not tried again in the pass, since free resources only shrink and
+//! reservations only grow within it. Each reservation walks at most
+//! `max_times` candidate start times, and places only at those where enough
+//! GPUs are free; an O(reserved GPUs) count rules out the others.
+//!
+//! Counts (CPUs, memory) of a reservation are subtracted from what is free
+//! now in full, even where part of them would be released by running jobs
+//! first: conservative, so a backfilled job may be turned away needlessly,
+//! never let in wrongly. GPUs are exact (indices).
+
+use std::borrow::Cow;
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::{Deserialize, Serialize};
+
+use crate::model::{Allocation, JobId, Millis, Placement};
+
+use super::check::{self, Candidate, Resolved, Scope};
+use super::plan::Reservation;
+use super::view::{PendingJob, RunningJob, Shape};
+use super::{Packing, PendingReason, Plan, Pool};
+
+/// Backfill's knobs (Slurm's `bf_*` parameters).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct BackfillConfig {
+    /// How many blocked jobs get a reservation (and an expected start).
+    /// 0: strict priority order, nothing overtakes a blocked job.
+    pub depth: usize,
+    /// Jobs tried per pass behind the first blocked one (`bf_max_job_test`).
+    pub max_job_test: usize,
+    /// Candidate start times one reservation looks at before giving up.
+    pub max_times: usize,
+    /// A running job without a time limit is expected to end this long after
+    /// its start (a guess for the timeline only: it is not enforced, and a
+    /// job without a limit is never backfilled ahead of a reservation).
+    pub default_time_limit_secs: u64,
+}
+
+impl Default for BackfillConfig {
+    fn default() -> Self {
+        BackfillConfig {
+            depth: 10,
+            max_job_test: 500,
+            max_times: 1000,
+            default_time_limit_secs: 24 * 3600,
+        }
+    }
+}
+
+/// A request's identity for caches within a pass.
+type Request<'j> = (u32, Shape, Option<u32>, &'j Placement);
+
+fn request(job: &PendingJob) -> Request<'_> {
+    (job.nodes, job.per_node(), job.total_gpus, &job.placement)
+}
+
+/// Resources set aside for a blocked job over `[start, end)`.
+struct Hold {
+    start: Millis,
+    end: Option<Millis>,
+    alloc: Allocation,
+}
+
+impl Hold {
+    /// Whether it overlaps `[from, to)` (`to: None`: forever).
+    fn overlaps(&self, from: Millis, to: Option<Millis>) -> bool {
+        let starts_before_end = to.is_none_or(|to| self.start < to);
+        let ends_after_start = self.end.is_none_or(|e| e > from);
+        starts_before_end && ends_after_start
+    }
+}
+
+/// One pass over `queue` (already in priority order).
+pub(super) fn run(
+    queue: &[&PendingJob],
+    cands: &[Candidate],
+    mut pool: Pool,
+    running: &[RunningJob],
+    cfg: &super::BackfillConfig,
+    now: Millis,
+    packing: Packing,
+) -> Plan {
+    let mut verdicts: BTreeMap<Request, Result<Resolved, String>> = BTreeMap::new();
+    let mut allowed: BTreeMap<&Placement, Vec<bool>> = BTreeMap::new();
+    // Requests (with their time limit) that could not start now.
+    let mut failed: BTreeMap<(Request, Option<u64>), PendingReason> = BTreeMap::new();
+    let mut holds: Vec<Hold> = Vec::new();
+    // What this pass started, with when it ends: part of the timeline.
+    let mut started: Vec<(Option<Millis>, Allocation)> = Vec::new();
+    let mut slots: BTreeMap<JobId, u32> = BTreeMap::new();
+    let mut singletons: BTreeSet<(&str, &str)> = BTreeSet::new();
+    let mut blocked = false;
+    let mut barrier = false;
+    let mut tested = 0usize;
+    let mut out = Plan::default();
+
+    for &job in queue {
+        if let Some(reason) = gate(job, now, &slots, &singletons) {
+            out.pending.push((job.id, reason));
+            continue;
+        }
+        let verdict = verdicts
+            .entry(request(job))
+            .or_insert_with(|| check::fits_some(cands, job, Scope::Up));
+        let resolved = match verdict {
+            Ok(r) => *r,
+            Err(why) => {
+                out.pending
+                    .push((job.id, PendingReason::Unsatisfiable(why.clone())));
+                continue;
+            }
+        };
+        if barrier || (blocked && cfg.depth == 0) {
+            out.pending.push((job.id, PendingReason::Priority));
+            continue;
+        }
+        if blocked {
+            if tested >= cfg.max_job_test {
+                out.pending.push((job.id, PendingReason::Priority));
+                continue;
+            }
+            tested += 1;
+        }
+        let end = job.time_limit_secs.map(|s| end_of(now, s));
+        let allowed = allowed
+            .entry(&job.placement)
+            .or_insert_with(|| pool.allowed(&job.placement));
+        let key = (request(job), job.time_limit_secs);
+        let attempt = match failed.get(&key) {
+            Some(r) => Err(r.clone()),
+            None => {
+                let free = free_during(&pool, &holds, now, end);
+                free.place(job, resolved, allowed, packing)
+                    .map_err(|reason| {
+                        // Would it fit but for the reservations?
+                        let taken_by_holds = matches!(free, Cow::Owned(_))
+                            && pool.place(job, resolved, allowed, packing).is_ok();
+                        let r = if taken_by_holds {
+                            PendingReason::ReservedForOthers
+                        } else {
+                            reason
+                        };
+                        failed.insert(key, r.clone());
+                        r
+                    })
+            }
+        };
+        match attempt {
+            Ok(alloc) => {
+                pool.charge(&alloc);
+                if let Some(t) = job.array_throttle {
+                    if let Some(s) = slots.get_mut(&t.array) {
+                        *s = s.saturating_sub(1);
+                    } else {
+                        slots.insert(t.array, t.slots.saturating_sub(1));
+                    }
+                }
+                if let Some(name) = &job.singleton {
+                    singletons.insert((job.user.as_str(), name.as_str()));
+                }
+                started.push((end, alloc.clone()));
+                out.allocations.push(alloc);
+            }
+            Err(reason) => {
+                let first = !blocked;
+                blocked = true;
+                let mut reserved = false;
+                if holds.len() < cfg.depth {
+                    let timeline = Timeline {
+                        pool: &pool,
+                        running,
+                        started: &started,
+                        holds: &holds,
+                        now,
+                        max_times: cfg.max_times,
+                    };
+                    if let Some((start, alloc)) = timeline.earliest(job, resolved, allowed, packing)
+                    {
+                        let end = job.time_limit_secs.map(|s| end_of(start, s));
+                        out.reservations.push(Reservation {
+                            job: job.id,
+                            start,
+                            end,
+                            allocation: alloc.clone(),
+                        });
+                        holds.push(Hold { start, end, alloc });
+                        reserved = true;
+                    }
+                }
+                if !reserved && holds.len() < cfg.depth {
+                    // Its start is unknown: protect it the strict way.
+                    barrier = true;
+                }
+                let reason = match reason {
+                    r if first => r,
+                    PendingReason::ReservedForOthers => PendingReason::ReservedForOthers,
+                    _ => PendingReason::Priority,
+                };
+                out.pending.push((job.id, reason));
+            }
+        }
+    }
+    out
+}
+
+/// Why a job may not even be tried now, if something other than resources
+/// keeps it back.
+fn gate(
+    job: &PendingJob,
+    now: Millis,
+    slots: &BTreeMap<JobId, u32>,
+    singletons: &BTreeSet<(&str, &str)>,
+) -> Option<PendingReason> {
+    if let Some(r) = &job.blocked {
+        return Some(r.clone());
+    }
+    if job.begin_time.is_some_and(|b| b > now) {
+        return Some(PendingReason::BeginTime);
+    }
+    if let Some(t) = job.array_throttle {
+        if slots.get(&t.array).copied().unwrap_or(t.slots) == 0 {
+            return Some(PendingReason::JobArrayTaskLimit);
+        }
+    }
+    if let Some(name) = &job.singleton {
+        if singletons.contains(&(job.user.as_str(), name.as_str())) {
+            return Some(PendingReason::Dependency);
+        }
+    }
+    None
+}
+
+fn end_of(start: Millis, secs: u64) -> Millis {
+    start.saturating_add(secs.saturating_mul(1000))
+}
+
+/// `pool` less the reservations overlapping `[from, to)`: borrowed when none do.
+fn free_during<'p, 'v>(
+    pool: &'p Pool<'v>,
+    holds: &[Hold],
+    from: Millis,
+    to: Option<Millis>,
+) -> Cow<'p, Pool<'v>> {
+    let mut over = holds.iter().filter(|h| h.overlaps(from, to)).peekable();
+    if over.peek().is_none() {
+        return Cow::Borrowed(pool);
+    }
+    let mut p = pool.clone();
+    for h in over {
+        p.charge(&h.alloc);
+    }
+    Cow::Owned(p)
+}
+
+/// Free capacity over time, for one reservation's search.
+struct Timeline<'a, 'v> {
+    /// Free now, after this pass's starts.
+    pool: &'a Pool<'v>,
+    running: &'a [RunningJob],
+    started: &'a [(Option<Millis>, Allocation)],
+    holds: &'a [Hold],
+    now: Millis,
+    max_times: usize,
+}
+
+impl Timeline<'_, '_> {
+    /// The earliest time after now at which `job` fits for its whole time
+    /// limit, and where; `None` if the timeline does not know one.
+    fn earliest(
+        &self,
+        job: &PendingJob,
+        resolved: Resolved,
+        allowed: &[bool],
+        packing: Packing,
+    ) -> Option<(Millis, Allocation)> {
+        // Releases in time order; a past expected end means "any moment".
+        let mut ends: Vec<(Millis, &Allocation)> = self
+            .running
+            .iter()
+            .filter_map(|r| Some((r.expected_end?.max(self.now + 1), &r.allocation)))
+            .chain(
+                self.started
+                    .iter()
+                    .filter_map(|(e, a)| Some(((*e)?.max(self.now + 1), a))),
+            )
+            .collect();
+        ends.sort_by_key(|e| e.0);
+        let mut times: Vec<Millis> = ends
+            .iter()
+            .map(|e| e.0)
+            .chain(self.holds.iter().filter_map(|h| h.end))
+            .filter(|&t| t > self.now)
+            .collect();
+        times.sort_unstable();
+        times.dedup();
+
+        let need = u64::from(resolved.per_node.gpus) * u64::from(resolved.nodes);
+        let mut at = self.pool.clone();
+        let mut next = 0;
+        for (i, &t) in times.iter().enumerate() {
+            if i >= self.max_times {
+                return None;
+            }
+            while next < ends.len() && ends[next].0 <= t {
+                at.release(ends[next].1);
+                next += 1;
+            }
+            let to = job.time_limit_secs.map(|s| end_of(t, s));
+            // Free GPUs the overlapping reservations take: an exact count.
+            let taken: u64 = self
+                .holds
+                .iter()
+                .filter(|h| h.overlaps(t, to))
+                .flat_map(|h| h.alloc.nodes.iter())
+                .map(|na| {
+                    na.gpus
+                        .iter()
+                        .filter(|g| at.is_free_gpu(&na.node, **g))
+                        .count() as u64
+                })
+                .sum();
+            if at.free_gpus.saturating_sub(taken) < need {
+                continue;
+            }
+            let free = free_during(&at, self.holds, t, to);
+            if let Ok(alloc) = free.place(job, resolved, allowed, packing) {
+                return Some((t, alloc));
+            }
+        }
+        None
+    }
+}
