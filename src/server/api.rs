@@ -30,6 +30,9 @@ pub struct Api {
     /// Connected agents (leader only).
     pub hub: Arc<super::agents::AgentHub>,
     proposer: super::propose::Proposer,
+    /// The term in which this server led without a majority's acknowledgement
+    /// yet, and since when (see `lease_lost_ms`).
+    unacked_since: std::sync::Mutex<Option<(u64, std::time::Instant)>>,
 }
 
 fn token_info(t: &TokenRecord) -> TokenInfo {
@@ -53,6 +56,10 @@ fn rejection(r: Rejection) -> ApiResponse {
     ApiResponse::error(kind, r.to_string())
 }
 
+/// The longest a write waits for its commit before the caller is told the
+/// outcome is unknown.
+pub const WRITE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
 fn forbidden(what: &str) -> ApiResponse {
     ApiResponse::error(
         ErrorKind::Forbidden,
@@ -74,6 +81,7 @@ impl Api {
             pending_reasons: Default::default(),
             hub: Default::default(),
             proposer: super::propose::Proposer::start(node.raft.clone()),
+            unacked_since: Default::default(),
             node,
         }
     }
@@ -85,17 +93,24 @@ impl Api {
         self.node.raft.metrics()
     }
 
-    /// Whether this server is the leader now.
+    /// Whether this server is the leader now and still holds its lease (see
+    /// [`Api::leader_elsewhere`]).
     pub fn is_leader(&self) -> bool {
-        let m = self.node.raft.metrics().borrow().clone();
-        m.current_leader == Some(m.id)
+        self.leader_elsewhere().is_none()
     }
 
     /// `None` when this server leads; otherwise the leader's address if known.
+    ///
+    /// A leader that has heard from no majority for an election timeout acts
+    /// as a follower that knows no leader: openraft 0.9 keeps a partitioned
+    /// leader in office until it hears a higher term, but by then the
+    /// majority may have elected another. So it stops scheduling, declaring
+    /// nodes down, serving agents and accepting writes as soon as its lease
+    /// may have passed to someone else (a "check quorum").
     pub fn leader_elsewhere(&self) -> Option<Option<String>> {
         let m = self.node.raft.metrics().borrow().clone();
         if m.current_leader == Some(m.id) {
-            return None;
+            return self.lease_lost_ms(&m).map(|_| None);
         }
         Some(m.current_leader.and_then(|l| {
             m.membership_config
@@ -103,6 +118,40 @@ impl Api {
                 .get_node(&l)
                 .map(|n| n.addr.clone())
         }))
+    }
+
+    /// For a leader: how long ago a majority last acknowledged it, when that
+    /// is longer than the lease (the shortest election timeout, after which
+    /// followers may elect another). A leader not yet acknowledged in its term
+    /// counts from when this server first saw itself lead in that term.
+    fn lease_lost_ms(
+        &self,
+        m: &openraft::RaftMetrics<u64, crate::raft::ServerNode>,
+    ) -> Option<u64> {
+        let lease_ms = self.cfg.raft.election_timeout_min_ms;
+        let since_ack = match m.millis_since_quorum_ack {
+            Some(ms) => ms,
+            None => {
+                let mut first = self.unacked_since.lock().unwrap_or_else(|p| p.into_inner());
+                match *first {
+                    Some((term, at)) if term == m.current_term => at.elapsed().as_millis() as u64,
+                    _ => {
+                        *first = Some((m.current_term, std::time::Instant::now()));
+                        0
+                    }
+                }
+            }
+        };
+        (since_ack > lease_ms).then_some(since_ack)
+    }
+
+    /// The addresses of every member of the control plane (voters and
+    /// learners), as the membership records them: what agents and login
+    /// agents keep to fail over.
+    pub fn member_addrs(&self) -> Vec<String> {
+        let m = self.node.raft.metrics().borrow().clone();
+        let membership = m.membership_config.membership();
+        membership.nodes().map(|(_, n)| n.addr.clone()).collect()
     }
 
     /// The last applied log index.
@@ -177,6 +226,9 @@ impl Api {
         );
         if needs_leader {
             if let Some(resp) = self.forward_if_follower(&caller, &req).await {
+                return resp;
+            }
+            if let Some(resp) = self.refuse_without_lease() {
                 return resp;
             }
         }
@@ -341,9 +393,38 @@ impl Api {
         }
     }
 
-    /// Proposes a command and waits until it is committed and applied.
+    /// Proposes a command and waits until it is committed and applied, for
+    /// at most [`WRITE_TIMEOUT`]: a leader cut off from its majority cannot
+    /// commit, and its callers must hear so rather than wait for the heal.
     pub async fn write(&self, cmd: Command) -> Result<CommandResult, ApiResponse> {
-        self.proposer.propose(cmd).await
+        match tokio::time::timeout(WRITE_TIMEOUT, self.proposer.propose(cmd)).await {
+            Ok(r) => r,
+            Err(_) => Err(ApiResponse::error(
+                ErrorKind::Unavailable,
+                format!(
+                    "the write was not confirmed within {} s (this server may have lost \
+                     contact with the other servers); it may still take effect: check \
+                     with `gpuq queue` before retrying",
+                    WRITE_TIMEOUT.as_secs()
+                ),
+            )),
+        }
+    }
+
+    /// On a leader whose lease has lapsed, the "not leader" answer.
+    fn refuse_without_lease(&self) -> Option<ApiResponse> {
+        let m = self.node.raft.metrics().borrow().clone();
+        if m.current_leader != Some(m.id) {
+            return None;
+        }
+        let ms = self.lease_lost_ms(&m)?;
+        Some(ApiResponse::error(
+            ErrorKind::Unavailable,
+            format!(
+                "not leader: this server has heard from no majority of the servers for \
+                 {ms} ms, so another may lead now; retry on another server"
+            ),
+        ))
     }
 
     /// On a follower, sends the request to the leader and returns its answer.

@@ -3,6 +3,9 @@
 
 #![allow(dead_code)]
 
+pub mod history;
+pub mod netns;
+
 use std::net::UdpSocket;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
