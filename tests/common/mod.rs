@@ -61,6 +61,10 @@ pub struct Server {
     pub socket: PathBuf,
     /// Seconds of agent silence before a node is down.
     pub node_ttl_secs: u64,
+    /// The address it listens on: 127.0.0.1, or its namespace's address.
+    pub host: String,
+    /// The network namespace it runs in (see `netns`), if any.
+    pub netns: Option<String>,
     child: Option<Child>,
 }
 
@@ -78,6 +82,8 @@ impl Server {
             port: free_port(),
             socket: dir.join("gpuq.sock"),
             node_ttl_secs,
+            host: "127.0.0.1".into(),
+            netns: None,
             child: None,
         };
         s.start();
@@ -97,13 +103,13 @@ impl Server {
             .append(true)
             .open(self.dir.join("server.log"))
             .expect("log file");
-        let child = Command::new(gpuq_bin())
+        let child = in_netns(self.netns.as_deref())
             .args(["server", "--bootstrap", "--node-name", "s1"])
             .arg("--config")
             .arg(&cfg)
             .arg("--data-dir")
             .arg(self.dir.join("data"))
-            .args(["--listen", &format!("127.0.0.1:{}", self.port)])
+            .args(["--listen", &self.addr()])
             .arg("--socket")
             .arg(&self.socket)
             .env("GPUQ_LOG", "info")
@@ -153,7 +159,7 @@ impl Server {
     }
 
     pub fn addr(&self) -> String {
-        format!("127.0.0.1:{}", self.port)
+        format!("{}:{}", self.host, self.port)
     }
 
     /// Runs a client command against this server's socket.
@@ -191,6 +197,15 @@ impl Drop for Server {
             let _ = c.kill();
             let _ = c.wait();
         }
+    }
+}
+
+/// A command for the gpuq binary, run inside network namespace `netns` when
+/// one is given.
+pub fn in_netns(netns: Option<&str>) -> Command {
+    match netns {
+        Some(ns) => netns::Net::command(ns, &gpuq_bin()),
+        None => Command::new(gpuq_bin()),
     }
 }
 
@@ -348,6 +363,8 @@ pub struct Agent {
     child: Option<Child>,
     join: String,
     token: String,
+    /// The network namespace it runs in, if any.
+    pub netns: Option<String>,
 }
 
 impl Agent {
@@ -365,6 +382,19 @@ impl Agent {
         token: &str,
         extra: &str,
     ) -> Agent {
+        Agent::start_in(server, dir, name, gpus, token, extra, None)
+    }
+
+    /// Like `start_with`, inside network namespace `netns` when given.
+    pub fn start_in(
+        server: &Server,
+        dir: &Path,
+        name: &str,
+        gpus: u32,
+        token: &str,
+        extra: &str,
+        netns: Option<&str>,
+    ) -> Agent {
         std::fs::create_dir_all(dir).unwrap();
         let cfg = format!(
             "[agent]\nnode_name = \"{name}\"\ndata_dir = \"{d}/data\"\nsocket = \"{d}/agent.sock\"\n\
@@ -379,6 +409,7 @@ impl Agent {
             child: None,
             join: server.addr(),
             token: token.to_string(),
+            netns: netns.map(str::to_string),
         };
         a.spawn();
         let name = a.name.clone();
@@ -410,7 +441,7 @@ impl Agent {
             .append(true)
             .open(self.dir.join("agent.log"))
             .unwrap();
-        let child = Command::new(gpuq_bin())
+        let child = in_netns(self.netns.as_deref())
             .arg("agent")
             .arg("--config")
             .arg(self.dir.join("agent.toml"))

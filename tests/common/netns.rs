@@ -97,9 +97,7 @@ impl Net {
         let peer = format!("gqf{}{i}p", self.tag);
         let addr = format!("10.88.{}.{}", self.subnet, 11 + i);
         ip(&["netns", "add", &ns]);
-        ip(&[
-            "link", "add", &veth, "type", "veth", "peer", "name", &peer,
-        ]);
+        ip(&["link", "add", &veth, "type", "veth", "peer", "name", &peer]);
         ip(&["link", "set", &peer, "netns", &ns]);
         ip(&["link", "set", &veth, "master", &self.bridge]);
         ip(&["link", "set", &veth, "up"]);
@@ -117,11 +115,11 @@ impl Net {
         host
     }
 
-    /// A command that runs `program` inside `host`'s namespace (`ip netns
+    /// A command that runs `program` inside namespace `ns` (`ip netns
     /// exec` execs it, so the child's pid is the program's).
-    pub fn command(host: &Host, program: &std::path::Path) -> Command {
+    pub fn command(ns: &str, program: &std::path::Path) -> Command {
         let mut c = Command::new("ip");
-        c.args(["netns", "exec", &host.ns]).arg(program);
+        c.args(["netns", "exec", ns]).arg(program);
         c
     }
 
@@ -146,4 +144,20 @@ impl Drop for Net {
         }
         ip_quiet(&["link", "del", &self.bridge]);
     }
+}
+
+/// Bootstraps a one-server cluster listening in `host`'s namespace.
+pub fn bootstrap(dir: &std::path::Path, host: &Host) -> super::Server {
+    std::fs::create_dir_all(dir).expect("server dir");
+    let mut s = super::Server {
+        dir: dir.to_path_buf(),
+        port: 7420,
+        socket: dir.join("gpuq.sock"),
+        node_ttl_secs: 10,
+        host: host.ip.clone(),
+        netns: Some(host.ns.clone()),
+        child: None,
+    };
+    s.start();
+    s
 }
