@@ -528,6 +528,11 @@ example_server_toml() {
 # log entries.
 # snapshot_after_logs = 10000
 
+# Log entries kept behind the latest snapshot: a follower that lags by fewer
+# catches up from the log; one further behind (or a new server) is sent the
+# snapshot, in chunks.
+# logs_kept_after_snapshot = 1000
+
 # At most this many log entries per replication message.
 # max_payload_entries = 512
 GPUQ_EOF

@@ -52,6 +52,9 @@ pub struct RaftConfig {
     pub election_timeout_min_ms: u64,
     pub election_timeout_max_ms: u64,
     pub snapshot_after_logs: u64,
+    /// Log entries kept behind a snapshot, so a briefly lagging follower
+    /// catches up from the log instead of a whole snapshot.
+    pub logs_kept_after_snapshot: u64,
     pub max_payload_entries: u64,
 }
 
@@ -127,6 +130,7 @@ impl Default for RaftConfig {
             election_timeout_min_ms: 600,
             election_timeout_max_ms: 1200,
             snapshot_after_logs: 10_000,
+            logs_kept_after_snapshot: 1000,
             max_payload_entries: 512,
         }
     }

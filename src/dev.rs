@@ -99,7 +99,10 @@ pub async fn start(
     };
     let server = crate::server::start(
         server_cfg,
-        crate::server::ServerOptions { bootstrap: true },
+        crate::server::ServerOptions {
+            bootstrap: true,
+            ..Default::default()
+        },
         shutdown.clone(),
     )
     .await?;

@@ -72,6 +72,13 @@ struct ServerArgs {
     /// The cluster's name, set when bootstrapping.
     #[arg(long)]
     cluster_name: Option<String>,
+    /// Join an existing cluster through this server, HOST:PORT (needed once,
+    /// with --token; a restart needs neither).
+    #[arg(long, requires = "token", conflicts_with = "bootstrap")]
+    join: Option<SocketAddr>,
+    /// The join token printed by `gpuq token create --role server`.
+    #[arg(long, env = "GPUQ_TOKEN", hide_env_values = true)]
+    token: Option<String>,
 }
 
 /// `gpuq agent`
@@ -207,7 +214,7 @@ fn env_pairs() -> Vec<(String, String)> {
     std::env::vars().collect()
 }
 
-fn server_config(a: ServerArgs) -> anyhow::Result<(ServerConfig, bool)> {
+fn server_config(a: ServerArgs) -> anyhow::Result<(ServerConfig, gpuq::server::ServerOptions)> {
     let mut cfg = ServerConfig::load(a.config.as_deref(), &env_pairs())?;
     if let Some(v) = a.data_dir {
         cfg.data_dir = v;
@@ -227,7 +234,11 @@ fn server_config(a: ServerArgs) -> anyhow::Result<(ServerConfig, bool)> {
     if let Some(v) = a.cluster_name {
         cfg.cluster_name = v;
     }
-    Ok((cfg, a.bootstrap))
+    let opts = gpuq::server::ServerOptions {
+        bootstrap: a.bootstrap,
+        join: a.join.zip(a.token),
+    };
+    Ok((cfg, opts))
 }
 
 fn agent_config(a: &AgentArgs) -> anyhow::Result<AgentConfig> {
@@ -265,8 +276,8 @@ fn init_logging() {
 async fn daemon(cmd: Cmd) -> anyhow::Result<()> {
     match cmd {
         Cmd::Server(a) => {
-            let (cfg, bootstrap) = server_config(a)?;
-            gpuq::server::run(cfg, gpuq::server::ServerOptions { bootstrap }).await
+            let (cfg, opts) = server_config(a)?;
+            gpuq::server::run(cfg, opts).await
         }
         Cmd::Agent(a) => {
             let cfg = agent_config(&a)?;

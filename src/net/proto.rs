@@ -45,6 +45,19 @@ pub enum ApiRequest {
     TokenList,
     /// Revoke a join token (admins only).
     TokenRevoke { id: String },
+    /// Add a server to the Raft membership: as a learner until it has caught
+    /// up, then as a voter. Sent over QUIC by the joining server itself (its
+    /// certificate must name it), or forwarded to the leader by a member.
+    AddServer {
+        /// The joining server's Raft node id.
+        id: u64,
+        /// Its node name (as in its certificate).
+        name: String,
+        /// The `host:port` the other servers dial.
+        addr: String,
+    },
+    /// Remove a server from the Raft membership (admins only).
+    RemoveServer { name: String },
 }
 
 /// Who a daemon vouches the request comes from.
@@ -87,6 +100,10 @@ pub struct ClusterStatus {
     pub last_log_index: Option<u64>,
     pub applied_index: Option<u64>,
     pub snapshot_index: Option<u64>,
+    /// The last log index purged behind a snapshot: a server that needs an
+    /// earlier entry is sent the snapshot.
+    #[serde(default)]
+    pub purged_index: Option<u64>,
     pub members: Vec<Member>,
     /// Jobs per state.
     pub jobs: Vec<(String, u64)>,
@@ -192,6 +209,14 @@ pub enum ApiResponse {
     },
     TokenRevoked {
         id: String,
+    },
+    /// The server is a voter now.
+    ServerAdded {
+        name: String,
+    },
+    /// The server is no longer a member.
+    ServerRemoved {
+        name: String,
     },
     Error {
         kind: ErrorKind,

@@ -200,9 +200,36 @@ impl Api {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
+    /// The Raft node this API serves.
+    pub(super) fn raft_node(&self) -> &RaftNode {
+        &self.node
+    }
+
     /// A request forwarded by another daemon. Any cluster member may vouch for
     /// its local users.
     pub async fn handle_vouched(&self, peer: &Peer, v: Vouched) -> ApiResponse {
+        if let ApiRequest::AddServer { id, name, addr } = &v.request {
+            // Only servers send this: the joining one (its certificate names
+            // it) or a member forwarding to the leader.
+            return match &peer.identity {
+                Some((Role::Server, _)) => {
+                    if let Some(resp) = self.forward_if_follower(&v.caller, &v.request).await {
+                        return resp;
+                    }
+                    if self.leader_elsewhere().is_some() {
+                        return ApiResponse::error(
+                            ErrorKind::Unavailable,
+                            "no leader yet: retry in a moment",
+                        );
+                    }
+                    self.add_server(*id, name.clone(), addr.clone()).await
+                }
+                _ => ApiResponse::error(
+                    ErrorKind::Forbidden,
+                    "only a server with a server certificate may ask to join the membership",
+                ),
+            };
+        }
         match &peer.identity {
             Some((Role::Server | Role::Agent | Role::Login, _)) => {
                 self.handle(v.caller, v.request).await
@@ -223,6 +250,7 @@ impl Api {
                 | ApiRequest::Logs { .. }
                 | ApiRequest::NodeDrain { .. }
                 | ApiRequest::NodeResume { .. }
+                | ApiRequest::RemoveServer { .. }
         );
         if needs_leader {
             if let Some(resp) = self.forward_if_follower(&caller, &req).await {
@@ -324,6 +352,11 @@ impl Api {
                 let tokens = self.state().tokens.values().map(token_info).collect();
                 ApiResponse::Tokens { tokens }
             }
+            ApiRequest::AddServer { .. } => ApiResponse::error(
+                ErrorKind::Forbidden,
+                "servers join with `gpuq server --join HOST:PORT --token TOKEN`",
+            ),
+            ApiRequest::RemoveServer { name } => self.remove_server(&caller, name).await,
             ApiRequest::TokenRevoke { id } => {
                 if !caller.admin {
                     return forbidden("revoking a join token");
@@ -428,7 +461,11 @@ impl Api {
     }
 
     /// On a follower, sends the request to the leader and returns its answer.
-    async fn forward_if_follower(&self, caller: &Caller, req: &ApiRequest) -> Option<ApiResponse> {
+    pub(super) async fn forward_if_follower(
+        &self,
+        caller: &Caller,
+        req: &ApiRequest,
+    ) -> Option<ApiResponse> {
         let metrics = self.node.raft.metrics().borrow().clone();
         let leader = metrics.current_leader?;
         if leader == metrics.id {
@@ -687,6 +724,7 @@ impl Api {
             last_log_index: m.last_log_index,
             applied_index: m.last_applied.map(|l| l.index),
             snapshot_index: m.snapshot.map(|l| l.index),
+            purged_index: m.purged.map(|l| l.index),
             members,
             jobs: JobState::ALL
                 .iter()

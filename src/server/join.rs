@@ -67,6 +67,11 @@ pub fn check(api: &Api, req: &JoinRequest, now: u64) -> Result<String, String> {
             token.id, token.role, req.role
         ));
     }
+    if req.role == Role::Server {
+        if let Some(why) = super::members::name_taken(api, &req.name, None) {
+            return Err(why);
+        }
+    }
     let ca = ClusterCa {
         cert_pem: cluster.ca_cert_pem.clone(),
         key_pem: cluster.ca_key_pem.clone(),

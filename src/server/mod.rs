@@ -7,6 +7,7 @@ mod api;
 mod datadir;
 mod join;
 mod liveness;
+mod members;
 mod propose;
 mod scheduler;
 mod transport;
@@ -33,6 +34,9 @@ pub use datadir::DataDir;
 pub struct ServerOptions {
     /// Create the cluster (CA, first voter) if the data dir is empty.
     pub bootstrap: bool,
+    /// Join the cluster through this server with this (server) token if the
+    /// data dir is empty; ignored once it holds a cluster.
+    pub join: Option<(SocketAddr, String)>,
 }
 
 /// A running server, for in-process use (`gpuq dev`, tests).
@@ -58,9 +62,16 @@ fn raft_config(cfg: &ServerConfig) -> anyhow::Result<openraft::Config> {
         election_timeout_min: cfg.raft.election_timeout_min_ms,
         election_timeout_max: cfg.raft.election_timeout_max_ms,
         max_payload_entries: cfg.raft.max_payload_entries,
+        // Snapshots go in chunks of openraft's 3 MiB (well inside the 16 MiB
+        // frame cap); the last chunk's answer waits until the receiver has
+        // installed the whole state, which takes seconds at 100,000 jobs.
+        // openraft's 200 ms would resend the snapshot again and again.
+        install_snapshot_timeout: 30_000,
         snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(cfg.raft.snapshot_after_logs),
-        max_in_snapshot_log_to_keep: 1000,
-        purge_batch_size: 256,
+        max_in_snapshot_log_to_keep: cfg.raft.logs_kept_after_snapshot,
+        // Purge in batches small against the snapshot interval, so the log
+        // on disk stays near snapshot_after_logs + logs_kept_after_snapshot.
+        purge_batch_size: (cfg.raft.snapshot_after_logs / 4).clamp(1, 256),
         ..Default::default()
     };
     Ok(c.validate()?)
@@ -74,6 +85,23 @@ pub async fn start(
     shutdown: watch::Receiver<bool>,
 ) -> anyhow::Result<RunningServer> {
     let dir = DataDir::open(&cfg.data_dir)?;
+    if let Some((via, token)) = &opts.join {
+        if dir.has_cluster() {
+            tracing::info!(data_dir = %cfg.data_dir.display(), "this server already belongs to a cluster; --join is ignored");
+        } else {
+            if opts.bootstrap {
+                anyhow::bail!("--bootstrap and --join exclude each other: bootstrap the first server, join the others");
+            }
+            let token =
+                crate::net::token::JoinToken::parse(token).context("the --token is not usable")?;
+            let identity =
+                crate::net::join(*via, &token, crate::model::Role::Server, &cfg.node_name)
+                    .await
+                    .with_context(|| format!("joining the cluster at {via} failed"))?;
+            dir.save_join(&identity, *via)?;
+            tracing::info!(node = %cfg.node_name, server = %via, "got a server certificate; asking to become a member");
+        }
+    }
     let boot = dir.prepare(&cfg, opts.bootstrap)?;
     let identity = dir.identity()?;
     let advertise = cfg.advertise_addr()?;
@@ -226,6 +254,16 @@ pub async fn start(
             }),
             shutdown.clone(),
         ));
+    }
+
+    // A joined server that is not yet a member asks for it (again after a
+    // restart), now that it serves Raft: the leader replicates to it while
+    // the request is in flight.
+    if let Some(via) = dir.joining() {
+        members::request_membership(&endpoint, via, boot.node_id, &cfg.node_name, advertise)
+            .await?;
+        dir.joined();
+        tracing::info!(node = %cfg.node_name, "this server is a voter now");
     }
 
     let ca_fingerprint = identity.ca_fingerprint()?;

@@ -5,6 +5,9 @@
 
 pub mod history;
 pub mod netns;
+mod servers;
+#[allow(unused_imports)]
+pub use servers::ServerSet;
 
 use std::net::UdpSocket;
 use std::path::{Path, PathBuf};
@@ -65,6 +68,14 @@ pub struct Server {
     pub host: String,
     /// The network namespace it runs in (see `netns`), if any.
     pub netns: Option<String>,
+    /// The server's node name.
+    pub name: String,
+    /// How it enters the cluster on its next start (`--bootstrap`, or
+    /// `--join ADDR --token T` until it has joined, then nothing).
+    pub mode: Vec<String>,
+    /// More config lines after `[server]`'s node_ttl_secs (e.g. a
+    /// `[server.raft]` table).
+    pub extra_config: String,
     child: Option<Child>,
 }
 
@@ -72,6 +83,15 @@ impl Server {
     /// Bootstraps a one-server cluster in `dir` and waits until it accepts writes.
     pub fn bootstrap(dir: &Path) -> Server {
         Server::bootstrap_with_ttl(dir, 10)
+    }
+
+    /// Bootstraps with `extra` config lines (e.g. a `[server.raft]` table).
+    pub fn bootstrap_with(dir: &Path, extra: &str) -> Server {
+        let mut s = Server::joining(dir, "s1", "", "");
+        s.mode = vec!["--bootstrap".into()];
+        s.extra_config = extra.into();
+        s.start();
+        s
     }
 
     /// Bootstraps with a node TTL of `node_ttl_secs`.
@@ -84,10 +104,94 @@ impl Server {
             node_ttl_secs,
             host: "127.0.0.1".into(),
             netns: None,
+            name: "s1".into(),
+            mode: vec!["--bootstrap".into()],
+            extra_config: String::new(),
             child: None,
         };
         s.start();
         s
+    }
+
+    /// A server that will join through `via` with `token` under `name`; not
+    /// started yet (see [`Server::start`] and [`Server::run_to_exit`]).
+    pub fn joining(dir: &Path, name: &str, via: &str, token: &str) -> Server {
+        std::fs::create_dir_all(dir).expect("server dir");
+        Server {
+            dir: dir.to_path_buf(),
+            port: free_port(),
+            socket: dir.join("gpuq.sock"),
+            node_ttl_secs: 10,
+            name: name.into(),
+            mode: vec!["--join".into(), via.into(), "--token".into(), token.into()],
+            extra_config: String::new(),
+            host: "127.0.0.1".into(),
+            netns: None,
+            child: None,
+        }
+    }
+
+    /// Joins the cluster of `via` with `token` as `name` and waits until this
+    /// server is a voter.
+    pub fn join(dir: &Path, name: &str, via: &Server, token: &str) -> Server {
+        Server::join_with(dir, name, via, token, &via.extra_config)
+    }
+
+    /// Like [`Server::join`], with `extra` config lines.
+    pub fn join_with(dir: &Path, name: &str, via: &Server, token: &str, extra: &str) -> Server {
+        let mut s = Server::joining(dir, name, &via.addr(), token);
+        s.extra_config = extra.into();
+        s.start();
+        s.wait_voter(name);
+        // The data dir holds the identity and the membership now.
+        s.mode.clear();
+        s
+    }
+
+    /// Starts the process and waits for it to exit (a refused start): its
+    /// exit status and log.
+    pub fn run_to_exit(&mut self) -> (std::process::ExitStatus, String) {
+        self.spawn();
+        let mut child = self.child.take().expect("spawned");
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Ok(Some(st)) = child.try_wait() {
+                return (st, self.log());
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("gpuq server did not exit in 60 s\n{}", self.log());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// `gpuq cluster --json` from this server, parsed (Null when it fails).
+    pub fn status(&self) -> serde_json::Value {
+        let out = self.cli(&["cluster", "--json"]);
+        serde_json::from_slice(&out.stdout).unwrap_or_default()
+    }
+
+    /// Waits until this server's view lists `name` as a voter.
+    pub fn wait_voter(&self, name: &str) {
+        let start = Instant::now();
+        loop {
+            let v = self.status();
+            let voter = v["members"]
+                .as_array()
+                .is_some_and(|ms| ms.iter().any(|m| m["name"] == name && m["voter"] == true));
+            if voter && !v["leader"].is_null() {
+                return;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(120),
+                "{name} did not become a voter in 120 s: {v}\n--- log of {} ---\n{}",
+                self.name,
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
     }
 
     /// Starts the process without waiting for it to lead.
@@ -95,7 +199,10 @@ impl Server {
         let cfg = self.dir.join("server.toml");
         std::fs::write(
             &cfg,
-            format!("[server]\nnode_ttl_secs = {}\n", self.node_ttl_secs),
+            format!(
+                "[server]\nnode_ttl_secs = {}\n{}\n",
+                self.node_ttl_secs, self.extra_config
+            ),
         )
         .expect("server config");
         let log = std::fs::OpenOptions::new()
@@ -104,7 +211,8 @@ impl Server {
             .open(self.dir.join("server.log"))
             .expect("log file");
         let child = in_netns(self.netns.as_deref())
-            .args(["server", "--bootstrap", "--node-name", "s1"])
+            .args(["server", "--node-name", &self.name])
+            .args(&self.mode)
             .arg("--config")
             .arg(&cfg)
             .arg("--data-dir")

@@ -146,18 +146,46 @@ impl Drop for Net {
     }
 }
 
-/// Bootstraps a one-server cluster listening in `host`'s namespace.
-pub fn bootstrap(dir: &std::path::Path, host: &Host) -> super::Server {
-    std::fs::create_dir_all(dir).expect("server dir");
-    let mut s = super::Server {
-        dir: dir.to_path_buf(),
-        port: 7420,
-        socket: dir.join("gpuq.sock"),
-        node_ttl_secs: 10,
-        host: host.ip.clone(),
-        netns: Some(host.ns.clone()),
-        child: None,
+/// A control plane of one server per host (`s1` bootstraps in `hosts[0]`,
+/// the others join it), each listening on its namespace's address, with
+/// `extra` config lines; waits until all are voters.
+pub fn server_set(root: &std::path::Path, hosts: &[Host], extra: &str) -> super::ServerSet {
+    use super::Server;
+    let place = |s: &mut Server, h: &Host| {
+        s.host = h.ip.clone();
+        s.netns = Some(h.ns.clone());
+        s.port = 7420;
+        s.extra_config = extra.into();
     };
-    s.start();
-    s
+    let mut first = Server::joining(&root.join("s1"), "s1", "", "");
+    first.mode = vec!["--bootstrap".into()];
+    place(&mut first, &hosts[0]);
+    first.start();
+    let token = first.server_token();
+    let mut servers = vec![first];
+    for (i, h) in hosts.iter().enumerate().skip(1) {
+        let name = format!("s{}", i + 1);
+        let mut s = Server::joining(&root.join(&name), &name, &servers[0].addr(), &token);
+        place(&mut s, h);
+        s.start();
+        s.wait_voter(&name);
+        s.mode.clear();
+        servers.push(s);
+    }
+    let set = super::ServerSet { servers };
+    set.wait_members(hosts.len());
+    set
+}
+
+/// A compute agent with `gpus` fake GPUs in `host`'s namespace, joined
+/// through `server` (the only server it is told of).
+pub fn agent(
+    server: &super::Server,
+    host: &Host,
+    dir: &std::path::Path,
+    name: &str,
+    gpus: u32,
+    token: &str,
+) -> super::Agent {
+    super::Agent::start_in(server, dir, name, gpus, token, "", Some(&host.ns))
 }
