@@ -569,7 +569,10 @@ example_agent_toml() {
 # socket = "/run/gpuq/gpuq.sock"
 
 # Servers to contact, as HOST:PORT; any one of them will do, the agent finds
-# the leader. Default: none (given at join time).
+# the leader. The leader tells the agent every member's address; the agent
+# adds them and keeps the list in data_dir/servers.json, so it fails over to
+# servers not listed here, also after a restart. Default: none (given at
+# join time).
 # servers = ["gpu-server-01:7420", "gpu-server-02:7420", "gpu-server-03:7420"]
 
 # "compute" runs jobs; "login" runs none and only vouches for the users who

@@ -224,6 +224,7 @@ impl ComputeAgent {
         let mut hint: Option<SocketAddr> = None;
         let mut round: std::collections::VecDeque<SocketAddr> = Default::default();
         let mut redirects = 0u32;
+        let mut just_lost = false;
         loop {
             if *shutdown.borrow() {
                 return Ok(());
@@ -233,7 +234,13 @@ impl ComputeAgent {
                 None => {
                     if round.is_empty() {
                         round = self.servers.in_order().into();
+                        // After a lost session, the server it was with (first
+                        // in order) is likely dead or deposed: try it last.
+                        if just_lost {
+                            round.rotate_left(1);
+                        }
                     }
+                    just_lost = false;
                     match round.pop_front() {
                         Some(a) => a,
                         None => anyhow::bail!("this agent knows no server to connect to"),
@@ -265,6 +272,7 @@ impl ComputeAgent {
                     backoff.reset();
                     redirects = 0;
                     round.clear();
+                    just_lost = true;
                     true
                 }
                 Session::Refused(why) => {

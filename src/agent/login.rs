@@ -22,7 +22,7 @@ use super::servers::ServerList;
 /// An agent's connections to servers count a server silent this long as
 /// gone, so a dead leader is noticed within seconds (well inside the node
 /// TTL the next leader grants).
-pub const AGENT_IDLE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(4);
+pub const AGENT_IDLE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3);
 
 /// Forwards local users' requests to the control plane.
 pub struct Forwarder {
