@@ -202,3 +202,67 @@ fn a_wiped_server_is_removed_and_rejoins_by_snapshot() {
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
     assert!(stderr(&out).contains("last voter"), "{}", stderr(&out));
 }
+
+#[test]
+fn servers_started_at_once_form_one_cluster() {
+    let dir = tempfile::tempdir().unwrap();
+    let set = ServerSet::form(dir.path(), 3);
+    let a = submit(&set.servers[2], "formed");
+    common::wait_for(
+        "every server to hold the job",
+        std::time::Duration::from_secs(20),
+        || set.servers.iter().all(|s| job_ids(s) == vec![a]),
+    );
+    // One cluster: every server's data dir holds the same CA.
+    let ca: Vec<String> = set
+        .servers
+        .iter()
+        .map(|s| std::fs::read_to_string(s.dir.join("data/tls/ca.crt")).unwrap())
+        .collect();
+    assert!(ca.iter().all(|c| c == &ca[0]));
+    let seed = set
+        .servers
+        .iter()
+        .min_by_key(|s| s.addr().parse::<std::net::SocketAddr>().unwrap())
+        .unwrap();
+    assert!(seed.dir.join("data/tls/ca.key").exists());
+
+    // Once formed, the seed admits no more servers by the secret.
+    let secret = dir.path().join("bootstrap.secret");
+    let mut peers: Vec<String> = set.servers.iter().map(|s| s.addr()).collect();
+    let mut s4 = Server::joining(&dir.path().join("s4"), "s4", "", "");
+    while s4.port < seed.port {
+        s4.port = common::free_port();
+    }
+    peers.push(s4.addr());
+    s4.mode = ServerSet::form_args(4, &peers.join(","), &secret);
+    let (st, log) = s4.run_to_exit();
+    assert!(!st.success());
+    assert!(
+        log.contains("refused") && log.contains("has formed"),
+        "{log}"
+    );
+
+    // Plans that cannot form a cluster.
+    let mut bad = Server::joining(&dir.path().join("bad"), "bad", "", "");
+    bad.mode = ServerSet::form_args(3, &peers[..2].join(","), &secret);
+    let (st, log) = bad.run_to_exit();
+    assert!(!st.success());
+    assert!(
+        log.contains("--bootstrap-expect 3 but --peers lists 2"),
+        "{log}"
+    );
+    bad.mode = ServerSet::form_args(2, &peers[..2].join(","), &secret);
+    let (st, log) = bad.run_to_exit();
+    assert!(!st.success());
+    assert!(
+        log.contains("does not contain this server's address"),
+        "{log}"
+    );
+    let out = std::process::Command::new(common::gpuq_bin())
+        .args(["server", "--bootstrap-expect", "3", "--peers", "a:7420"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("--peers"), "{}", stderr(&out));
+}
