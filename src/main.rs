@@ -384,7 +384,26 @@ fn main() -> ExitCode {
         Ok(r) => r,
         Err(e) => return CliError::internal(format!("cannot start the runtime: {e}")).exit(),
     };
+    use gpuq::cli::cluster::{ClusterCommand, SnapshotCommand};
     match cli.cmd {
+        Cmd::Client(ClientCommand::Cluster {
+            cmd:
+                Some(ClusterCommand::Snapshot(SnapshotCommand::Restore {
+                    file,
+                    data_dir,
+                    node_name,
+                    advertise,
+                })),
+            ..
+        }) => match runtime.block_on(gpuq::server::restore(
+            &file, &data_dir, &node_name, advertise,
+        )) {
+            Ok(msg) => {
+                println!("{msg}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => CliError::input(format!("{e:#}")).exit(),
+        },
         Cmd::Client(c) => match runtime.block_on(cli::run(c)) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => e.exit(),

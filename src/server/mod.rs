@@ -4,6 +4,7 @@
 
 mod agents;
 mod api;
+mod backup;
 mod boot;
 mod datadir;
 mod join;
@@ -28,6 +29,7 @@ use crate::raft::{self, RaftNode, ServerNode};
 use crate::state::Command;
 
 pub use api::Api;
+pub use backup::restore;
 pub use boot::BootstrapPlan;
 pub use datadir::DataDir;
 
@@ -144,8 +146,11 @@ pub async fn start(
     let quic_addr = endpoint.local_addr()?;
     let endpoint = Arc::new(endpoint);
 
-    let network =
-        raft::network::Network::new(Arc::new(transport::QuicRaftNetwork::new(endpoint.clone())));
+    let contacts = Arc::new(transport::PeerContacts::default());
+    let network = raft::network::Network::new(Arc::new(transport::QuicRaftNetwork::new(
+        endpoint.clone(),
+        contacts.clone(),
+    )));
     let node = raft::open(&dir.db_path(), boot.node_id, raft_config(&cfg)?, network)
         .await
         .context("cannot open the Raft store")?;
@@ -160,12 +165,15 @@ pub async fn start(
             .context("cannot initialise the Raft group")?;
     }
 
-    let api = Arc::new(Api::new(
-        cfg.clone(),
-        node.clone(),
-        endpoint.clone(),
-        identity.clone(),
-    ));
+    let api = Arc::new(
+        Api::new(
+            cfg.clone(),
+            node.clone(),
+            endpoint.clone(),
+            identity.clone(),
+        )
+        .with_contacts(contacts),
+    );
 
     // The cluster identity (CA) enters the replicated state once, through the
     // log, as soon as this server leads. Nothing is served before it is
