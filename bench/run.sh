@@ -8,6 +8,9 @@
 #                            benches/fleet.rs   simulated fleet: 64x8 gang start
 #                                               on 64/256/1000 nodes, ITP replay,
 #                                               synthetic mix
+#                            benches/ha.rs      3 servers vs 1 submit rate,
+#                                               redb size after 100,000 jobs,
+#                                               snapshot size/time, join+catch-up
 #                          About 15 minutes on 2 cores, plus the first release
 #                          build (about 4 minutes).
 #   bench/run.sh --smoke   tiny versions of each in the dev profile (the build
@@ -27,7 +30,7 @@ smoke=0
 case "${1:-}" in
   --smoke) smoke=1 ;;
   "") ;;
-  -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+  -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
   *) echo "bench/run.sh: unknown argument $1 (use --smoke or nothing)" >&2; exit 1 ;;
 esac
 
@@ -36,8 +39,10 @@ if [ "$smoke" = 1 ]; then
   export GPUQ_BENCH_SMOKE=1
   GPUQ_BENCH_N=100 cargo bench --profile dev --bench submit
   cargo bench --profile dev --bench fleet
+  cargo bench --profile dev --bench ha
 else
   cargo bench --bench submit
   cargo bench --bench fleet
+  cargo bench --bench ha
 fi
 echo "bench/run.sh: done in $(( $(date +%s) - start )) s; JSON in target/bench/"
