@@ -535,6 +535,22 @@ example_server_toml() {
 
 # At most this many log entries per replication message.
 # max_payload_entries = 512
+
+[server.bootstrap]
+
+# Form a new cluster of this many servers, all started at once, with no
+# server created first by hand (`--bootstrap-expect`). 0: off. Every server
+# gets the same expect, peers and secret; the lowest peer address creates the
+# cluster and the others join it, proving the shared secret. Ignored once the
+# data dir holds a cluster.
+# expect = 0
+
+# Every server's advertised IP:PORT, this one's included (`--peers`).
+# peers = ["10.0.0.1:7420", "10.0.0.2:7420", "10.0.0.3:7420"]
+
+# A file (mode 0600) holding the shared secret, at least 16 characters, e.g.
+# from `openssl rand -hex 16`. GPUQ_BOOTSTRAP_SECRET overrides it.
+# secret_file = "/etc/gpuq/bootstrap.secret"
 GPUQ_EOF
 }
 

@@ -42,6 +42,20 @@ pub struct ServerConfig {
     /// A node whose agent is silent this long is declared down.
     pub node_ttl_secs: u64,
     pub raft: RaftConfig,
+    pub bootstrap: BootstrapConfig,
+}
+
+/// The `[server.bootstrap]` table: forming a cluster of several servers
+/// started at once (`--bootstrap-expect`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct BootstrapConfig {
+    /// Voters to form; 0: not forming a cluster this way.
+    pub expect: usize,
+    /// Every server's advertised `IP:PORT`, this one's included.
+    pub peers: Vec<String>,
+    /// A file holding the shared secret (or GPUQ_BOOTSTRAP_SECRET).
+    pub secret_file: Option<PathBuf>,
 }
 
 /// The `[server.raft]` table: timing and log compaction of the control plane.
@@ -119,6 +133,7 @@ impl Default for ServerConfig {
             admin_group: None,
             node_ttl_secs: 10,
             raft: RaftConfig::default(),
+            bootstrap: BootstrapConfig::default(),
         }
     }
 }
@@ -212,6 +227,7 @@ fn known_keys(table: &str) -> Option<&'static [&'static str]> {
         "" => field_names::<ConfigFile>(),
         "server" => field_names::<ServerConfig>(),
         "server.raft" => field_names::<RaftConfig>(),
+        "server.bootstrap" => field_names::<BootstrapConfig>(),
         "agent" => field_names::<AgentConfig>(),
         _ => return None,
     })

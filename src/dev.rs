@@ -96,6 +96,7 @@ pub async fn start(
         admin_group: None,
         node_ttl_secs: 10,
         raft: Default::default(),
+        bootstrap: Default::default(),
     };
     let server = crate::server::start(
         server_cfg,

@@ -52,6 +52,13 @@ fn servers_join_restart_without_flags_and_forward_writes() {
         std::time::Duration::from_secs(20),
         || job_ids(&set.servers[1]) == vec![a, b],
     );
+    // The leader hears from every member, and all are healthy.
+    let leader = set.leader();
+    let v = set.servers[leader].status();
+    for m in v["members"].as_array().unwrap() {
+        assert!(m["last_contact_ms"].is_u64(), "{v}");
+        assert!(m["problem"].is_null(), "{v}");
+    }
     let status = set.servers[1].status();
     let names: Vec<&str> = status["members"]
         .as_array()
@@ -138,8 +145,27 @@ fn a_wiped_server_is_removed_and_rejoins_by_snapshot() {
     }
     ids.sort();
 
-    // s3's disk is lost.
+    // s3's disk is lost; the leader flags it.
     set.servers[2].kill();
+    let leader = set.leader();
+    common::wait_for(
+        "the leader to flag s3 unreachable",
+        std::time::Duration::from_secs(20),
+        || {
+            set.servers[leader].status()["members"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|m| {
+                    m["name"] == "s3"
+                        && m["problem"]
+                            .as_str()
+                            .is_some_and(|p| p.contains("unreachable"))
+                })
+        },
+    );
+    let table = set.servers[leader].ok(&["cluster"]);
+    assert!(table.contains("UNHEALTHY: unreachable"), "{table}");
     std::fs::remove_dir_all(set.servers[2].dir.join("data")).unwrap();
 
     // Its name is still a member: a fresh join under it is refused.
@@ -201,4 +227,155 @@ fn a_wiped_server_is_removed_and_rejoins_by_snapshot() {
     let out = set.servers[0].cli(&["cluster", "remove", "s1"]);
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
     assert!(stderr(&out).contains("last voter"), "{}", stderr(&out));
+}
+
+#[test]
+fn servers_started_at_once_form_one_cluster() {
+    let dir = tempfile::tempdir().unwrap();
+    let set = ServerSet::form(dir.path(), 3);
+    let a = submit(&set.servers[2], "formed");
+    common::wait_for(
+        "every server to hold the job",
+        std::time::Duration::from_secs(20),
+        || set.servers.iter().all(|s| job_ids(s) == vec![a]),
+    );
+    // One cluster: every server's data dir holds the same CA.
+    let ca: Vec<String> = set
+        .servers
+        .iter()
+        .map(|s| std::fs::read_to_string(s.dir.join("data/tls/ca.crt")).unwrap())
+        .collect();
+    assert!(ca.iter().all(|c| c == &ca[0]));
+    let seed = set
+        .servers
+        .iter()
+        .min_by_key(|s| s.addr().parse::<std::net::SocketAddr>().unwrap())
+        .unwrap();
+    assert!(seed.dir.join("data/tls/ca.key").exists());
+
+    // Once formed, the seed admits no more servers by the secret.
+    let secret = dir.path().join("bootstrap.secret");
+    let mut peers: Vec<String> = set.servers.iter().map(|s| s.addr()).collect();
+    let mut s4 = Server::joining(&dir.path().join("s4"), "s4", "", "");
+    while s4.port < seed.port {
+        s4.port = common::free_port();
+    }
+    peers.push(s4.addr());
+    s4.mode = ServerSet::form_args(4, &peers.join(","), &secret);
+    let (st, log) = s4.run_to_exit();
+    assert!(!st.success());
+    assert!(
+        log.contains("refused") && log.contains("has formed"),
+        "{log}"
+    );
+
+    // Plans that cannot form a cluster.
+    let mut bad = Server::joining(&dir.path().join("bad"), "bad", "", "");
+    bad.mode = ServerSet::form_args(3, &peers[..2].join(","), &secret);
+    let (st, log) = bad.run_to_exit();
+    assert!(!st.success());
+    assert!(
+        log.contains("--bootstrap-expect 3 but --peers lists 2"),
+        "{log}"
+    );
+    bad.mode = ServerSet::form_args(2, &peers[..2].join(","), &secret);
+    let (st, log) = bad.run_to_exit();
+    assert!(!st.success());
+    assert!(
+        log.contains("does not contain this server's address"),
+        "{log}"
+    );
+    let out = std::process::Command::new(common::gpuq_bin())
+        .args(["server", "--bootstrap-expect", "3", "--peers", "a:7420"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("--peers"), "{}", stderr(&out));
+}
+
+#[test]
+fn a_saved_snapshot_restores_into_a_new_cluster() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut set = ServerSet::start(dir.path(), 3);
+    let mut ids: Vec<u64> = (0..5)
+        .map(|i| submit(&set.servers[i % 3], &format!("b{i}")))
+        .collect();
+    set.servers[0].ok(&["cancel", &ids[0].to_string()]);
+    common::wait_for(
+        "a follower to hold every job",
+        std::time::Duration::from_secs(20),
+        || job_ids(&set.servers[1]) == ids,
+    );
+    // Saved on a follower.
+    let file = dir.path().join("backup.gpuq");
+    let out = set.servers[1].ok(&[
+        "cluster",
+        "snapshot",
+        "save",
+        file.to_str().unwrap(),
+        "--json",
+    ]);
+    let saved: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(saved["jobs"], 5, "{out}");
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&file).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
+
+    // The whole cluster is lost.
+    for s in &mut set.servers {
+        s.kill();
+    }
+    let mut r = Server::joining(&dir.path().join("r1"), "r1", "", "");
+    let restore = |file: &std::path::Path, data: &std::path::Path, addr: &str| {
+        std::process::Command::new(common::gpuq_bin())
+            .args(["cluster", "snapshot", "restore"])
+            .arg(file)
+            .arg("--data-dir")
+            .arg(data)
+            .args(["--node-name", "r1", "--advertise", addr])
+            .output()
+            .unwrap()
+    };
+    // Garbage and truncated files are refused, and nothing is created.
+    let garbage = dir.path().join("garbage");
+    std::fs::write(&garbage, "hello").unwrap();
+    let out = restore(&garbage, &r.dir.join("data"), &r.addr());
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr(&out).contains("not a gpuq backup"),
+        "{}",
+        stderr(&out)
+    );
+    let cut = dir.path().join("cut");
+    let bytes = std::fs::read(&file).unwrap();
+    std::fs::write(&cut, &bytes[..bytes.len() / 2]).unwrap();
+    let out = restore(&cut, &r.dir.join("data"), &r.addr());
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("truncated"), "{}", stderr(&out));
+    assert!(!r.dir.join("data").join("node_id").exists());
+
+    let out = restore(&file, &r.dir.join("data"), &r.addr());
+    assert!(out.status.success(), "{}", stderr(&out));
+    // Not over an existing data dir.
+    let again = restore(&file, &r.dir.join("data"), &r.addr());
+    assert_eq!(again.status.code(), Some(1));
+    assert!(stderr(&again).contains("not empty"), "{}", stderr(&again));
+
+    r.mode.clear();
+    r.start();
+    assert_eq!(job_ids(&r), ids);
+    let v: serde_json::Value =
+        serde_json::from_str(&r.ok(&["show", &ids[0].to_string(), "--json"])).unwrap();
+    assert_eq!(v["state"], "CANCELLED", "{v}");
+    let next = submit(&r, "after-restore");
+    assert_eq!(next, ids.iter().max().unwrap() + 1);
+    ids.push(next);
+    // A one-voter cluster that others can join.
+    let token = r.server_token();
+    let r2 = Server::join(&dir.path().join("r2"), "r2", &r, &token);
+    common::wait_for(
+        "the joined server to hold every job",
+        std::time::Duration::from_secs(20),
+        || job_ids(&r2) == ids,
+    );
 }

@@ -5,7 +5,7 @@
 //! or forbidden; 2 the cluster could not be reached or did not answer; 3 an
 //! internal error.
 
-mod cluster;
+pub mod cluster;
 pub mod table;
 
 use std::path::PathBuf;

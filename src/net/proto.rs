@@ -58,6 +58,9 @@ pub enum ApiRequest {
     },
     /// Remove a server from the Raft membership (admins only).
     RemoveServer { name: String },
+    /// Write the answering server's applied state to `path` on its host
+    /// (admins, local socket only).
+    SnapshotSave { path: std::path::PathBuf },
 }
 
 /// Who a daemon vouches the request comes from.
@@ -88,6 +91,17 @@ pub struct Member {
     /// The leader's view of the member's last replicated index.
     #[serde(default)]
     pub matched_index: Option<u64>,
+    /// Entries the member is behind the leader's log (leader's view only).
+    #[serde(default)]
+    pub lag: Option<u64>,
+    /// Milliseconds since the leader last heard from the member (leader's
+    /// view only; 0 for the leader itself).
+    #[serde(default)]
+    pub last_contact_ms: Option<u64>,
+    /// Why the member is unhealthy (unreachable, lagging); None when healthy
+    /// or when the answering server is not the leader.
+    #[serde(default)]
+    pub problem: Option<String>,
 }
 
 /// Control-plane status, from the answering server's point of view.
@@ -217,6 +231,13 @@ pub enum ApiResponse {
     /// The server is no longer a member.
     ServerRemoved {
         name: String,
+    },
+    SnapshotSaved {
+        path: std::path::PathBuf,
+        index: u64,
+        term: u64,
+        jobs: u64,
+        bytes: u64,
     },
     Error {
         kind: ErrorKind,

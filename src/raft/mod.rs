@@ -13,6 +13,7 @@
 // trait boundary.
 #![allow(clippy::result_large_err)]
 
+pub mod backup;
 mod log_store;
 pub mod network;
 mod state_machine;
@@ -97,6 +98,8 @@ pub struct RaftNode {
     pub state: Arc<RwLock<State>>,
     /// Group-commit figures of the log store.
     pub stats: Arc<LogStats>,
+    /// The redb file of log and state (for backups).
+    pub db: Arc<redb::Database>,
 }
 
 impl RaftNode {
@@ -156,6 +159,12 @@ where
     let (log, sm) = open_storage(db_path).await?;
     let state = sm.state();
     let stats = log.stats();
+    let db = sm.db();
     let raft = openraft::Raft::new(node_id, config, network, log, sm).await?;
-    Ok(RaftNode { raft, state, stats })
+    Ok(RaftNode {
+        raft,
+        state,
+        stats,
+        db,
+    })
 }

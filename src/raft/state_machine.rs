@@ -195,6 +195,11 @@ impl StateMachine {
     }
 
     /// The applied state, shared with readers.
+    /// The database the state machine lives in.
+    pub fn db(&self) -> Arc<Database> {
+        self.db.clone()
+    }
+
     pub fn state(&self) -> Arc<RwLock<State>> {
         self.state.clone()
     }
@@ -330,6 +335,25 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             snapshot: Box::new(Cursor::new(data)),
         }))
     }
+}
+
+/// The applied state as a snapshot (its meta and the bytes `install_snapshot`
+/// takes), from one consistent read of `db`: for backups.
+pub fn export(db: &Database) -> Result<(Meta, Vec<u8>), String> {
+    let view = db.begin_read().map_err(|e| e.to_string())?;
+    let state = store::load(&view).map_err(|e| e.to_string())?;
+    let (applied, membership) = read_applied(&view).map_err(|e| e.to_string())?;
+    drop(view);
+    let data = store::to_snapshot_bytes(&state).map_err(|e| e.to_string())?;
+    let snapshot_id = format!("backup-{}", applied.map(|a| a.index).unwrap_or(0));
+    Ok((
+        Meta {
+            last_log_id: applied,
+            last_membership: membership,
+            snapshot_id,
+        },
+        data,
+    ))
 }
 
 /// Builds a snapshot from the redb view taken when it was created.

@@ -33,7 +33,12 @@ pub struct Api {
     /// The term in which this server led without a majority's acknowledgement
     /// yet, and since when (see `lease_lost_ms`).
     unacked_since: std::sync::Mutex<Option<(u64, std::time::Instant)>>,
+    /// When each peer last answered this server's Raft requests.
+    contacts: Arc<super::transport::PeerContacts>,
 }
+
+/// A member further behind the leader's log than this is flagged lagging.
+pub const LAGGING_ENTRIES: u64 = 1000;
 
 fn token_info(t: &TokenRecord) -> TokenInfo {
     TokenInfo {
@@ -82,8 +87,15 @@ impl Api {
             hub: Default::default(),
             proposer: super::propose::Proposer::start(node.raft.clone()),
             unacked_since: Default::default(),
+            contacts: Default::default(),
             node,
         }
+    }
+
+    /// Uses the transport's record of peer answers for `gpuq cluster`.
+    pub(super) fn with_contacts(mut self, contacts: Arc<super::transport::PeerContacts>) -> Api {
+        self.contacts = contacts;
+        self
     }
 
     /// Raft metrics: changes whenever anything is applied or leadership moves.
@@ -230,6 +242,12 @@ impl Api {
                 ),
             };
         }
+        if let ApiRequest::SnapshotSave { .. } = &v.request {
+            return ApiResponse::error(
+                ErrorKind::BadInput,
+                "run `gpuq cluster snapshot save` on a server: the file is written on the server's host",
+            );
+        }
         match &peer.identity {
             Some((Role::Server | Role::Agent | Role::Login, _)) => {
                 self.handle(v.caller, v.request).await
@@ -357,6 +375,7 @@ impl Api {
                 "servers join with `gpuq server --join HOST:PORT --token TOKEN`",
             ),
             ApiRequest::RemoveServer { name } => self.remove_server(&caller, name).await,
+            ApiRequest::SnapshotSave { path } => self.snapshot_save(&caller, path).await,
             ApiRequest::TokenRevoke { id } => {
                 if !caller.admin {
                     return forbidden("revoking a join token");
@@ -692,18 +711,51 @@ impl Api {
         let membership = m.membership_config.membership();
         let voters: std::collections::BTreeSet<u64> = membership.voter_ids().collect();
         let matched = m.replication.clone().unwrap_or_default();
+        let leading = m.current_leader == Some(m.id);
+        let unreachable_ms = 2 * self.cfg.raft.election_timeout_max_ms;
         let members = membership
             .nodes()
-            .map(|(id, n)| Member {
-                id: *id,
-                name: n.name.clone(),
-                addr: n.addr.clone(),
-                voter: voters.contains(id),
-                leader: m.current_leader == Some(*id),
-                matched_index: matched
+            .map(|(id, n)| {
+                let matched_index = matched
                     .get(id)
                     .and_then(|l| l.as_ref().map(|l| l.index))
-                    .or(if *id == m.id { m.last_log_index } else { None }),
+                    .or(if *id == m.id { m.last_log_index } else { None });
+                let me = *id == m.id;
+                let (lag, last_contact_ms, problem) = if !leading {
+                    (None, None, None)
+                } else if me {
+                    (Some(0), Some(0), None)
+                } else {
+                    let lag = m
+                        .last_log_index
+                        .map(|last| last.saturating_sub(matched_index.unwrap_or(0)));
+                    let contact = self.contacts.since_ms(*id);
+                    let problem = match contact {
+                        None => Some("unreachable: never answered".to_string()),
+                        Some(ms) if ms > unreachable_ms => Some(format!(
+                            "unreachable: no answer for {:.1} s",
+                            ms as f64 / 1000.0
+                        )),
+                        _ => match lag {
+                            Some(l) if l > LAGGING_ENTRIES => {
+                                Some(format!("lagging by {l} entries"))
+                            }
+                            _ => None,
+                        },
+                    };
+                    (lag, contact, problem)
+                };
+                Member {
+                    id: *id,
+                    name: n.name.clone(),
+                    addr: n.addr.clone(),
+                    voter: voters.contains(id),
+                    leader: m.current_leader == Some(*id),
+                    matched_index,
+                    lag,
+                    last_contact_ms,
+                    problem,
+                }
             })
             .collect();
         let leader = m

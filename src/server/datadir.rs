@@ -78,6 +78,16 @@ impl DataDir {
         Ok(node_id)
     }
 
+    /// Keeps the identity of a server restored from a backup, and a new node id.
+    pub fn save_restored(&self, identity: &NodeIdentity) -> anyhow::Result<u64> {
+        identity.save(&self.tls_dir())?;
+        let node_id: u64 = rand::random::<u64>() >> 1;
+        let id_path = self.root.join("node_id");
+        std::fs::write(&id_path, node_id.to_string())
+            .with_context(|| format!("cannot write {}", id_path.display()))?;
+        Ok(node_id)
+    }
+
     /// The server to ask for membership, while this one is not yet a member.
     pub fn joining(&self) -> Option<std::net::SocketAddr> {
         std::fs::read_to_string(self.root.join("joining"))

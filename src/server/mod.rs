@@ -4,6 +4,8 @@
 
 mod agents;
 mod api;
+mod backup;
+mod boot;
 mod datadir;
 mod join;
 mod liveness;
@@ -27,6 +29,8 @@ use crate::raft::{self, RaftNode, ServerNode};
 use crate::state::Command;
 
 pub use api::Api;
+pub use backup::restore;
+pub use boot::BootstrapPlan;
 pub use datadir::DataDir;
 
 /// How this server process joins the control plane.
@@ -37,6 +41,8 @@ pub struct ServerOptions {
     /// Join the cluster through this server with this (server) token if the
     /// data dir is empty; ignored once it holds a cluster.
     pub join: Option<(SocketAddr, String)>,
+    /// Form a cluster with these peers, all started at once.
+    pub bootstrap_plan: Option<BootstrapPlan>,
 }
 
 /// A running server, for in-process use (`gpuq dev`, tests).
@@ -85,6 +91,26 @@ pub async fn start(
     shutdown: watch::Receiver<bool>,
 ) -> anyhow::Result<RunningServer> {
     let dir = DataDir::open(&cfg.data_dir)?;
+    let mut opts = opts;
+    let mut boot_window = None;
+    if let Some(plan) = &opts.bootstrap_plan {
+        if opts.bootstrap || opts.join.is_some() {
+            anyhow::bail!("--bootstrap-expect excludes --bootstrap and --join");
+        }
+        let me = cfg.advertise_addr()?;
+        plan.check(me)?;
+        if plan.seed() == me {
+            opts.bootstrap = true;
+            boot_window = Some(Arc::new(join::BootWindow {
+                secret: plan.secret.trim().to_string(),
+                expect: plan.expect,
+            }));
+        } else if !dir.has_cluster() {
+            tracing::info!(seed = %plan.seed(), "joining the seed server of the new cluster");
+            let identity = boot::join_seed(plan, &cfg.node_name).await?;
+            dir.save_join(&identity, plan.seed())?;
+        }
+    }
     if let Some((via, token)) = &opts.join {
         if dir.has_cluster() {
             tracing::info!(data_dir = %cfg.data_dir.display(), "this server already belongs to a cluster; --join is ignored");
@@ -120,8 +146,11 @@ pub async fn start(
     let quic_addr = endpoint.local_addr()?;
     let endpoint = Arc::new(endpoint);
 
-    let network =
-        raft::network::Network::new(Arc::new(transport::QuicRaftNetwork::new(endpoint.clone())));
+    let contacts = Arc::new(transport::PeerContacts::default());
+    let network = raft::network::Network::new(Arc::new(transport::QuicRaftNetwork::new(
+        endpoint.clone(),
+        contacts.clone(),
+    )));
     let node = raft::open(&dir.db_path(), boot.node_id, raft_config(&cfg)?, network)
         .await
         .context("cannot open the Raft store")?;
@@ -136,12 +165,15 @@ pub async fn start(
             .context("cannot initialise the Raft group")?;
     }
 
-    let api = Arc::new(Api::new(
-        cfg.clone(),
-        node.clone(),
-        endpoint.clone(),
-        identity.clone(),
-    ));
+    let api = Arc::new(
+        Api::new(
+            cfg.clone(),
+            node.clone(),
+            endpoint.clone(),
+            identity.clone(),
+        )
+        .with_contacts(contacts),
+    );
 
     // The cluster identity (CA) enters the replicated state once, through the
     // log, as soon as this server leads. Nothing is served before it is
@@ -179,6 +211,7 @@ pub async fn start(
         let endpoint = endpoint.clone();
         let api = api.clone();
         let raft = node.raft.clone();
+        let boot_window = boot_window.clone();
         let mut shutdown = shutdown.clone();
         tokio::spawn(async move {
             loop {
@@ -189,6 +222,7 @@ pub async fn start(
                 let Some(peer) = peer else { break };
                 let api = api.clone();
                 let raft = raft.clone();
+                let boot_window = boot_window.clone();
                 tokio::spawn(async move {
                     let alpn = peer.alpn.clone();
                     if alpn == ALPN_RAFT {
@@ -216,7 +250,11 @@ pub async fn start(
                         agents::serve(api, hub, peer).await;
                     } else if alpn == ALPN_JOIN {
                         let ca_pem = api.ca_cert_pem();
-                        crate::net::serve_join(peer, Arc::new(join::Admission(api)), ca_pem).await;
+                        let admission = join::Admission {
+                            api,
+                            boot: boot_window,
+                        };
+                        crate::net::serve_join(peer, Arc::new(admission), ca_pem).await;
                     }
                 });
             }

@@ -233,6 +233,11 @@ impl Server {
     /// with the cluster initialised.
     pub fn start(&mut self) {
         self.spawn();
+        self.wait_ready();
+    }
+
+    /// Waits until this server sees a leader and an initialised cluster.
+    pub fn wait_ready(&self) {
         let sock = self.socket.clone();
         wait_for(
             "the server to lead an initialised cluster",

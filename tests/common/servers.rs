@@ -32,6 +32,46 @@ impl ServerSet {
         set
     }
 
+    /// Starts `n` servers at once with `--bootstrap-expect n --peers ...`
+    /// and one shared secret, and waits until all are voters.
+    pub fn form(root: &Path, n: usize) -> ServerSet {
+        let secret = root.join("bootstrap.secret");
+        std::fs::write(&secret, "a-shared-secret-for-tests\n").unwrap();
+        let mut servers: Vec<Server> = (1..=n)
+            .map(|i| {
+                let name = format!("s{i}");
+                Server::joining(&root.join(&name), &name, "", "")
+            })
+            .collect();
+        let peers: Vec<String> = servers.iter().map(|s| s.addr()).collect();
+        for s in &mut servers {
+            s.mode = ServerSet::form_args(n, &peers.join(","), &secret);
+        }
+        // The last first: whoever starts first, the seed creates the cluster.
+        for s in servers.iter_mut().rev() {
+            s.spawn();
+        }
+        for s in &mut servers {
+            s.wait_ready();
+            s.mode.clear();
+        }
+        let set = ServerSet { servers };
+        set.wait_members(n);
+        set
+    }
+
+    /// The flags that form a cluster of `n` with `peers` and a secret file.
+    pub fn form_args(n: usize, peers: &str, secret: &Path) -> Vec<String> {
+        vec![
+            "--bootstrap-expect".into(),
+            n.to_string(),
+            "--peers".into(),
+            peers.into(),
+            "--bootstrap-secret-file".into(),
+            secret.display().to_string(),
+        ]
+    }
+
     /// The server named `name`.
     pub fn by_name(&self, name: &str) -> &Server {
         self.servers
