@@ -11,6 +11,12 @@
 #                            benches/scale.rs   leader state at 1k/5k/10k nodes
 #                                               with 100k and 1M jobs: pass
 #                                               p50/p99, peak RSS, acct query
+#                            benches/failover.rs leader SIGKILL -> writes and
+#                                               scheduling on the new leader
+#                                               (3 servers, 20 kills)
+#                            benches/ha.rs      3 servers vs 1 submit rate,
+#                                               redb size after 100,000 jobs,
+#                                               snapshot size/time, join+catch-up
 #                          About 15 minutes on 2 cores, plus the first release
 #                          build (about 4 minutes).
 #   bench/run.sh --smoke   tiny versions of each in the dev profile (the build
@@ -30,7 +36,7 @@ smoke=0
 case "${1:-}" in
   --smoke) smoke=1 ;;
   "") ;;
-  -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
+  -h|--help) sed -n '2,31p' "$0"; exit 0 ;;
   *) echo "bench/run.sh: unknown argument $1 (use --smoke or nothing)" >&2; exit 1 ;;
 esac
 
@@ -40,9 +46,13 @@ if [ "$smoke" = 1 ]; then
   GPUQ_BENCH_N=100 cargo bench --profile dev --bench submit
   cargo bench --profile dev --bench fleet
   cargo bench --profile dev --bench scale
+  cargo bench --profile dev --bench failover
+  cargo bench --profile dev --bench ha
 else
   cargo bench --bench submit
   cargo bench --bench fleet
   cargo bench --bench scale
+  cargo bench --bench failover
+  cargo bench --bench ha
 fi
 echo "bench/run.sh: done in $(( $(date +%s) - start )) s; JSON in target/bench/"

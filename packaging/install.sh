@@ -534,8 +534,29 @@ example_server_toml() {
 # log entries.
 # snapshot_after_logs = 10000
 
+# Log entries kept behind the latest snapshot: a follower that lags by fewer
+# catches up from the log; one further behind (or a new server) is sent the
+# snapshot, in chunks.
+# logs_kept_after_snapshot = 1000
+
 # At most this many log entries per replication message.
 # max_payload_entries = 512
+
+[server.bootstrap]
+
+# Form a new cluster of this many servers, all started at once, with no
+# server created first by hand (`--bootstrap-expect`). 0: off. Every server
+# gets the same expect, peers and secret; the lowest peer address creates the
+# cluster and the others join it, proving the shared secret. Ignored once the
+# data dir holds a cluster.
+# expect = 0
+
+# Every server's advertised IP:PORT, this one's included (`--peers`).
+# peers = ["10.0.0.1:7420", "10.0.0.2:7420", "10.0.0.3:7420"]
+
+# A file (mode 0600) holding the shared secret, at least 16 characters, e.g.
+# from `openssl rand -hex 16`. GPUQ_BOOTSTRAP_SECRET overrides it.
+# secret_file = "/etc/gpuq/bootstrap.secret"
 GPUQ_EOF
 }
 
@@ -570,7 +591,10 @@ example_agent_toml() {
 # socket = "/run/gpuq/gpuq.sock"
 
 # Servers to contact, as HOST:PORT; any one of them will do, the agent finds
-# the leader. Default: none (given at join time).
+# the leader. The leader tells the agent every member's address; the agent
+# adds them and keeps the list in data_dir/servers.json, so it fails over to
+# servers not listed here, also after a restart. Default: none (given at
+# join time).
 # servers = ["gpu-server-01:7420", "gpu-server-02:7420", "gpu-server-03:7420"]
 
 # "compute" runs jobs; "login" runs none and only vouches for the users who

@@ -45,6 +45,20 @@ pub struct ServerConfig {
     /// long after they end.
     pub history_retention_secs: u64,
     pub raft: RaftConfig,
+    pub bootstrap: BootstrapConfig,
+}
+
+/// The `[server.bootstrap]` table: forming a cluster of several servers
+/// started at once (`--bootstrap-expect`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct BootstrapConfig {
+    /// Voters to form; 0: not forming a cluster this way.
+    pub expect: usize,
+    /// Every server's advertised `IP:PORT`, this one's included.
+    pub peers: Vec<String>,
+    /// A file holding the shared secret (or GPUQ_BOOTSTRAP_SECRET).
+    pub secret_file: Option<PathBuf>,
 }
 
 /// The `[server.raft]` table: timing and log compaction of the control plane.
@@ -55,6 +69,9 @@ pub struct RaftConfig {
     pub election_timeout_min_ms: u64,
     pub election_timeout_max_ms: u64,
     pub snapshot_after_logs: u64,
+    /// Log entries kept behind a snapshot, so a briefly lagging follower
+    /// catches up from the log instead of a whole snapshot.
+    pub logs_kept_after_snapshot: u64,
     pub max_payload_entries: u64,
 }
 
@@ -120,6 +137,7 @@ impl Default for ServerConfig {
             node_ttl_secs: 10,
             history_retention_secs: 300,
             raft: RaftConfig::default(),
+            bootstrap: BootstrapConfig::default(),
         }
     }
 }
@@ -131,6 +149,7 @@ impl Default for RaftConfig {
             election_timeout_min_ms: 600,
             election_timeout_max_ms: 1200,
             snapshot_after_logs: 10_000,
+            logs_kept_after_snapshot: 1000,
             max_payload_entries: 512,
         }
     }
@@ -212,6 +231,7 @@ fn known_keys(table: &str) -> Option<&'static [&'static str]> {
         "" => field_names::<ConfigFile>(),
         "server" => field_names::<ServerConfig>(),
         "server.raft" => field_names::<RaftConfig>(),
+        "server.bootstrap" => field_names::<BootstrapConfig>(),
         "agent" => field_names::<AgentConfig>(),
         _ => return None,
     })

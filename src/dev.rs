@@ -97,10 +97,14 @@ pub async fn start(
         node_ttl_secs: 10,
         history_retention_secs: 300,
         raft: Default::default(),
+        bootstrap: Default::default(),
     };
     let server = crate::server::start(
         server_cfg,
-        crate::server::ServerOptions { bootstrap: true },
+        crate::server::ServerOptions {
+            bootstrap: true,
+            ..Default::default()
+        },
         shutdown.clone(),
     )
     .await?;

@@ -72,6 +72,24 @@ struct ServerArgs {
     /// The cluster's name, set when bootstrapping.
     #[arg(long)]
     cluster_name: Option<String>,
+    /// Join an existing cluster through this server, HOST:PORT (needed once,
+    /// with --token; a restart needs neither).
+    #[arg(long, requires = "token", conflicts_with = "bootstrap")]
+    join: Option<SocketAddr>,
+    /// The join token printed by `gpuq token create --role server`.
+    #[arg(long, env = "GPUQ_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    /// Form a new cluster of N servers started at once: with --peers and a
+    /// shared secret (GPUQ_BOOTSTRAP_SECRET or --bootstrap-secret-file) on
+    /// every one; the lowest peer address creates it, the others join it.
+    #[arg(long, conflicts_with_all = ["bootstrap", "join"])]
+    bootstrap_expect: Option<usize>,
+    /// Every server's advertised IP:PORT, this one's included (comma list).
+    #[arg(long, value_delimiter = ',')]
+    peers: Vec<SocketAddr>,
+    /// A file holding the shared bootstrap secret.
+    #[arg(long)]
+    bootstrap_secret_file: Option<PathBuf>,
 }
 
 /// `gpuq agent`
@@ -207,7 +225,7 @@ fn env_pairs() -> Vec<(String, String)> {
     std::env::vars().collect()
 }
 
-fn server_config(a: ServerArgs) -> anyhow::Result<(ServerConfig, bool)> {
+fn server_config(a: ServerArgs) -> anyhow::Result<(ServerConfig, gpuq::server::ServerOptions)> {
     let mut cfg = ServerConfig::load(a.config.as_deref(), &env_pairs())?;
     if let Some(v) = a.data_dir {
         cfg.data_dir = v;
@@ -227,7 +245,56 @@ fn server_config(a: ServerArgs) -> anyhow::Result<(ServerConfig, bool)> {
     if let Some(v) = a.cluster_name {
         cfg.cluster_name = v;
     }
-    Ok((cfg, a.bootstrap))
+    if let Some(v) = a.bootstrap_expect {
+        cfg.bootstrap.expect = v;
+    }
+    if !a.peers.is_empty() {
+        cfg.bootstrap.peers = a.peers.iter().map(|p| p.to_string()).collect();
+    }
+    if let Some(v) = a.bootstrap_secret_file {
+        cfg.bootstrap.secret_file = Some(v);
+    }
+    let bootstrap_plan = bootstrap_plan(&cfg)?;
+    let opts = gpuq::server::ServerOptions {
+        bootstrap: a.bootstrap,
+        join: a.join.zip(a.token),
+        bootstrap_plan,
+    };
+    Ok((cfg, opts))
+}
+
+/// The `--bootstrap-expect` plan from the config (flags applied), if any.
+fn bootstrap_plan(cfg: &ServerConfig) -> anyhow::Result<Option<gpuq::server::BootstrapPlan>> {
+    use anyhow::Context;
+    let b = &cfg.bootstrap;
+    if b.expect == 0 {
+        if !b.peers.is_empty() {
+            anyhow::bail!("--peers is given without --bootstrap-expect N (the number of servers)");
+        }
+        return Ok(None);
+    }
+    let peers = b
+        .peers
+        .iter()
+        .map(|p| {
+            p.parse::<SocketAddr>()
+                .map_err(|_| anyhow::anyhow!("peer {p:?} is not IP:PORT (e.g. 10.0.0.1:7420)"))
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let secret = match (std::env::var("GPUQ_BOOTSTRAP_SECRET"), &b.secret_file) {
+        (Ok(s), _) => s,
+        (Err(_), Some(path)) => std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read the bootstrap secret file {}", path.display()))?,
+        (Err(_), None) => anyhow::bail!(
+            "--bootstrap-expect needs the shared secret: set GPUQ_BOOTSTRAP_SECRET or \
+             --bootstrap-secret-file (the same on every server)"
+        ),
+    };
+    Ok(Some(gpuq::server::BootstrapPlan {
+        expect: b.expect,
+        peers,
+        secret,
+    }))
 }
 
 fn agent_config(a: &AgentArgs) -> anyhow::Result<AgentConfig> {
@@ -265,8 +332,8 @@ fn init_logging() {
 async fn daemon(cmd: Cmd) -> anyhow::Result<()> {
     match cmd {
         Cmd::Server(a) => {
-            let (cfg, bootstrap) = server_config(a)?;
-            gpuq::server::run(cfg, gpuq::server::ServerOptions { bootstrap }).await
+            let (cfg, opts) = server_config(a)?;
+            gpuq::server::run(cfg, opts).await
         }
         Cmd::Agent(a) => {
             let cfg = agent_config(&a)?;
@@ -317,7 +384,26 @@ fn main() -> ExitCode {
         Ok(r) => r,
         Err(e) => return CliError::internal(format!("cannot start the runtime: {e}")).exit(),
     };
+    use gpuq::cli::cluster::{ClusterCommand, SnapshotCommand};
     match cli.cmd {
+        Cmd::Client(ClientCommand::Cluster {
+            cmd:
+                Some(ClusterCommand::Snapshot(SnapshotCommand::Restore {
+                    file,
+                    data_dir,
+                    node_name,
+                    advertise,
+                })),
+            ..
+        }) => match runtime.block_on(gpuq::server::restore(
+            &file, &data_dir, &node_name, advertise,
+        )) {
+            Ok(msg) => {
+                println!("{msg}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => CliError::input(format!("{e:#}")).exit(),
+        },
         Cmd::Client(c) => match runtime.block_on(cli::run(c)) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => e.exit(),

@@ -17,6 +17,7 @@ use std::time::Duration;
 use tokio::sync::{mpsc, watch};
 
 use super::gpu::GpuBackend;
+use super::servers::{Backoff, ServerList};
 use crate::model::{NodeInventory, Role, TaskEnd, TaskEvent, TaskEventKind};
 use crate::net::agent_proto::{AgentHello, AgentMsg, DesiredTask, ServerMsg};
 use crate::net::endpoint::{Endpoint, ALPN_AGENT};
@@ -173,7 +174,8 @@ impl Ledger {
 /// How a compute agent reaches the control plane.
 pub struct ComputeAgent {
     pub endpoint: Arc<Endpoint>,
-    pub servers: Vec<SocketAddr>,
+    /// The servers to fail over between (shared with the local forwarder).
+    pub servers: Arc<ServerList>,
     pub inventory: NodeInventory,
     /// The port advertised with this node's address (MASTER_ADDR host is the
     /// local address of the connection to the leader).
@@ -200,14 +202,29 @@ enum Session {
     Refused(String),
 }
 
+/// How long dialling one server may take before the next is tried.
+pub const DIAL_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// How long a server may take to welcome an agent (it commits the
+/// registration first).
+const WELCOME_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// Leader hints followed in a row before the agent waits: two servers that
+/// each name the other (stale hints during an election) must not make a loop.
+const MAX_REDIRECTS: u32 = 3;
+
 impl ComputeAgent {
-    /// Runs until `shutdown`; reconnects with backoff.
+    /// Runs until `shutdown`, failing over between the known servers: each
+    /// round tries them all (the last that answered first), follows leader
+    /// hints, and waits with jittered backoff between rounds.
     pub async fn run(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) -> anyhow::Result<()> {
         let boot_id: u64 = rand::random();
         let mut ledger = Ledger::default();
-        let mut backoff = Duration::from_millis(100);
+        let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(3));
         let mut hint: Option<SocketAddr> = None;
-        let mut idx = 0usize;
+        let mut round: std::collections::VecDeque<SocketAddr> = Default::default();
+        let mut redirects = 0u32;
+        let mut just_lost = false;
         loop {
             if *shutdown.borrow() {
                 return Ok(());
@@ -215,45 +232,70 @@ impl ComputeAgent {
             let addr = match hint.take() {
                 Some(a) => a,
                 None => {
-                    let a = self.servers[idx % self.servers.len()];
-                    idx += 1;
-                    a
+                    if round.is_empty() {
+                        round = self.servers.in_order().into();
+                        // After a lost session, the server it was with (first
+                        // in order) is likely dead or deposed: try it last.
+                        if just_lost {
+                            round.rotate_left(1);
+                        }
+                    }
+                    just_lost = false;
+                    match round.pop_front() {
+                        Some(a) => a,
+                        None => anyhow::bail!("this agent knows no server to connect to"),
+                    }
                 }
             };
-            match self
+            let wait = match self
                 .session(addr, boot_id, &mut ledger, &mut shutdown)
                 .await
             {
-                Session::Redirect(to) => {
-                    hint = to;
+                Session::Redirect(Some(to)) if redirects < MAX_REDIRECTS => {
+                    tracing::debug!(server = %addr, leader = %to, "following the leader hint");
+                    redirects += 1;
+                    hint = Some(to);
                     continue;
                 }
+                Session::Redirect(_) => {
+                    redirects = 0;
+                    true
+                }
                 Session::Lost(why) => {
-                    tracing::info!(server = %addr, %why, "no leader connection; retrying");
+                    tracing::info!(server = %addr, %why, "no leader there; trying the next server");
+                    redirects = 0;
+                    // Wait only after a whole round found no leader.
+                    round.is_empty()
                 }
                 Session::Ended(why) => {
                     tracing::info!(server = %addr, %why, "leader connection lost; reconnecting");
-                    backoff = Duration::from_millis(100);
+                    backoff.reset();
+                    redirects = 0;
+                    round.clear();
+                    just_lost = true;
+                    true
                 }
                 Session::Refused(why) => {
                     tracing::error!(server = %addr, "registration refused: {why}");
                     // The leader refuses a restarted agent until the old
                     // connection has gone quiet (about 1.5 s): retry often.
                     if why.contains("already connected") {
-                        backoff = Duration::from_millis(125);
+                        backoff.reset();
                     }
+                    true
                 }
-            }
+            };
             // Meanwhile keep observing tasks so ends are buffered, but start
             // and stop nothing on a desired state that may be stale.
             ledger.desired = None;
             let events = ledger.reconcile(self.runner.as_ref());
             ledger.queue(events);
-            tokio::select! {
-                _ = tokio::time::sleep(backoff) => {}
-                _ = shutdown.changed() => return Ok(()),
+            if wait {
+                tokio::select! {
+                    _ = tokio::time::sleep(backoff.next_wait()) => {}
+                    _ = shutdown.changed() => return Ok(()),
+                }
             }
-            backoff = (backoff * 2).min(Duration::from_secs(3));
         }
     }
 
@@ -284,9 +326,11 @@ impl ComputeAgent {
         ledger: &mut Ledger,
         shutdown: &mut watch::Receiver<bool>,
     ) -> Session {
-        let conn = match self.endpoint.dial(addr, ALPN_AGENT, &[Role::Server]).await {
-            Ok(p) => p.conn,
-            Err(e) => return Session::Lost(e.to_string()),
+        let dial = self.endpoint.dial(addr, ALPN_AGENT, &[Role::Server]);
+        let conn = match tokio::time::timeout(DIAL_TIMEOUT, dial).await {
+            Ok(Ok(p)) => p.conn,
+            Ok(Err(e)) => return Session::Lost(e.to_string()),
+            Err(_) => return Session::Lost(format!("no answer within {DIAL_TIMEOUT:?}")),
         };
         let (mut send, mut recv) = match conn.open_bi().await {
             Ok(s) => s,
@@ -312,20 +356,28 @@ impl ComputeAgent {
         if let Err(e) = write_frame(&mut send, &hello).await {
             return Session::Lost(e.to_string());
         }
-        match read_frame::<_, ServerMsg>(&mut recv, DEFAULT_MAX_FRAME).await {
-            Ok(Some(ServerMsg::Welcome { .. })) => {}
-            Ok(Some(ServerMsg::Refused {
+        let first = tokio::time::timeout(
+            WELCOME_TIMEOUT,
+            read_frame::<_, ServerMsg>(&mut recv, DEFAULT_MAX_FRAME),
+        );
+        match first.await {
+            Ok(Ok(Some(ServerMsg::Welcome { servers, .. }))) => {
+                self.servers.learn(&servers);
+                self.servers.answered(addr);
+            }
+            Ok(Ok(Some(ServerMsg::Refused {
                 leader_addr: Some(l),
                 ..
-            })) => return Session::Redirect(l.parse().ok()),
-            Ok(Some(ServerMsg::Refused { reason, .. })) => {
+            }))) => return Session::Redirect(l.parse().ok()),
+            Ok(Ok(Some(ServerMsg::Refused { reason, .. }))) => {
                 if reason.contains("not the leader") {
                     return Session::Lost(reason);
                 }
                 return Session::Refused(reason);
             }
-            Ok(other) => return Session::Lost(format!("unexpected first answer {other:?}")),
-            Err(e) => return Session::Lost(e.to_string()),
+            Ok(Ok(other)) => return Session::Lost(format!("unexpected first answer {other:?}")),
+            Ok(Err(e)) => return Session::Lost(e.to_string()),
+            Err(_) => return Session::Lost(format!("not welcomed within {WELCOME_TIMEOUT:?}")),
         }
         tracing::info!(server = %addr, node = %self.inventory.name, "connected to the leader");
         // Replay what the last connection may not have delivered.

@@ -16,39 +16,124 @@ use crate::net::local;
 use crate::net::proto::{ApiRequest, ApiResponse, Caller, ErrorKind, Vouched};
 use crate::net::{rpc, DEFAULT_MAX_FRAME};
 
+use super::compute::DIAL_TIMEOUT;
+use super::servers::ServerList;
+
+/// An agent's connections to servers count a server silent this long as
+/// gone, so a dead leader is noticed within seconds (well inside the node
+/// TTL the next leader grants).
+pub const AGENT_IDLE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3);
+
 /// Forwards local users' requests to the control plane.
 pub struct Forwarder {
     pub endpoint: Arc<Endpoint>,
-    pub servers: Vec<SocketAddr>,
+    /// The known servers: configured, then learned from the cluster.
+    pub servers: Arc<ServerList>,
+}
+
+/// Whether a request may be sent again to another server after the first
+/// one took it but gave no answer: only if it changes nothing. A write whose
+/// outcome is unknown is reported as such, never repeated (a repeated submit
+/// could make two jobs).
+fn safe_to_repeat(request: &ApiRequest) -> bool {
+    matches!(
+        request,
+        ApiRequest::Queue { .. }
+            | ApiRequest::Show { .. }
+            | ApiRequest::Cluster
+            | ApiRequest::Nodes
+            | ApiRequest::Logs { .. }
+            | ApiRequest::TokenList
+    )
+}
+
+/// An answer that means "not here, try another server": the server has no
+/// leader to forward to, or is a leader that lost its majority.
+fn try_elsewhere(resp: &ApiResponse) -> bool {
+    match resp {
+        ApiResponse::Error { kind, message } => {
+            *kind == ErrorKind::Unavailable
+                && (message.starts_with("not leader") || message.starts_with("no leader"))
+        }
+        _ => false,
+    }
 }
 
 impl Forwarder {
-    /// Forwards one request for `caller` to the first server that answers.
+    /// Forwards one request for `caller`, failing over between the known
+    /// servers (the one that answered last first). A server that cannot be
+    /// reached, or answers that it knows no leader, is skipped; a write
+    /// already delivered is not repeated elsewhere.
     pub async fn forward(&self, caller: Caller, request: ApiRequest) -> ApiResponse {
+        let repeatable = safe_to_repeat(&request);
         let v = Vouched { caller, request };
         let mut last = String::from("no servers are configured (set servers in [agent])");
-        for addr in &self.servers {
-            let attempt = async {
-                let peer = self
-                    .endpoint
-                    .dial(*addr, ALPN_API, &[Role::Server])
-                    .await
-                    .map_err(|e| e.to_string())?;
-                rpc::call::<Vouched, ApiResponse>(&peer.conn, &v, DEFAULT_MAX_FRAME)
-                    .await
-                    .map_err(|e| e.to_string())
+        let mut refusal = None;
+        for addr in self.servers.in_order() {
+            let dial = self.endpoint.dial(addr, ALPN_API, &[Role::Server]);
+            let peer = match tokio::time::timeout(DIAL_TIMEOUT, dial).await {
+                Ok(Ok(p)) => p,
+                Ok(Err(e)) => {
+                    last = format!("server {addr}: {e}");
+                    continue;
+                }
+                Err(_) => {
+                    last = format!("server {addr}: no answer within {DIAL_TIMEOUT:?}");
+                    continue;
+                }
             };
-            match attempt.await {
-                Ok(resp) => return resp,
-                Err(e) => last = format!("server {addr}: {e}"),
+            match rpc::call::<Vouched, ApiResponse>(&peer.conn, &v, DEFAULT_MAX_FRAME).await {
+                Ok(resp) if try_elsewhere(&resp) => refusal = Some(resp),
+                Ok(resp) => {
+                    self.servers.answered(addr);
+                    if let ApiResponse::Cluster { status } = &resp {
+                        let addrs: Vec<String> =
+                            status.members.iter().map(|m| m.addr.clone()).collect();
+                        self.servers.learn(&addrs);
+                    }
+                    return resp;
+                }
+                Err(e) if repeatable => last = format!("server {addr}: {e}"),
+                Err(e) => {
+                    return ApiResponse::error(
+                        ErrorKind::Unavailable,
+                        format!(
+                            "server {addr} took the request but gave no answer ({e}); it may \
+                             still take effect: check before retrying"
+                        ),
+                    )
+                }
             }
         }
-        ApiResponse::error(
-            ErrorKind::Unavailable,
-            format!("no server answered; last error: {last}"),
-        )
+        refusal.unwrap_or_else(|| {
+            ApiResponse::error(
+                ErrorKind::Unavailable,
+                format!("no server answered; last error: {last}"),
+            )
+        })
+    }
+
+    /// Refreshes the known servers from the cluster's membership now and then,
+    /// until `shutdown`, so a login agent whose configured servers were
+    /// replaced still reaches the control plane.
+    pub async fn refresh(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
+        let caller = Caller {
+            user: "gpuq-agent".into(),
+            uid: 65534,
+            admin: false,
+        };
+        loop {
+            let _ = self.forward(caller.clone(), ApiRequest::Cluster).await;
+            tokio::select! {
+                _ = tokio::time::sleep(REFRESH_EVERY) => {}
+                _ = shutdown.changed() => return,
+            }
+        }
     }
 }
+
+/// How often a forwarder asks the cluster for its members.
+const REFRESH_EVERY: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// The servers an agent talks to: the configured list, with the join address first.
 pub fn resolve_servers(
@@ -89,13 +174,14 @@ impl Forwarder {
             .with_context(|| format!("cannot create data dir {}", cfg.data_dir.display()))?;
         let identity =
             super::ensure_identity(&cfg.data_dir, role, &cfg.node_name, join_addr, token).await?;
-        let servers = resolve_servers(cfg, join_addr)?;
-        let bind = crate::net::endpoint::unspecified_for(servers[0]);
-        let endpoint =
-            Endpoint::client(&identity, bind).context("cannot open a QUIC client endpoint")?;
+        let configured = resolve_servers(cfg, join_addr)?;
+        let bind = crate::net::endpoint::unspecified_for(configured[0]);
+        let endpoint = Endpoint::client(&identity, bind)
+            .context("cannot open a QUIC client endpoint")?
+            .with_idle_timeout(AGENT_IDLE_TIMEOUT);
         Ok(Forwarder {
             endpoint: Arc::new(endpoint),
-            servers,
+            servers: Arc::new(ServerList::load(configured, &cfg.data_dir)),
         })
     }
 }
@@ -135,7 +221,8 @@ pub async fn start_login(
 ) -> anyhow::Result<Arc<Forwarder>> {
     let forwarder =
         Arc::new(Forwarder::connect(&cfg, Role::Login, join_addr, token.as_deref()).await?);
-    serve_local(&cfg, forwarder.clone(), shutdown)?;
+    serve_local(&cfg, forwarder.clone(), shutdown.clone())?;
+    tokio::spawn(forwarder.clone().refresh(shutdown));
     tracing::info!(node = %cfg.node_name, socket = %cfg.socket.display(), "login agent ready");
     Ok(forwarder)
 }

@@ -13,6 +13,7 @@ mod login;
 pub mod logs;
 mod node;
 pub mod runner;
+pub mod servers;
 
 pub use identity::ensure_identity;
 pub use login::{run_login, start_login, Forwarder};

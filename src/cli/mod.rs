@@ -6,6 +6,7 @@
 //! internal error.
 
 mod acct;
+pub mod cluster;
 mod hold;
 mod queue;
 pub mod table;
@@ -150,8 +151,11 @@ pub enum ClientCommand {
         #[arg(required = true, value_parser = hold::parse_job_ref)]
         ids: Vec<JobRef>,
     },
-    /// Control-plane members, leader, term and log progress.
+    /// Control-plane members, leader, term and log progress; with a
+    /// subcommand, change the membership.
     Cluster {
+        #[command(subcommand)]
+        cmd: Option<cluster::ClusterCommand>,
         #[command(flatten)]
         json: JsonFlag,
     },
@@ -247,7 +251,7 @@ fn parse_ttl(s: &str) -> Result<u64, String> {
         .map_err(|e| e.to_string())
 }
 
-async fn call(req: ApiRequest) -> Result<ApiResponse, CliError> {
+pub(crate) async fn call(req: ApiRequest) -> Result<ApiResponse, CliError> {
     let path = socket_path();
     let mut client = LocalClient::connect(&path)
         .await
@@ -265,13 +269,13 @@ async fn call(req: ApiRequest) -> Result<ApiResponse, CliError> {
     }
 }
 
-fn print_json<T: serde::Serialize>(v: &T) -> Result<(), CliError> {
+pub(crate) fn print_json<T: serde::Serialize>(v: &T) -> Result<(), CliError> {
     let s = serde_json::to_string_pretty(v).map_err(|e| CliError::internal(e.to_string()))?;
     println!("{s}");
     Ok(())
 }
 
-fn unexpected(r: ApiResponse) -> CliError {
+pub(crate) fn unexpected(r: ApiResponse) -> CliError {
     CliError::internal(format!("unexpected answer from the daemon: {r:?}"))
 }
 
@@ -364,50 +368,7 @@ pub async fn run(cmd: ClientCommand) -> Result<(), CliError> {
                 other => Err(unexpected(other)),
             }
         }
-        ClientCommand::Cluster { json } => match call(ApiRequest::Cluster).await? {
-            ApiResponse::Cluster { status } => {
-                if json.json {
-                    return print_json(&status);
-                }
-                let opt = |v: Option<u64>| v.map(|v| v.to_string()).unwrap_or_else(|| "-".into());
-                println!(
-                    "cluster {}  leader {}  term {}  last log {}  applied {}  snapshot {}",
-                    status.cluster_name,
-                    status.leader.as_deref().unwrap_or("(none)"),
-                    status.term,
-                    opt(status.last_log_index),
-                    opt(status.applied_index),
-                    opt(status.snapshot_index)
-                );
-                let mut t = Table::new(&["ID", "NAME", "ADDRESS", "ROLE", "LEADER", "MATCHED"]);
-                for m in &status.members {
-                    t.row(vec![
-                        m.id.to_string(),
-                        m.name.clone(),
-                        m.addr.clone(),
-                        if m.voter { "voter" } else { "learner" }.into(),
-                        if m.leader { "*" } else { "" }.into(),
-                        opt(m.matched_index),
-                    ]);
-                }
-                print!("{}", t.render());
-                let jobs: Vec<String> = status
-                    .jobs
-                    .iter()
-                    .map(|(s, n)| format!("{s} {n}"))
-                    .collect();
-                println!(
-                    "jobs: {}",
-                    if jobs.is_empty() {
-                        "none".into()
-                    } else {
-                        jobs.join(", ")
-                    }
-                );
-                Ok(())
-            }
-            other => Err(unexpected(other)),
-        },
+        ClientCommand::Cluster { cmd, json } => cluster::run(cmd, json.json).await,
         ClientCommand::Nodes { json } => match call(ApiRequest::Nodes).await? {
             ApiResponse::Nodes { nodes } => {
                 if json.json {

@@ -93,6 +93,10 @@ fn full_server() -> ServerConfig {
     ServerConfig {
         advertise: Some("10.0.0.1:7420".parse().unwrap()),
         admin_group: Some("wheel".into()),
+        bootstrap: BootstrapConfig {
+            secret_file: Some("/etc/gpuq/bootstrap.secret".into()),
+            ..Default::default()
+        },
         ..ServerConfig::default()
     }
 }
@@ -127,6 +131,11 @@ fn the_examples_document_every_key_with_its_default() {
         node_name: parsed.node_name.clone(),
         advertise: parsed.advertise,
         admin_group: parsed.admin_group.clone(),
+        bootstrap: BootstrapConfig {
+            peers: parsed.bootstrap.peers.clone(),
+            secret_file: parsed.bootstrap.secret_file.clone(),
+            ..Default::default()
+        },
         ..ServerConfig::default()
     };
     assert_eq!(parsed, defaults);
@@ -155,6 +164,7 @@ fn the_key_check_knows_every_field() {
             "election_timeout_min_ms",
             "election_timeout_max_ms",
             "snapshot_after_logs",
+            "logs_kept_after_snapshot",
             "max_payload_entries"
         ]
     );
@@ -165,7 +175,7 @@ fn the_key_check_knows_every_field() {
         .collect();
     let known: BTreeSet<String> = field_names::<ServerConfig>()
         .iter()
-        .filter(|f| **f != "raft")
+        .filter(|f| **f != "raft" && **f != "bootstrap")
         .map(|f| f.to_string())
         .collect();
     assert_eq!(serialized, known);

@@ -41,7 +41,13 @@ pub enum AgentMsg {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum ServerMsg {
     /// The connection is accepted; desired state follows.
-    Welcome { node: String },
+    Welcome {
+        node: String,
+        /// Every server of the control plane (`host:port`), so the agent can
+        /// fail over to any of them; it keeps the last list in its data dir.
+        #[serde(default)]
+        servers: Vec<String>,
+    },
     /// The connection is refused (wrong leader, duplicate node, bad identity).
     Refused {
         reason: String,

@@ -339,6 +339,20 @@ impl Endpoint {
         })
     }
 
+    /// Connections this endpoint dials count a peer silent for `idle` as gone
+    /// (keep-alives every third of it). The idle timeout is the smaller of
+    /// both sides', so an agent can notice a dead leader in seconds without
+    /// changing how servers talk among themselves.
+    pub fn with_idle_timeout(mut self, idle: Duration) -> Endpoint {
+        let mut t = TransportConfig::default();
+        t.keep_alive_interval(Some(idle / 3));
+        t.max_idle_timeout(IdleTimeout::try_from(idle).ok());
+        t.max_concurrent_bidi_streams(VarInt::from_u32(1024));
+        t.max_concurrent_uni_streams(VarInt::from_u32(64));
+        self.transport = Arc::new(t);
+        self
+    }
+
     /// Test hook: speak another protocol version when dialling.
     #[cfg(test)]
     pub(crate) fn set_protocol_version(&mut self, protocol: u32) {

@@ -57,6 +57,10 @@ pub enum JoinResponse {
         cert_pem: String,
         /// The cluster CA certificate, PEM.
         ca_cert_pem: String,
+        /// For a bootstrap join (no token pins the CA): the server's proof
+        /// that it knows the shared secret (see `server::boot`).
+        #[serde(default)]
+        proof: Option<String>,
     },
     /// Not admitted, and why (shown to the operator as is).
     Refused {
@@ -70,6 +74,11 @@ pub enum JoinResponse {
 pub trait JoinAuthority: Send + Sync + 'static {
     /// Returns the signed certificate (PEM) or a reason for the operator.
     async fn admit(&self, req: &JoinRequest, from: SocketAddr) -> Result<String, String>;
+
+    /// A proof to send along with `cert_pem` (bootstrap joins only).
+    fn proof(&self, _req: &JoinRequest, _cert_pem: &str) -> Option<String> {
+        None
+    }
 }
 
 /// Why joining failed.
@@ -145,6 +154,18 @@ pub async fn join(
     role: Role,
     name: &str,
 ) -> Result<NodeIdentity, JoinError> {
+    join_with_proof(addr, token, role, name)
+        .await
+        .map(|(identity, _)| identity)
+}
+
+/// Like [`join`], and returns the server's proof, if it sent one.
+pub async fn join_with_proof(
+    addr: SocketAddr,
+    token: &JoinToken,
+    role: Role,
+    name: &str,
+) -> Result<(NodeIdentity, Option<String>), JoinError> {
     let (key_pem, csr_pem) = pki::generate_csr(role, name)?;
     let endpoint = Endpoint::anonymous(unspecified_for(addr))?;
     let peer = endpoint
@@ -159,11 +180,12 @@ pub async fn join(
     };
     let resp: JoinResponse = rpc::call(&peer.conn, &req, JOIN_MAX_FRAME).await?;
     peer.conn.close(0u32.into(), b"joined");
-    let (cert_pem, ca_cert_pem) = match resp {
+    let (cert_pem, ca_cert_pem, proof) = match resp {
         JoinResponse::Ok {
             cert_pem,
             ca_cert_pem,
-        } => (cert_pem, ca_cert_pem),
+            proof,
+        } => (cert_pem, ca_cert_pem, proof),
         JoinResponse::Refused { reason } => return Err(JoinError::Refused { reason }),
     };
     let ca_fp =
@@ -182,7 +204,7 @@ pub async fn join(
     identity
         .verify()
         .map_err(|e| JoinError::BadResponse(e.to_string()))?;
-    Ok(identity)
+    Ok((identity, proof))
 }
 
 /// Serves join requests on `peer` until the connection closes, admitting
@@ -202,7 +224,8 @@ pub async fn serve_join(
                 match authority.admit(&req, peer.remote).await {
                     Ok(cert_pem) => {
                         tracing::info!(name = %req.name, role = %req.role, token = %req.token_id, from = %peer.remote, "admitted a node");
-                        JoinResponse::Ok { cert_pem, ca_cert_pem: ca_cert_pem.as_ref().clone() }
+                        let proof = authority.proof(&req, &cert_pem);
+                        JoinResponse::Ok { cert_pem, ca_cert_pem: ca_cert_pem.as_ref().clone(), proof }
                     }
                     Err(reason) => {
                         tracing::warn!(name = %req.name, role = %req.role, token = %req.token_id, from = %peer.remote, "refused to admit a node: {reason}");

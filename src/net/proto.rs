@@ -63,6 +63,22 @@ pub enum ApiRequest {
         #[serde(default)]
         summary: bool,
     },
+    /// Add a server to the Raft membership: as a learner until it has caught
+    /// up, then as a voter. Sent over QUIC by the joining server itself (its
+    /// certificate must name it), or forwarded to the leader by a member.
+    AddServer {
+        /// The joining server's Raft node id.
+        id: u64,
+        /// Its node name (as in its certificate).
+        name: String,
+        /// The `host:port` the other servers dial.
+        addr: String,
+    },
+    /// Remove a server from the Raft membership (admins only).
+    RemoveServer { name: String },
+    /// Write the answering server's applied state to `path` on its host
+    /// (admins, local socket only).
+    SnapshotSave { path: std::path::PathBuf },
 }
 
 /// Who a daemon vouches the request comes from.
@@ -93,6 +109,17 @@ pub struct Member {
     /// The leader's view of the member's last replicated index.
     #[serde(default)]
     pub matched_index: Option<u64>,
+    /// Entries the member is behind the leader's log (leader's view only).
+    #[serde(default)]
+    pub lag: Option<u64>,
+    /// Milliseconds since the leader last heard from the member (leader's
+    /// view only; 0 for the leader itself).
+    #[serde(default)]
+    pub last_contact_ms: Option<u64>,
+    /// Why the member is unhealthy (unreachable, lagging); None when healthy
+    /// or when the answering server is not the leader.
+    #[serde(default)]
+    pub problem: Option<String>,
 }
 
 /// Control-plane status, from the answering server's point of view.
@@ -105,6 +132,10 @@ pub struct ClusterStatus {
     pub last_log_index: Option<u64>,
     pub applied_index: Option<u64>,
     pub snapshot_index: Option<u64>,
+    /// The last log index purged behind a snapshot: a server that needs an
+    /// earlier entry is sent the snapshot.
+    #[serde(default)]
+    pub purged_index: Option<u64>,
     pub members: Vec<Member>,
     /// Jobs per state.
     pub jobs: Vec<(String, u64)>,
@@ -220,6 +251,21 @@ pub enum ApiResponse {
     },
     AcctSummary {
         rows: Vec<crate::model::acct::AcctSummary>,
+    },
+    /// The server is a voter now.
+    ServerAdded {
+        name: String,
+    },
+    /// The server is no longer a member.
+    ServerRemoved {
+        name: String,
+    },
+    SnapshotSaved {
+        path: std::path::PathBuf,
+        index: u64,
+        term: u64,
+        jobs: u64,
+        bytes: u64,
     },
     Error {
         kind: ErrorKind,

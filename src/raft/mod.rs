@@ -13,6 +13,7 @@
 // trait boundary.
 #![allow(clippy::result_large_err)]
 
+pub mod backup;
 mod log_store;
 pub mod network;
 mod state_machine;
@@ -97,7 +98,7 @@ pub struct RaftNode {
     pub state: Arc<RwLock<State>>,
     /// Group-commit figures of the log store.
     pub stats: Arc<LogStats>,
-    /// The redb file of log and state: the history archive is read from it.
+    /// The redb file of log and state: the history archive and backups read it.
     pub db: Arc<redb::Database>,
 }
 

@@ -352,6 +352,24 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
     }
 }
 
+/// The applied state as a snapshot (its meta and the bytes `install_snapshot`
+/// takes), from one consistent read of `db`: for backups.
+pub fn export(db: &Database) -> Result<(Meta, Vec<u8>), String> {
+    let view = db.begin_read().map_err(|e| e.to_string())?;
+    let data = store::snapshot_of(&view).map_err(|e| e.to_string())?;
+    let (applied, membership) = read_applied(&view).map_err(|e| e.to_string())?;
+    drop(view);
+    let snapshot_id = format!("backup-{}", applied.map(|a| a.index).unwrap_or(0));
+    Ok((
+        Meta {
+            last_log_id: applied,
+            last_membership: membership,
+            snapshot_id,
+        },
+        data,
+    ))
+}
+
 /// Builds a snapshot from the redb view taken when it was created.
 pub struct SnapshotBuilder {
     db: Arc<Database>,

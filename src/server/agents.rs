@@ -205,10 +205,11 @@ pub async fn serve(api: Arc<Api>, hub: Arc<AgentHub>, peer: Peer) {
         return refuse(&mut send, format!("registration failed: {resp:?}"), None).await;
     }
     tracing::info!(%node, remote = %peer.remote, gpus = hello.inventory.gpus.len(), "agent connected");
-    if write_frame(&mut send, &ServerMsg::Welcome { node: node.clone() })
-        .await
-        .is_err()
-    {
+    let welcome = ServerMsg::Welcome {
+        node: node.clone(),
+        servers: api.member_addrs(),
+    };
+    if write_frame(&mut send, &welcome).await.is_err() {
         hub.leave(&node, hello.boot_id);
         return;
     }
@@ -231,15 +232,22 @@ pub async fn serve(api: Arc<Api>, hub: Arc<AgentHub>, peer: Peer) {
     let mut sent_version: Option<u64> = None;
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     loop {
-        if !api.is_leader() {
+        // A deposed leader (or one that lost its majority) must not push
+        // desired state any more: it tells the agent where to go and closes
+        // the session, so the agent reconnects to whoever leads now.
+        if let Some(leader) = api.leader_elsewhere() {
+            tracing::info!(%node, leader = ?leader, "no longer leading: closing the agent session");
             let _ = write_frame(
                 &mut send,
                 &ServerMsg::Refused {
-                    reason: "leadership moved".into(),
-                    leader_addr: api.leader_elsewhere().flatten(),
+                    reason: "this server is not the leader any more".into(),
+                    leader_addr: leader,
                 },
             )
             .await;
+            let _ = send.finish();
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            peer.conn.close(0u32.into(), b"not the leader");
             break;
         }
         let changed = {

@@ -35,7 +35,15 @@ pub struct Api {
     /// Connected agents (leader only).
     pub hub: Arc<super::agents::AgentHub>,
     proposer: super::propose::Proposer,
+    /// The term in which this server led without a majority's acknowledgement
+    /// yet, and since when (see `lease_lost_ms`).
+    unacked_since: std::sync::Mutex<Option<(u64, std::time::Instant)>>,
+    /// When each peer last answered this server's Raft requests.
+    contacts: Arc<super::transport::PeerContacts>,
 }
+
+/// A member further behind the leader's log than this is flagged lagging.
+pub const LAGGING_ENTRIES: u64 = 1000;
 
 fn token_info(t: &TokenRecord) -> TokenInfo {
     TokenInfo {
@@ -58,6 +66,10 @@ fn rejection(r: Rejection) -> ApiResponse {
     ApiResponse::error(kind, r.to_string())
 }
 
+/// The longest a write waits for its commit before the caller is told the
+/// outcome is unknown.
+pub const WRITE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
 fn forbidden(what: &str) -> ApiResponse {
     ApiResponse::error(
         ErrorKind::Forbidden,
@@ -79,8 +91,16 @@ impl Api {
             pending_reasons: Default::default(),
             hub: Default::default(),
             proposer: super::propose::Proposer::start(node.raft.clone()),
+            unacked_since: Default::default(),
+            contacts: Default::default(),
             node,
         }
+    }
+
+    /// Uses the transport's record of peer answers for `gpuq cluster`.
+    pub(super) fn with_contacts(mut self, contacts: Arc<super::transport::PeerContacts>) -> Api {
+        self.contacts = contacts;
+        self
     }
 
     /// Raft metrics: changes whenever anything is applied or leadership moves.
@@ -90,17 +110,24 @@ impl Api {
         self.node.raft.metrics()
     }
 
-    /// Whether this server is the leader now.
+    /// Whether this server is the leader now and still holds its lease (see
+    /// [`Api::leader_elsewhere`]).
     pub fn is_leader(&self) -> bool {
-        let m = self.node.raft.metrics().borrow().clone();
-        m.current_leader == Some(m.id)
+        self.leader_elsewhere().is_none()
     }
 
     /// `None` when this server leads; otherwise the leader's address if known.
+    ///
+    /// A leader that has heard from no majority for an election timeout acts
+    /// as a follower that knows no leader: openraft 0.9 keeps a partitioned
+    /// leader in office until it hears a higher term, but by then the
+    /// majority may have elected another. So it stops scheduling, declaring
+    /// nodes down, serving agents and accepting writes as soon as its lease
+    /// may have passed to someone else (a "check quorum").
     pub fn leader_elsewhere(&self) -> Option<Option<String>> {
         let m = self.node.raft.metrics().borrow().clone();
         if m.current_leader == Some(m.id) {
-            return None;
+            return self.lease_lost_ms(&m).map(|_| None);
         }
         Some(m.current_leader.and_then(|l| {
             m.membership_config
@@ -108,6 +135,40 @@ impl Api {
                 .get_node(&l)
                 .map(|n| n.addr.clone())
         }))
+    }
+
+    /// For a leader: how long ago a majority last acknowledged it, when that
+    /// is longer than the lease (the shortest election timeout, after which
+    /// followers may elect another). A leader not yet acknowledged in its term
+    /// counts from when this server first saw itself lead in that term.
+    fn lease_lost_ms(
+        &self,
+        m: &openraft::RaftMetrics<u64, crate::raft::ServerNode>,
+    ) -> Option<u64> {
+        let lease_ms = self.cfg.raft.election_timeout_min_ms;
+        let since_ack = match m.millis_since_quorum_ack {
+            Some(ms) => ms,
+            None => {
+                let mut first = self.unacked_since.lock().unwrap_or_else(|p| p.into_inner());
+                match *first {
+                    Some((term, at)) if term == m.current_term => at.elapsed().as_millis() as u64,
+                    _ => {
+                        *first = Some((m.current_term, std::time::Instant::now()));
+                        0
+                    }
+                }
+            }
+        };
+        (since_ack > lease_ms).then_some(since_ack)
+    }
+
+    /// The addresses of every member of the control plane (voters and
+    /// learners), as the membership records them: what agents and login
+    /// agents keep to fail over.
+    pub fn member_addrs(&self) -> Vec<String> {
+        let m = self.node.raft.metrics().borrow().clone();
+        let membership = m.membership_config.membership();
+        membership.nodes().map(|(_, n)| n.addr.clone()).collect()
     }
 
     /// The last applied log index.
@@ -181,9 +242,42 @@ impl Api {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
+    /// The Raft node this API serves.
+    pub(super) fn raft_node(&self) -> &RaftNode {
+        &self.node
+    }
+
     /// A request forwarded by another daemon. Any cluster member may vouch for
     /// its local users.
     pub async fn handle_vouched(&self, peer: &Peer, v: Vouched) -> ApiResponse {
+        if let ApiRequest::AddServer { id, name, addr } = &v.request {
+            // Only servers send this: the joining one (its certificate names
+            // it) or a member forwarding to the leader.
+            return match &peer.identity {
+                Some((Role::Server, _)) => {
+                    if let Some(resp) = self.forward_if_follower(&v.caller, &v.request).await {
+                        return resp;
+                    }
+                    if self.leader_elsewhere().is_some() {
+                        return ApiResponse::error(
+                            ErrorKind::Unavailable,
+                            "no leader yet: retry in a moment",
+                        );
+                    }
+                    self.add_server(*id, name.clone(), addr.clone()).await
+                }
+                _ => ApiResponse::error(
+                    ErrorKind::Forbidden,
+                    "only a server with a server certificate may ask to join the membership",
+                ),
+            };
+        }
+        if let ApiRequest::SnapshotSave { .. } = &v.request {
+            return ApiResponse::error(
+                ErrorKind::BadInput,
+                "run `gpuq cluster snapshot save` on a server: the file is written on the server's host",
+            );
+        }
         match &peer.identity {
             Some((Role::Server | Role::Agent | Role::Login, _)) => {
                 self.handle(v.caller, v.request).await
@@ -205,9 +299,13 @@ impl Api {
                 | ApiRequest::Logs { .. }
                 | ApiRequest::NodeDrain { .. }
                 | ApiRequest::NodeResume { .. }
+                | ApiRequest::RemoveServer { .. }
         );
         if needs_leader {
             if let Some(resp) = self.forward_if_follower(&caller, &req).await {
+                return resp;
+            }
+            if let Some(resp) = self.refuse_without_lease() {
                 return resp;
             }
         }
@@ -325,6 +423,12 @@ impl Api {
                 let tokens = self.state().tokens.values().map(token_info).collect();
                 ApiResponse::Tokens { tokens }
             }
+            ApiRequest::AddServer { .. } => ApiResponse::error(
+                ErrorKind::Forbidden,
+                "servers join with `gpuq server --join HOST:PORT --token TOKEN`",
+            ),
+            ApiRequest::RemoveServer { name } => self.remove_server(&caller, name).await,
+            ApiRequest::SnapshotSave { path } => self.snapshot_save(&caller, path).await,
             ApiRequest::TokenRevoke { id } => {
                 if !caller.admin {
                     return forbidden("revoking a join token");
@@ -394,13 +498,46 @@ impl Api {
         }
     }
 
-    /// Proposes a command and waits until it is committed and applied.
+    /// Proposes a command and waits until it is committed and applied, for
+    /// at most [`WRITE_TIMEOUT`]: a leader cut off from its majority cannot
+    /// commit, and its callers must hear so rather than wait for the heal.
     pub async fn write(&self, cmd: Command) -> Result<CommandResult, ApiResponse> {
-        self.proposer.propose(cmd).await
+        match tokio::time::timeout(WRITE_TIMEOUT, self.proposer.propose(cmd)).await {
+            Ok(r) => r,
+            Err(_) => Err(ApiResponse::error(
+                ErrorKind::Unavailable,
+                format!(
+                    "the write was not confirmed within {} s (this server may have lost \
+                     contact with the other servers); it may still take effect: check \
+                     with `gpuq queue` before retrying",
+                    WRITE_TIMEOUT.as_secs()
+                ),
+            )),
+        }
+    }
+
+    /// On a leader whose lease has lapsed, the "not leader" answer.
+    fn refuse_without_lease(&self) -> Option<ApiResponse> {
+        let m = self.node.raft.metrics().borrow().clone();
+        if m.current_leader != Some(m.id) {
+            return None;
+        }
+        let ms = self.lease_lost_ms(&m)?;
+        Some(ApiResponse::error(
+            ErrorKind::Unavailable,
+            format!(
+                "not leader: this server has heard from no majority of the servers for \
+                 {ms} ms, so another may lead now; retry on another server"
+            ),
+        ))
     }
 
     /// On a follower, sends the request to the leader and returns its answer.
-    async fn forward_if_follower(&self, caller: &Caller, req: &ApiRequest) -> Option<ApiResponse> {
+    pub(super) async fn forward_if_follower(
+        &self,
+        caller: &Caller,
+        req: &ApiRequest,
+    ) -> Option<ApiResponse> {
         let metrics = self.node.raft.metrics().borrow().clone();
         let leader = metrics.current_leader?;
         if leader == metrics.id {
@@ -632,18 +769,51 @@ impl Api {
         let membership = m.membership_config.membership();
         let voters: std::collections::BTreeSet<u64> = membership.voter_ids().collect();
         let matched = m.replication.clone().unwrap_or_default();
+        let leading = m.current_leader == Some(m.id);
+        let unreachable_ms = 2 * self.cfg.raft.election_timeout_max_ms;
         let members = membership
             .nodes()
-            .map(|(id, n)| Member {
-                id: *id,
-                name: n.name.clone(),
-                addr: n.addr.clone(),
-                voter: voters.contains(id),
-                leader: m.current_leader == Some(*id),
-                matched_index: matched
+            .map(|(id, n)| {
+                let matched_index = matched
                     .get(id)
                     .and_then(|l| l.as_ref().map(|l| l.index))
-                    .or(if *id == m.id { m.last_log_index } else { None }),
+                    .or(if *id == m.id { m.last_log_index } else { None });
+                let me = *id == m.id;
+                let (lag, last_contact_ms, problem) = if !leading {
+                    (None, None, None)
+                } else if me {
+                    (Some(0), Some(0), None)
+                } else {
+                    let lag = m
+                        .last_log_index
+                        .map(|last| last.saturating_sub(matched_index.unwrap_or(0)));
+                    let contact = self.contacts.since_ms(*id);
+                    let problem = match contact {
+                        None => Some("unreachable: never answered".to_string()),
+                        Some(ms) if ms > unreachable_ms => Some(format!(
+                            "unreachable: no answer for {:.1} s",
+                            ms as f64 / 1000.0
+                        )),
+                        _ => match lag {
+                            Some(l) if l > LAGGING_ENTRIES => {
+                                Some(format!("lagging by {l} entries"))
+                            }
+                            _ => None,
+                        },
+                    };
+                    (lag, contact, problem)
+                };
+                Member {
+                    id: *id,
+                    name: n.name.clone(),
+                    addr: n.addr.clone(),
+                    voter: voters.contains(id),
+                    leader: m.current_leader == Some(*id),
+                    matched_index,
+                    lag,
+                    last_contact_ms,
+                    problem,
+                }
             })
             .collect();
         let leader = m
@@ -664,6 +834,7 @@ impl Api {
             last_log_index: m.last_log_index,
             applied_index: m.last_applied.map(|l| l.index),
             snapshot_index: m.snapshot.map(|l| l.index),
+            purged_index: m.purged.map(|l| l.index),
             members,
             jobs: JobState::ALL
                 .iter()

@@ -4,6 +4,8 @@
 //! D/node_id        this server's Raft node id (random, chosen once)
 //! D/tls/           node.key (0600), node.crt, ca.crt; ca.key on the bootstrap server
 //! D/gpuq.redb      the Raft log, vote and state machine, in one file
+//! D/joining        while a joined server is not yet a member: the server
+//!                  (HOST:PORT) to ask again after a restart
 //! ```
 
 use std::path::{Path, PathBuf};
@@ -52,6 +54,52 @@ impl DataDir {
                 self.tls_dir().display()
             )
         })
+    }
+
+    /// Whether this directory already belongs to a cluster (bootstrapped or joined).
+    pub fn has_cluster(&self) -> bool {
+        self.root.join("node_id").exists()
+    }
+
+    /// Keeps the identity a join got, a new node id, and the server to ask
+    /// for membership (until [`DataDir::joined`] is called).
+    pub fn save_join(
+        &self,
+        identity: &NodeIdentity,
+        via: std::net::SocketAddr,
+    ) -> anyhow::Result<u64> {
+        identity.save(&self.tls_dir())?;
+        std::fs::write(self.root.join("joining"), via.to_string())
+            .with_context(|| format!("cannot write {}", self.root.join("joining").display()))?;
+        let node_id: u64 = rand::random::<u64>() >> 1;
+        let id_path = self.root.join("node_id");
+        std::fs::write(&id_path, node_id.to_string())
+            .with_context(|| format!("cannot write {}", id_path.display()))?;
+        Ok(node_id)
+    }
+
+    /// Keeps the identity of a server restored from a backup, and a new node id.
+    pub fn save_restored(&self, identity: &NodeIdentity) -> anyhow::Result<u64> {
+        identity.save(&self.tls_dir())?;
+        let node_id: u64 = rand::random::<u64>() >> 1;
+        let id_path = self.root.join("node_id");
+        std::fs::write(&id_path, node_id.to_string())
+            .with_context(|| format!("cannot write {}", id_path.display()))?;
+        Ok(node_id)
+    }
+
+    /// The server to ask for membership, while this one is not yet a member.
+    pub fn joining(&self) -> Option<std::net::SocketAddr> {
+        std::fs::read_to_string(self.root.join("joining"))
+            .ok()?
+            .trim()
+            .parse()
+            .ok()
+    }
+
+    /// This server is a member now: restarts need ask no one.
+    pub fn joined(&self) {
+        let _ = std::fs::remove_file(self.root.join("joining"));
     }
 
     /// Makes sure the directory holds an identity and a node id. With

@@ -25,7 +25,12 @@ fn valid_node_name(name: &str) -> bool {
 }
 
 /// Checks a join request and, when it is admissible, returns the certificate.
-pub fn check(api: &Api, req: &JoinRequest, now: u64) -> Result<String, String> {
+pub fn check(
+    api: &Api,
+    boot: Option<&BootWindow>,
+    req: &JoinRequest,
+    now: u64,
+) -> Result<String, String> {
     if !valid_node_name(&req.name) {
         return Err(format!(
             "node name {:?} is not valid: use 1-63 letters, digits, '-', '_' or '.'",
@@ -37,6 +42,25 @@ pub fn check(api: &Api, req: &JoinRequest, now: u64) -> Result<String, String> {
         .cluster
         .as_ref()
         .ok_or("the cluster is still initialising: retry in a moment")?;
+    match boot {
+        Some(window) if req.token_id == super::boot::BOOT_TOKEN_ID => check_boot(api, window, req)?,
+        _ => check_token(&state, req, now)?,
+    }
+    if req.role == Role::Server {
+        if let Some(why) = super::members::name_taken(api, &req.name, None) {
+            return Err(why);
+        }
+    }
+    let ca = ClusterCa {
+        cert_pem: cluster.ca_cert_pem.clone(),
+        key_pem: cluster.ca_key_pem.clone(),
+    };
+    ca.sign_csr(&req.csr_pem, req.role, &req.name, CERT_VALIDITY_DAYS)
+        .map_err(|e| format!("the certificate request was refused: {e}"))
+}
+
+/// A token's checks: known, secret, not revoked or expired, the right role.
+fn check_token(state: &crate::state::State, req: &JoinRequest, now: u64) -> Result<(), String> {
     let token = state.tokens.get(&req.token_id).ok_or_else(|| {
         format!(
             "token {} is not known to this cluster: create one with `gpuq token create`",
@@ -67,28 +91,73 @@ pub fn check(api: &Api, req: &JoinRequest, now: u64) -> Result<String, String> {
             token.id, token.role, req.role
         ));
     }
-    let ca = ClusterCa {
-        cert_pem: cluster.ca_cert_pem.clone(),
-        key_pem: cluster.ca_key_pem.clone(),
-    };
-    ca.sign_csr(&req.csr_pem, req.role, &req.name, CERT_VALIDITY_DAYS)
-        .map_err(|e| format!("the certificate request was refused: {e}"))
+    Ok(())
+}
+
+/// While a `--bootstrap-expect` cluster forms, the seed admits servers that
+/// prove the shared secret (see `server::boot`).
+pub struct BootWindow {
+    pub secret: String,
+    pub expect: usize,
+}
+
+fn check_boot(api: &Api, window: &BootWindow, req: &JoinRequest) -> Result<(), String> {
+    let voters = api
+        .metrics()
+        .borrow()
+        .membership_config
+        .membership()
+        .voter_ids()
+        .count();
+    if voters >= window.expect {
+        return Err(format!(
+            "the cluster has formed ({voters} voters): join it with a server token \
+             (`gpuq token create --role server`)"
+        ));
+    }
+    if req.role != Role::Server {
+        return Err("the bootstrap secret admits servers only".into());
+    }
+    let ca_fp = crate::net::pki::cert_fingerprint(&api.ca_cert_pem()).map_err(|e| e.to_string())?;
+    if !super::boot::admits(&window.secret, &ca_fp, &req.secret) {
+        return Err(
+            "the bootstrap secret does not match the seed's: give every server the same one".into(),
+        );
+    }
+    Ok(())
 }
 
 /// The server's join authority.
-pub struct Admission(pub Arc<Api>);
+pub struct Admission {
+    pub api: Arc<Api>,
+    pub boot: Option<Arc<BootWindow>>,
+}
 
 #[async_trait::async_trait]
 impl JoinAuthority for Admission {
     async fn admit(&self, req: &JoinRequest, from: SocketAddr) -> Result<String, String> {
-        admit(&self.0, req, from).await
+        admit(&self.api, self.boot.as_deref(), req, from).await
+    }
+
+    fn proof(&self, req: &JoinRequest, cert_pem: &str) -> Option<String> {
+        let window = self.boot.as_ref()?;
+        if req.token_id != super::boot::BOOT_TOKEN_ID {
+            return None;
+        }
+        let ca_fp = crate::net::pki::cert_fingerprint(&self.api.ca_cert_pem()).ok()?;
+        Some(super::boot::seed_proof(&window.secret, &ca_fp, cert_pem))
     }
 }
 
 /// Answers a join request.
-async fn admit(api: &Api, req: &JoinRequest, from: SocketAddr) -> Result<String, String> {
+async fn admit(
+    api: &Api,
+    boot: Option<&BootWindow>,
+    req: &JoinRequest,
+    from: SocketAddr,
+) -> Result<String, String> {
     let now = now_ms();
-    match check(api, req, now) {
+    match check(api, boot, req, now) {
         Ok(cert_pem) => {
             // Counting uses is bookkeeping; a follower cannot write, which is fine.
             let _ = api

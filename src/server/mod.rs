@@ -6,9 +6,12 @@ mod acct;
 mod agents;
 mod api;
 mod archive;
+mod backup;
+mod boot;
 mod datadir;
 mod join;
 mod liveness;
+mod members;
 mod propose;
 mod scheduler;
 mod transport;
@@ -28,6 +31,8 @@ use crate::raft::{self, RaftNode, ServerNode};
 use crate::state::Command;
 
 pub use api::Api;
+pub use backup::restore;
+pub use boot::BootstrapPlan;
 pub use datadir::DataDir;
 
 /// How this server process joins the control plane.
@@ -35,6 +40,11 @@ pub use datadir::DataDir;
 pub struct ServerOptions {
     /// Create the cluster (CA, first voter) if the data dir is empty.
     pub bootstrap: bool,
+    /// Join the cluster through this server with this (server) token if the
+    /// data dir is empty; ignored once it holds a cluster.
+    pub join: Option<(SocketAddr, String)>,
+    /// Form a cluster with these peers, all started at once.
+    pub bootstrap_plan: Option<BootstrapPlan>,
 }
 
 /// A running server, for in-process use (`gpuq dev`, tests).
@@ -60,9 +70,16 @@ fn raft_config(cfg: &ServerConfig) -> anyhow::Result<openraft::Config> {
         election_timeout_min: cfg.raft.election_timeout_min_ms,
         election_timeout_max: cfg.raft.election_timeout_max_ms,
         max_payload_entries: cfg.raft.max_payload_entries,
+        // Snapshots go in chunks of openraft's 3 MiB (well inside the 16 MiB
+        // frame cap); the last chunk's answer waits until the receiver has
+        // installed the whole state, which takes seconds at 100,000 jobs.
+        // openraft's 200 ms would resend the snapshot again and again.
+        install_snapshot_timeout: 30_000,
         snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(cfg.raft.snapshot_after_logs),
-        max_in_snapshot_log_to_keep: 1000,
-        purge_batch_size: 256,
+        max_in_snapshot_log_to_keep: cfg.raft.logs_kept_after_snapshot,
+        // Purge in batches small against the snapshot interval, so the log
+        // on disk stays near snapshot_after_logs + logs_kept_after_snapshot.
+        purge_batch_size: (cfg.raft.snapshot_after_logs / 4).clamp(1, 256),
         ..Default::default()
     };
     Ok(c.validate()?)
@@ -76,6 +93,43 @@ pub async fn start(
     shutdown: watch::Receiver<bool>,
 ) -> anyhow::Result<RunningServer> {
     let dir = DataDir::open(&cfg.data_dir)?;
+    let mut opts = opts;
+    let mut boot_window = None;
+    if let Some(plan) = &opts.bootstrap_plan {
+        if opts.bootstrap || opts.join.is_some() {
+            anyhow::bail!("--bootstrap-expect excludes --bootstrap and --join");
+        }
+        let me = cfg.advertise_addr()?;
+        plan.check(me)?;
+        if plan.seed() == me {
+            opts.bootstrap = true;
+            boot_window = Some(Arc::new(join::BootWindow {
+                secret: plan.secret.trim().to_string(),
+                expect: plan.expect,
+            }));
+        } else if !dir.has_cluster() {
+            tracing::info!(seed = %plan.seed(), "joining the seed server of the new cluster");
+            let identity = boot::join_seed(plan, &cfg.node_name).await?;
+            dir.save_join(&identity, plan.seed())?;
+        }
+    }
+    if let Some((via, token)) = &opts.join {
+        if dir.has_cluster() {
+            tracing::info!(data_dir = %cfg.data_dir.display(), "this server already belongs to a cluster; --join is ignored");
+        } else {
+            if opts.bootstrap {
+                anyhow::bail!("--bootstrap and --join exclude each other: bootstrap the first server, join the others");
+            }
+            let token =
+                crate::net::token::JoinToken::parse(token).context("the --token is not usable")?;
+            let identity =
+                crate::net::join(*via, &token, crate::model::Role::Server, &cfg.node_name)
+                    .await
+                    .with_context(|| format!("joining the cluster at {via} failed"))?;
+            dir.save_join(&identity, *via)?;
+            tracing::info!(node = %cfg.node_name, server = %via, "got a server certificate; asking to become a member");
+        }
+    }
     let boot = dir.prepare(&cfg, opts.bootstrap)?;
     let identity = dir.identity()?;
     let advertise = cfg.advertise_addr()?;
@@ -94,8 +148,11 @@ pub async fn start(
     let quic_addr = endpoint.local_addr()?;
     let endpoint = Arc::new(endpoint);
 
-    let network =
-        raft::network::Network::new(Arc::new(transport::QuicRaftNetwork::new(endpoint.clone())));
+    let contacts = Arc::new(transport::PeerContacts::default());
+    let network = raft::network::Network::new(Arc::new(transport::QuicRaftNetwork::new(
+        endpoint.clone(),
+        contacts.clone(),
+    )));
     let node = raft::open(&dir.db_path(), boot.node_id, raft_config(&cfg)?, network)
         .await
         .context("cannot open the Raft store")?;
@@ -110,12 +167,15 @@ pub async fn start(
             .context("cannot initialise the Raft group")?;
     }
 
-    let api = Arc::new(Api::new(
-        cfg.clone(),
-        node.clone(),
-        endpoint.clone(),
-        identity.clone(),
-    ));
+    let api = Arc::new(
+        Api::new(
+            cfg.clone(),
+            node.clone(),
+            endpoint.clone(),
+            identity.clone(),
+        )
+        .with_contacts(contacts),
+    );
 
     // The cluster identity (CA) enters the replicated state once, through the
     // log, as soon as this server leads. Nothing is served before it is
@@ -153,6 +213,7 @@ pub async fn start(
         let endpoint = endpoint.clone();
         let api = api.clone();
         let raft = node.raft.clone();
+        let boot_window = boot_window.clone();
         let mut shutdown = shutdown.clone();
         tokio::spawn(async move {
             loop {
@@ -163,6 +224,7 @@ pub async fn start(
                 let Some(peer) = peer else { break };
                 let api = api.clone();
                 let raft = raft.clone();
+                let boot_window = boot_window.clone();
                 tokio::spawn(async move {
                     let alpn = peer.alpn.clone();
                     if alpn == ALPN_RAFT {
@@ -190,7 +252,11 @@ pub async fn start(
                         agents::serve(api, hub, peer).await;
                     } else if alpn == ALPN_JOIN {
                         let ca_pem = api.ca_cert_pem();
-                        crate::net::serve_join(peer, Arc::new(join::Admission(api)), ca_pem).await;
+                        let admission = join::Admission {
+                            api,
+                            boot: boot_window,
+                        };
+                        crate::net::serve_join(peer, Arc::new(admission), ca_pem).await;
                     }
                 });
             }
@@ -233,6 +299,16 @@ pub async fn start(
             }),
             shutdown.clone(),
         ));
+    }
+
+    // A joined server that is not yet a member asks for it (again after a
+    // restart), now that it serves Raft: the leader replicates to it while
+    // the request is in flight.
+    if let Some(via) = dir.joining() {
+        members::request_membership(&endpoint, via, boot.node_id, &cfg.node_name, advertise)
+            .await?;
+        dir.joined();
+        tracing::info!(node = %cfg.node_name, "this server is a voter now");
     }
 
     let ca_fingerprint = identity.ca_fingerprint()?;

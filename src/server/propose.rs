@@ -62,6 +62,13 @@ async fn run(raft: GpuqRaft, mut rx: mpsc::Receiver<(Command, Reply)>, stats: Ar
                 Err(_) => break,
             }
         }
+        // A caller that gave up waiting (its write timed out behind a
+        // proposal that could not commit) was told the outcome is unknown;
+        // proposing it now would only surprise it later.
+        batch.retain(|(_, reply)| !reply.is_closed());
+        if batch.is_empty() {
+            continue;
+        }
         stats.entries.fetch_add(1, Ordering::Relaxed);
         stats
             .commands

@@ -9,14 +9,33 @@ use crate::net::{rpc, DEFAULT_MAX_FRAME};
 use crate::raft::network::{RaftRequest, RaftResponse, RaftTransport};
 use crate::raft::ServerNode;
 
+/// When each peer last answered a Raft request of this server: the leader's
+/// "last contact" with its followers, for `gpuq cluster`.
+#[derive(Default)]
+pub struct PeerContacts(std::sync::Mutex<std::collections::HashMap<u64, std::time::Instant>>);
+
+impl PeerContacts {
+    fn record(&self, id: u64) {
+        let mut m = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        m.insert(id, std::time::Instant::now());
+    }
+
+    /// Milliseconds since `id` last answered, if it ever did.
+    pub fn since_ms(&self, id: u64) -> Option<u64> {
+        let m = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        m.get(&id).map(|t| t.elapsed().as_millis() as u64)
+    }
+}
+
 /// The Raft transport of a server: its own QUIC endpoint dials the peers.
 pub struct QuicRaftNetwork {
     endpoint: Arc<Endpoint>,
+    contacts: Arc<PeerContacts>,
 }
 
 impl QuicRaftNetwork {
-    pub fn new(endpoint: Arc<Endpoint>) -> QuicRaftNetwork {
-        QuicRaftNetwork { endpoint }
+    pub fn new(endpoint: Arc<Endpoint>, contacts: Arc<PeerContacts>) -> QuicRaftNetwork {
+        QuicRaftNetwork { endpoint, contacts }
     }
 }
 
@@ -24,7 +43,7 @@ impl QuicRaftNetwork {
 impl RaftTransport for QuicRaftNetwork {
     async fn call(
         &self,
-        _target: u64,
+        target: u64,
         node: &ServerNode,
         req: RaftRequest,
     ) -> Result<RaftResponse, String> {
@@ -39,8 +58,10 @@ impl RaftTransport for QuicRaftNetwork {
             .dial(addr, ALPN_RAFT, &[Role::Server])
             .await
             .map_err(|e| e.to_string())?;
-        rpc::call::<RaftRequest, RaftResponse>(&peer.conn, &req, DEFAULT_MAX_FRAME)
+        let resp = rpc::call::<RaftRequest, RaftResponse>(&peer.conn, &req, DEFAULT_MAX_FRAME)
             .await
-            .map_err(|e| e.to_string())
+            .map_err(|e| e.to_string())?;
+        self.contacts.record(target);
+        Ok(resp)
     }
 }

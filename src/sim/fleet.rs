@@ -313,7 +313,7 @@ pub async fn start_fleet(
         let runner = Arc::new(SimRunner::new(opts.compression).map_err(anyhow::Error::msg)?);
         let agent = Arc::new(ComputeAgent {
             endpoint: Arc::new(endpoint),
-            servers: vec![opts.join],
+            servers: Arc::new(crate::agent::servers::ServerList::fixed(vec![opts.join])),
             inventory,
             advertise: None,
             runner: runner.clone() as Arc<dyn TaskRunner>,

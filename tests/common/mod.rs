@@ -3,6 +3,12 @@
 
 #![allow(dead_code)]
 
+pub mod history;
+pub mod netns;
+mod servers;
+#[allow(unused_imports)]
+pub use servers::ServerSet;
+
 use std::net::UdpSocket;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -58,7 +64,17 @@ pub struct Server {
     pub socket: PathBuf,
     /// Seconds of agent silence before a node is down.
     pub node_ttl_secs: u64,
-    /// More `[server]` keys, one `key = value` per line.
+    /// The address it listens on: 127.0.0.1, or its namespace's address.
+    pub host: String,
+    /// The network namespace it runs in (see `netns`), if any.
+    pub netns: Option<String>,
+    /// The server's node name.
+    pub name: String,
+    /// How it enters the cluster on its next start (`--bootstrap`, or
+    /// `--join ADDR --token T` until it has joined, then nothing).
+    pub mode: Vec<String>,
+    /// More config lines after `[server]`'s node_ttl_secs: `key = value`
+    /// lines, then tables (e.g. `[server.raft]`).
     pub extra_config: String,
     child: Option<Child>,
 }
@@ -67,6 +83,15 @@ impl Server {
     /// Bootstraps a one-server cluster in `dir` and waits until it accepts writes.
     pub fn bootstrap(dir: &Path) -> Server {
         Server::bootstrap_with_ttl(dir, 10)
+    }
+
+    /// Bootstraps with `extra` config lines (e.g. a `[server.raft]` table).
+    pub fn bootstrap_with(dir: &Path, extra: &str) -> Server {
+        let mut s = Server::joining(dir, "s1", "", "");
+        s.mode = vec!["--bootstrap".into()];
+        s.extra_config = extra.into();
+        s.start();
+        s
     }
 
     /// Bootstraps with a node TTL of `node_ttl_secs`.
@@ -82,11 +107,96 @@ impl Server {
             port: free_port(),
             socket: dir.join("gpuq.sock"),
             node_ttl_secs,
+            host: "127.0.0.1".into(),
+            netns: None,
+            name: "s1".into(),
+            mode: vec!["--bootstrap".into()],
             extra_config: extra.to_string(),
             child: None,
         };
         s.start();
         s
+    }
+
+    /// A server that will join through `via` with `token` under `name`; not
+    /// started yet (see [`Server::start`] and [`Server::run_to_exit`]).
+    pub fn joining(dir: &Path, name: &str, via: &str, token: &str) -> Server {
+        std::fs::create_dir_all(dir).expect("server dir");
+        Server {
+            dir: dir.to_path_buf(),
+            port: free_port(),
+            socket: dir.join("gpuq.sock"),
+            node_ttl_secs: 10,
+            name: name.into(),
+            mode: vec!["--join".into(), via.into(), "--token".into(), token.into()],
+            extra_config: String::new(),
+            host: "127.0.0.1".into(),
+            netns: None,
+            child: None,
+        }
+    }
+
+    /// Joins the cluster of `via` with `token` as `name` and waits until this
+    /// server is a voter.
+    pub fn join(dir: &Path, name: &str, via: &Server, token: &str) -> Server {
+        Server::join_with(dir, name, via, token, &via.extra_config)
+    }
+
+    /// Like [`Server::join`], with `extra` config lines.
+    pub fn join_with(dir: &Path, name: &str, via: &Server, token: &str, extra: &str) -> Server {
+        let mut s = Server::joining(dir, name, &via.addr(), token);
+        s.extra_config = extra.into();
+        s.start();
+        s.wait_voter(name);
+        // The data dir holds the identity and the membership now.
+        s.mode.clear();
+        s
+    }
+
+    /// Starts the process and waits for it to exit (a refused start): its
+    /// exit status and log.
+    pub fn run_to_exit(&mut self) -> (std::process::ExitStatus, String) {
+        self.spawn();
+        let mut child = self.child.take().expect("spawned");
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Ok(Some(st)) = child.try_wait() {
+                return (st, self.log());
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("gpuq server did not exit in 60 s\n{}", self.log());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// `gpuq cluster --json` from this server, parsed (Null when it fails).
+    pub fn status(&self) -> serde_json::Value {
+        let out = self.cli(&["cluster", "--json"]);
+        serde_json::from_slice(&out.stdout).unwrap_or_default()
+    }
+
+    /// Waits until this server's view lists `name` as a voter.
+    pub fn wait_voter(&self, name: &str) {
+        let start = Instant::now();
+        loop {
+            let v = self.status();
+            let voter = v["members"]
+                .as_array()
+                .is_some_and(|ms| ms.iter().any(|m| m["name"] == name && m["voter"] == true));
+            if voter && !v["leader"].is_null() {
+                return;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(120),
+                "{name} did not become a voter in 120 s: {v}\n--- log of {} ---\n{}",
+                self.name,
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
     }
 
     /// Starts the process without waiting for it to lead.
@@ -105,13 +215,14 @@ impl Server {
             .append(true)
             .open(self.dir.join("server.log"))
             .expect("log file");
-        let child = Command::new(gpuq_bin())
-            .args(["server", "--bootstrap", "--node-name", "s1"])
+        let child = in_netns(self.netns.as_deref())
+            .args(["server", "--node-name", &self.name])
+            .args(&self.mode)
             .arg("--config")
             .arg(&cfg)
             .arg("--data-dir")
             .arg(self.dir.join("data"))
-            .args(["--listen", &format!("127.0.0.1:{}", self.port)])
+            .args(["--listen", &self.addr()])
             .arg("--socket")
             .arg(&self.socket)
             .env("GPUQ_LOG", "info")
@@ -127,6 +238,11 @@ impl Server {
     /// with the cluster initialised.
     pub fn start(&mut self) {
         self.spawn();
+        self.wait_ready();
+    }
+
+    /// Waits until this server sees a leader and an initialised cluster.
+    pub fn wait_ready(&self) {
         let sock = self.socket.clone();
         wait_for(
             "the server to lead an initialised cluster",
@@ -161,7 +277,7 @@ impl Server {
     }
 
     pub fn addr(&self) -> String {
-        format!("127.0.0.1:{}", self.port)
+        format!("{}:{}", self.host, self.port)
     }
 
     /// Runs a client command against this server's socket.
@@ -199,6 +315,15 @@ impl Drop for Server {
             let _ = c.kill();
             let _ = c.wait();
         }
+    }
+}
+
+/// A command for the gpuq binary, run inside network namespace `netns` when
+/// one is given.
+pub fn in_netns(netns: Option<&str>) -> Command {
+    match netns {
+        Some(ns) => netns::Net::command(ns, &gpuq_bin()),
+        None => Command::new(gpuq_bin()),
     }
 }
 
@@ -358,6 +483,8 @@ pub struct Agent {
     child: Option<Child>,
     join: String,
     token: String,
+    /// The network namespace it runs in, if any.
+    pub netns: Option<String>,
 }
 
 impl Agent {
@@ -375,6 +502,19 @@ impl Agent {
         token: &str,
         extra: &str,
     ) -> Agent {
+        Agent::start_in(server, dir, name, gpus, token, extra, None)
+    }
+
+    /// Like `start_with`, inside network namespace `netns` when given.
+    pub fn start_in(
+        server: &Server,
+        dir: &Path,
+        name: &str,
+        gpus: u32,
+        token: &str,
+        extra: &str,
+        netns: Option<&str>,
+    ) -> Agent {
         std::fs::create_dir_all(dir).unwrap();
         let cfg = format!(
             "[agent]\nnode_name = \"{name}\"\ndata_dir = \"{d}/data\"\nsocket = \"{d}/agent.sock\"\n\
@@ -389,6 +529,7 @@ impl Agent {
             child: None,
             join: server.addr(),
             token: token.to_string(),
+            netns: netns.map(str::to_string),
         };
         a.spawn();
         let name = a.name.clone();
@@ -420,7 +561,7 @@ impl Agent {
             .append(true)
             .open(self.dir.join("agent.log"))
             .unwrap();
-        let child = Command::new(gpuq_bin())
+        let child = in_netns(self.netns.as_deref())
             .arg("agent")
             .arg("--config")
             .arg(self.dir.join("agent.toml"))

@@ -1,0 +1,177 @@
+//! Control-plane failover with real processes on loopback: three `gpuq
+//! server` processes (fast Raft timings: heartbeat 50 ms, election timeout
+//! 300-600 ms) and one agent with fake GPUs. Each round SIGKILLs the leader
+//! and measures, from the kill:
+//!
+//! - new leader accepting writes: a survivor reports itself leader and a
+//!   submit sent to its own socket is acknowledged (committed);
+//! - first scheduling decision: that job is scheduled (no longer PENDING) on
+//!   the new leader.
+//!
+//! The killed server is restarted and rejoins before the next round.
+//! Prints p50/p99 over the rounds; asserts nothing. Writes
+//! target/bench/failover.json.
+//!
+//! Knobs: GPUQ_BENCH_KILLS (default 20; 3 with GPUQ_BENCH_SMOKE=1).
+//! Run: `cargo bench --bench failover`.
+
+#[path = "../tests/common/mod.rs"]
+mod common;
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use common::{Agent, ServerSet};
+use gpuq::model::{JobId, JobSpec, JobState, Program};
+use gpuq::net::local::LocalClient;
+use gpuq::net::proto::{ApiRequest, ApiResponse};
+
+const RAFT_FAST: &str =
+    "[server.raft]\nheartbeat_ms = 50\nelection_timeout_min_ms = 300\nelection_timeout_max_ms = 600\n";
+
+fn spec(name: &str) -> JobSpec {
+    JobSpec {
+        name: name.into(),
+        nodes: 1,
+        ntasks_per_node: 1,
+        gpus_per_node: 1,
+        cpus_per_task: 1,
+        mem_per_node_mb: None,
+        time_limit_secs: Some(600),
+        account: None,
+        partition: None,
+        output: None,
+        error: None,
+        workdir: "/tmp".into(),
+        env: vec![("PATH".into(), "/usr/bin:/bin".into())],
+        export: Default::default(),
+        requeue: Default::default(),
+        max_restarts: 3,
+        total_gpus: None,
+        placement: Default::default(),
+        program: Program::Command {
+            argv: vec!["true".into()],
+        },
+    }
+}
+
+async fn call(socket: &Path, req: &ApiRequest) -> Option<ApiResponse> {
+    let attempt = async {
+        let mut c = LocalClient::connect(socket).await.ok()?;
+        c.call(req).await.ok()
+    };
+    tokio::time::timeout(Duration::from_secs(2), attempt)
+        .await
+        .ok()
+        .flatten()
+}
+
+fn pct(v: &[f64], p: f64) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    v[((v.len() as f64 - 1.0) * p).round() as usize]
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let smoke = std::env::var_os("GPUQ_BENCH_SMOKE").is_some();
+    let kills: usize = std::env::var("GPUQ_BENCH_KILLS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(if smoke { 3 } else { 20 });
+    let dir = tempfile::tempdir().unwrap();
+    let mut set = ServerSet::start_with(&dir.path().join("servers"), 3, RAFT_FAST);
+    let li = set.leader();
+    let token = set.servers[li].ok(&["token", "create"]).trim().to_string();
+    let _agent = Agent::start(&set.servers[li], &dir.path().join("n1"), "n1", 8, &token);
+
+    let mut to_write = Vec::new();
+    let mut to_schedule = Vec::new();
+    for round in 0..kills {
+        let old = set.leader();
+        let killed_at = Instant::now();
+        set.servers[old].kill();
+        // Poll the survivors' own views until one leads and takes a write.
+        let (leader, id, wrote) = 'found: loop {
+            for (i, s) in set.servers.iter().enumerate() {
+                if i == old {
+                    continue;
+                }
+                let Some(ApiResponse::Cluster { status }) =
+                    call(&s.socket, &ApiRequest::Cluster).await
+                else {
+                    continue;
+                };
+                if status.leader.as_deref() != Some(status.answered_by.as_str()) {
+                    continue;
+                }
+                let submit = ApiRequest::Submit {
+                    spec: Box::new(spec(&format!("probe-{round}"))),
+                };
+                if let Some(ApiResponse::Submitted { id }) = call(&s.socket, &submit).await {
+                    break 'found (i, id, killed_at.elapsed());
+                }
+            }
+            assert!(
+                killed_at.elapsed() < Duration::from_secs(60),
+                "no new leader took a write within 60 s"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        };
+        let scheduled = loop {
+            if let Some(ApiResponse::Job { job }) = call(
+                &set.servers[leader].socket,
+                &ApiRequest::Show { id: JobId(id.0) },
+            )
+            .await
+            {
+                if job.state != JobState::Pending {
+                    break killed_at.elapsed();
+                }
+            }
+            assert!(
+                killed_at.elapsed() < Duration::from_secs(60),
+                "the probe job was not scheduled within 60 s"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        };
+        to_write.push(wrote.as_secs_f64() * 1000.0);
+        to_schedule.push(scheduled.as_secs_f64() * 1000.0);
+        eprintln!(
+            "round {round}: write after {:.0} ms, scheduled after {:.0} ms",
+            wrote.as_secs_f64() * 1000.0,
+            scheduled.as_secs_f64() * 1000.0
+        );
+        set.servers[old].start();
+        set.wait_members(3);
+    }
+
+    println!(
+        "failover over {kills} leader SIGKILLs (3 servers, loopback, election timeout 300-600 ms)"
+    );
+    println!("{:<44} {:>9} {:>9}", "from the kill to", "p50 ms", "p99 ms");
+    println!(
+        "{:<44} {:>9.0} {:>9.0}",
+        "new leader accepting writes",
+        pct(&to_write, 0.5),
+        pct(&to_write, 0.99)
+    );
+    println!(
+        "{:<44} {:>9.0} {:>9.0}",
+        "first scheduling decision",
+        pct(&to_schedule, 0.5),
+        pct(&to_schedule, 0.99)
+    );
+    let json = serde_json::json!({
+        "kills": kills,
+        "write_ms": { "p50": pct(&to_write, 0.5), "p99": pct(&to_write, 0.99), "all": to_write },
+        "schedule_ms": { "p50": pct(&to_schedule, 0.5), "p99": pct(&to_schedule, 0.99), "all": to_schedule },
+    });
+    let out = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/bench");
+    std::fs::create_dir_all(&out).unwrap();
+    std::fs::write(
+        out.join("failover.json"),
+        serde_json::to_vec_pretty(&json).unwrap(),
+    )
+    .unwrap();
+}
