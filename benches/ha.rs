@@ -38,6 +38,8 @@ fn spec() -> JobSpec {
         max_restarts: 3,
         total_gpus: None,
         placement: Default::default(),
+        queue: Default::default(),
+        signal: None,
         program: Program::Command {
             argv: vec!["true".into()],
         },
@@ -98,7 +100,7 @@ async fn steady(socket: &Path, jobs: usize) {
                     for _ in 0..per {
                         ids.push(submit(&mut c).await);
                     }
-                    match c.call(&ApiRequest::Cancel { ids }).await {
+                    match c.call(&ApiRequest::Cancel { ids, tasks: vec![] }).await {
                         Ok(ApiResponse::Cancelled { .. }) => {}
                         other => panic!("cancel failed: {other:?}"),
                     }
