@@ -51,6 +51,8 @@ fn spec(gpus: u32, user: u64) -> JobSpec {
         max_restarts: 3,
         total_gpus: None,
         placement: Default::default(),
+        queue: Default::default(),
+        signal: None,
         program: Program::Command {
             argv: vec!["python".into(), "train.py".into()],
         },
