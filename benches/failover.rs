@@ -49,6 +49,8 @@ fn spec(name: &str) -> JobSpec {
         max_restarts: 3,
         total_gpus: None,
         placement: Default::default(),
+        queue: Default::default(),
+        signal: None,
         program: Program::Command {
             argv: vec!["true".into()],
         },
@@ -121,7 +123,10 @@ async fn main() {
         let scheduled = loop {
             if let Some(ApiResponse::Job { job }) = call(
                 &set.servers[leader].socket,
-                &ApiRequest::Show { id: JobId(id.0) },
+                &ApiRequest::Show {
+                    id: JobId(id.0),
+                    task: None,
+                },
             )
             .await
             {
