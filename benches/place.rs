@@ -64,6 +64,7 @@ fn job(id: u64, nodes: u32, gpus: u32) -> PendingJob {
         priority: 0,
         total_gpus: None,
         placement: Default::default(),
+        previous: Vec::new(),
     }
 }
 

@@ -36,6 +36,7 @@ mod constraints;
 mod cpus;
 mod gpus;
 mod plan;
+mod restart;
 mod topology;
 mod view;
 
@@ -103,7 +104,7 @@ pub fn plan_with(view: &ClusterView, now: Millis, packing: Packing) -> Plan {
     let mut allowed: BTreeMap<&Placement, Vec<bool>> = BTreeMap::new();
 
     let mut queue: Vec<&PendingJob> = view.pending.iter().collect();
-    queue.sort_by_key(|j| (Reverse(j.priority), j.submit_time, j.id));
+    queue.sort_by_key(|j| queue_key(j));
 
     let mut out = Plan::default();
     let mut blocked = false;
@@ -139,6 +140,19 @@ pub fn plan_with(view: &ClusterView, now: Millis, packing: Packing) -> Plan {
         }
     }
     out
+}
+
+/// A job's place in the queue, first first: priority, then a restarting job
+/// (requeued after a failure, [`PendingJob::previous`]) ahead of others of
+/// its priority, so it goes back to the head of the queue, then submit time
+/// and id.
+pub(crate) fn queue_key(job: &PendingJob) -> (Reverse<i64>, bool, Millis, crate::model::JobId) {
+    (
+        Reverse(job.priority),
+        job.previous.is_empty(),
+        job.submit_time,
+        job.id,
+    )
 }
 
 /// Up nodes, sorted by name (a repeated name keeps its first entry).
@@ -253,32 +267,27 @@ impl<'v> Pool<'v> {
             })
             .collect();
         let strict = job.placement.topology;
-        let chosen: Vec<usize> = match (packing, strict) {
-            (_, _) if want == 1 && packing == Packing::FirstFit => vec![0],
-            (_, _) if want == 1 => {
-                // Best fit: least left free; names are unique, so the order is total.
-                let best = (0..fits.len()).min_by_key(|&f| (fits[f].left, fits[f].name));
-                best.into_iter().collect()
-            }
-            (Packing::FirstFit, None) => (0..want).collect(),
-            (_, strict) => topology::choose_gang(&fits, want, strict.map(|t| t.levels_up()))
-                .ok_or(match strict {
-                    Some(level) => PendingReason::Topology(level),
-                    None => PendingReason::Resources,
-                })?,
+        let levels_up = strict.map(|t| t.levels_up());
+        // A restarting gang keeps its healthy nodes at their ranks.
+        let kept = restart::keep_healthy(&job.previous, &fits, want, levels_up);
+        let chosen: Vec<usize> = match kept {
+            Some(ranks) => ranks.into_iter().map(|f| fitting[f]).collect(),
+            None => self.choose(&fits, &fitting, want, strict, packing)?,
         };
-        let mut chosen: Vec<usize> = chosen.into_iter().map(|f| fitting[f]).collect();
-        // Node ranks in topology-path, then name, order: rank 0 (MASTER_ADDR)
-        // is the first, and a leaf's nodes are neighbouring ranks.
-        chosen.sort_by_key(|&i| {
-            let v = self.nodes[i].view;
-            (v.inventory.topology.as_str(), v.name.as_str())
-        });
         let nodes = chosen
             .into_iter()
-            .map(|i| {
+            .enumerate()
+            .map(|(rank, i)| {
                 let n = &self.nodes[i];
-                let gpus = pick_gpus(&n.view.inventory, &n.gpus, shape.gpus)?;
+                let again = job
+                    .previous
+                    .get(rank)
+                    .filter(|p| p.node == n.view.name)
+                    .and_then(|p| restart::same_gpus(p, &n.gpus, shape.gpus));
+                let gpus = match again {
+                    Some(gpus) => gpus,
+                    None => pick_gpus(&n.view.inventory, &n.gpus, shape.gpus)?,
+                };
                 let gpus_left: BTreeSet<u32> = n
                     .gpus
                     .iter()
@@ -299,6 +308,42 @@ impl<'v> Pool<'v> {
             .collect::<Option<Vec<_>>>()
             .ok_or(PendingReason::Resources)?;
         Ok(Allocation { job: job.id, nodes })
+    }
+
+    /// The nodes (positions into `self.nodes`, in rank order) a job placed
+    /// from scratch goes to: `fits` are the `fitting` nodes with what each
+    /// would have left.
+    fn choose(
+        &self,
+        fits: &[topology::Fit],
+        fitting: &[usize],
+        want: usize,
+        strict: Option<crate::model::TopologyRequirement>,
+        packing: Packing,
+    ) -> Result<Vec<usize>, PendingReason> {
+        let chosen: Vec<usize> = match (packing, strict) {
+            (_, _) if want == 1 && packing == Packing::FirstFit => vec![0],
+            (_, _) if want == 1 => {
+                // Best fit: least left free; names are unique, so the order is total.
+                let best = (0..fits.len()).min_by_key(|&f| (fits[f].left, fits[f].name));
+                best.into_iter().collect()
+            }
+            (Packing::FirstFit, None) => (0..want).collect(),
+            (_, strict) => topology::choose_gang(fits, want, strict.map(|t| t.levels_up())).ok_or(
+                match strict {
+                    Some(level) => PendingReason::Topology(level),
+                    None => PendingReason::Resources,
+                },
+            )?,
+        };
+        let mut chosen: Vec<usize> = chosen.into_iter().map(|f| fitting[f]).collect();
+        // Node ranks in topology-path, then name, order: rank 0 (MASTER_ADDR)
+        // is the first, and a leaf's nodes are neighbouring ranks.
+        chosen.sort_by_key(|&i| {
+            let v = self.nodes[i].view;
+            (v.inventory.topology.as_str(), v.name.as_str())
+        });
+        Ok(chosen)
     }
 
     /// Takes what `alloc` holds out of the pool.

@@ -204,6 +204,12 @@ pub struct PendingJob {
     /// Where the job may run.
     #[serde(default)]
     pub placement: Placement,
+    /// When the job restarts after a requeue: where its last attempt ran, in
+    /// rank order. The pass keeps those of these nodes that can still take
+    /// it, at their ranks (in-place restart), and puts the job at the head of
+    /// its priority. Empty for a job that has not run.
+    #[serde(default)]
+    pub previous: Vec<NodeAllocation>,
 }
 
 impl PendingJob {
@@ -259,6 +265,12 @@ impl From<&Job> for PendingJob {
             priority: 0,
             total_gpus: job.spec.total_gpus,
             placement: job.spec.placement.clone(),
+            previous: match (&job.run, job.state) {
+                (Some(run), crate::model::JobState::Pending) if job.restart_count > 0 => {
+                    run.allocation.nodes.clone()
+                }
+                _ => Vec::new(),
+            },
         }
     }
 }

@@ -8,6 +8,7 @@ mod constraints;
 mod fragmentation;
 mod packing;
 mod props;
+mod restart;
 mod scenarios;
 mod topology;
 
@@ -228,6 +229,7 @@ pub fn job(id: u64) -> JobBuilder {
             priority: 0,
             total_gpus: None,
             placement: Placement::default(),
+            previous: Vec::new(),
         },
     }
 }
@@ -286,6 +288,21 @@ impl JobBuilder {
     }
     pub fn topology(mut self, level: TopologyRequirement) -> Self {
         self.job.placement.topology = Some(level);
+        self
+    }
+    /// A restart: the last attempt ran on these nodes (rank order) and GPUs,
+    /// with 1 CPU and 1 GiB each.
+    pub fn previous(mut self, nodes: &[(&str, &[u32])]) -> Self {
+        self.job.previous = nodes
+            .iter()
+            .map(|(n, g)| NodeAllocation {
+                node: n.to_string(),
+                gpus: g.to_vec(),
+                cpus: Vec::new(),
+                cpu_count: 1,
+                memory_mb: 1024,
+            })
+            .collect();
         self
     }
     pub fn build(self) -> PendingJob {
@@ -359,6 +376,19 @@ impl Scenario {
         self
     }
 
+    /// Changes the scenario in place (for what a builder does not say).
+    pub fn tap(mut self, f: impl FnOnce(&mut Scenario)) -> Scenario {
+        f(&mut self);
+        self
+    }
+
+    /// Sets the state of node `name`.
+    pub fn node_state(&mut self, name: &str, state: NodeState) {
+        let node = self.view.nodes.iter_mut().find(|n| n.name == name);
+        node.unwrap_or_else(|| panic!("scenario: no node {name}"))
+            .state = state;
+    }
+
     /// Plans once and checks what every plan must hold (see [`assert_sound`]).
     pub fn run(&self) -> Outcome {
         let plan = plan(&self.view, self.now);
@@ -415,7 +445,7 @@ pub fn assert_sound(view: &ClusterView, plan: &Plan) {
             .iter()
             .find(|j| j.id == id)
             .expect("pending job");
-        (std::cmp::Reverse(j.priority), j.submit_time, j.id)
+        super::queue_key(j)
     };
     if let Some(head) = plan
         .pending
