@@ -91,7 +91,11 @@ fn main() {
     }
     let mut pending = vec![job(1, 64, 8)];
     pending.extend((2..=1001).map(|id| job(id, 1, [1, 2, 4][id as usize % 3])));
-    let view = ClusterView { nodes, pending };
+    let view = ClusterView {
+        nodes,
+        pending,
+        master_ports: None,
+    };
 
     let first = plan(&view, 0);
     let gang: Option<&Allocation> = first.allocations.iter().find(|a| a.job == JobId(1));
@@ -127,6 +131,7 @@ fn main() {
     let alone = ClusterView {
         nodes: view.nodes.clone(),
         pending: vec![job(1, 64, 8)],
+        master_ports: None,
     };
     let mut times: Vec<Duration> = (0..passes)
         .map(|_| {

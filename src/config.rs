@@ -41,6 +41,9 @@ pub struct ServerConfig {
     pub admin_group: Option<String>,
     /// A node whose agent is silent this long is declared down.
     pub node_ttl_secs: u64,
+    /// Where MASTER_PORT is chosen from; taken into the cluster's state
+    /// when this server bootstraps it.
+    pub master_port_range: crate::model::PortRange,
     pub raft: RaftConfig,
 }
 
@@ -115,6 +118,7 @@ impl Default for ServerConfig {
             socket: "/run/gpuq/gpuq.sock".into(),
             admin_group: None,
             node_ttl_secs: 10,
+            master_port_range: Default::default(),
             raft: RaftConfig::default(),
         }
     }

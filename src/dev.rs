@@ -95,6 +95,7 @@ pub async fn start(
         socket: socket.clone(),
         admin_group: None,
         node_ttl_secs: 10,
+        master_port_range: Default::default(),
         raft: Default::default(),
     };
     let server = crate::server::start(

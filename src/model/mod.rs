@@ -5,11 +5,13 @@
 pub mod hostlist;
 mod job;
 mod node;
+mod ports;
 mod token;
 
 pub use hostlist::{expand_hostlist, HostlistError};
 pub use job::*;
 pub use node::*;
+pub use ports::{PortRange, PortRangeError};
 pub use token::*;
 
 /// Milliseconds since the Unix epoch. The leader stamps it into commands; apply

@@ -96,7 +96,7 @@ pub fn plan_with(view: &ClusterView, now: Millis, packing: Packing) -> Plan {
             cap: n.capacity(),
         })
         .collect();
-    let mut pool = Pool::new(&up);
+    let mut pool = Pool::new(&up, view.master_ports);
     // Satisfiability depends only on the request; queues repeat requests a lot.
     type Request<'j> = (u32, Shape, Option<u32>, &'j Placement);
     let mut verdicts: BTreeMap<Request, Result<Resolved, String>> = BTreeMap::new();
@@ -181,6 +181,8 @@ struct FreeNode<'v> {
     /// worked out only where a job lands, not for every node of every pass.
     cpu_ids_taken: BTreeSet<u32>,
     memory_mb: u64,
+    /// MASTER_PORTs still free for a job with its rank 0 here.
+    ports: u32,
 }
 
 impl FreeNode<'_> {
@@ -194,7 +196,7 @@ impl FreeNode<'_> {
 }
 
 impl<'v> Pool<'v> {
-    fn new(up: &[&'v NodeView]) -> Pool<'v> {
+    fn new(up: &[&'v NodeView], master_ports: Option<u32>) -> Pool<'v> {
         let nodes: Vec<FreeNode> = up
             .iter()
             .map(|&view| FreeNode {
@@ -203,6 +205,7 @@ impl<'v> Pool<'v> {
                 cpus: view.free_cpus(),
                 cpu_ids_taken: BTreeSet::new(),
                 memory_mb: view.free_memory_mb(),
+                ports: master_ports.map_or(u32::MAX, |m| m.saturating_sub(view.used.master_ports)),
             })
             .collect();
         let free_gpus = nodes.iter().map(|n| n.gpus.len() as u64).sum();
@@ -250,6 +253,20 @@ impl<'v> Pool<'v> {
         if fitting.len() < want {
             return Err(PendingReason::Resources);
         }
+        // A one-node job is its own rank 0: only nodes with a port free.
+        let fitting = match want {
+            1 => {
+                let with_port: Vec<usize> = fitting
+                    .into_iter()
+                    .filter(|&i| self.nodes[i].ports > 0)
+                    .collect();
+                if with_port.is_empty() {
+                    return Err(PendingReason::NoMasterPort);
+                }
+                with_port
+            }
+            _ => fitting,
+        };
         let fits: Vec<topology::Fit> = fitting
             .iter()
             .map(|&i| {
@@ -270,10 +287,11 @@ impl<'v> Pool<'v> {
         let levels_up = strict.map(|t| t.levels_up());
         // A restarting gang keeps its healthy nodes at their ranks.
         let kept = restart::keep_healthy(&job.previous, &fits, want, levels_up);
-        let chosen: Vec<usize> = match kept {
+        let mut chosen: Vec<usize> = match kept {
             Some(ranks) => ranks.into_iter().map(|f| fitting[f]).collect(),
             None => self.choose(&fits, &fitting, want, strict, packing)?,
         };
+        self.rank0_with_port(&mut chosen)?;
         let nodes = chosen
             .into_iter()
             .enumerate()
@@ -346,13 +364,30 @@ impl<'v> Pool<'v> {
         Ok(chosen)
     }
 
+    /// Makes rank 0 (the first of `chosen`) a node with a MASTER_PORT free:
+    /// the first in rank order that has one moves to the front.
+    fn rank0_with_port(&self, chosen: &mut Vec<usize>) -> Result<(), PendingReason> {
+        let first = chosen
+            .iter()
+            .position(|&i| self.nodes[i].ports > 0)
+            .ok_or(PendingReason::NoMasterPort)?;
+        if first > 0 {
+            let node = chosen.remove(first);
+            chosen.insert(0, node);
+        }
+        Ok(())
+    }
+
     /// Takes what `alloc` holds out of the pool.
     fn charge(&mut self, alloc: &Allocation) {
-        for na in &alloc.nodes {
+        for (rank, na) in alloc.nodes.iter().enumerate() {
             let Some(&i) = self.by_name.get(na.node.as_str()) else {
                 continue;
             };
             let n = &mut self.nodes[i];
+            if rank == 0 {
+                n.ports = n.ports.saturating_sub(1);
+            }
             for g in &na.gpus {
                 if n.gpus.remove(g) {
                     self.free_gpus -= 1;

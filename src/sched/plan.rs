@@ -41,6 +41,9 @@ pub enum PendingReason {
     /// Enough nodes are free, but not within one domain of the level its
     /// `--topology` requires.
     Topology(TopologyRequirement),
+    /// It fits, but every node it could have as rank 0 already is rank 0 of
+    /// as many running jobs as the cluster's MASTER_PORT range has ports.
+    NoMasterPort,
 }
 
 impl PendingReason {
@@ -55,6 +58,7 @@ impl PendingReason {
             PendingReason::Held => "Held",
             PendingReason::BeginTime => "BeginTime",
             PendingReason::Topology(_) => "Topology",
+            PendingReason::NoMasterPort => "MasterPort",
         }
     }
 }
@@ -80,6 +84,10 @@ impl fmt::Display for PendingReason {
                 "waiting for enough free nodes under one {level} (--topology {level}); \
                  enough are free now only across several {}",
                 level.plural()
+            ),
+            PendingReason::NoMasterPort => f.write_str(
+                "waiting for a free MASTER_PORT: every port of the cluster's master_port_range \
+                 is taken on the nodes it fits on (by running jobs whose rank 0 is there)",
             ),
         }
     }

@@ -23,6 +23,10 @@ pub struct ClusterView {
     pub nodes: Vec<NodeView>,
     /// Jobs waiting to start. Ids are unique; order does not matter.
     pub pending: Vec<PendingJob>,
+    /// How many ports the cluster's MASTER_PORT range has: a node is rank 0
+    /// of at most this many running jobs. `None`: no limit.
+    #[serde(default)]
+    pub master_ports: Option<u32>,
 }
 
 /// Whether a node takes new work.
@@ -58,6 +62,9 @@ pub struct Usage {
     #[serde(default)]
     pub cpu_ids: BTreeSet<u32>,
     pub memory_mb: u64,
+    /// Running jobs whose rank 0 is here, each holding one MASTER_PORT.
+    #[serde(default)]
+    pub master_ports: u32,
 }
 
 impl Usage {

@@ -136,6 +136,7 @@ pub async fn start(
                 name: cfg.cluster_name.clone(),
                 ca_cert_pem: ca.cert_pem.clone(),
                 ca_key_pem: ca.key_pem.clone(),
+                master_ports: cfg.master_port_range,
                 now: now_ms(),
             };
             match node.raft.client_write(cmd).await {

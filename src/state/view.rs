@@ -7,9 +7,12 @@ use crate::sched::{ClusterView, NodeState, NodeView, PendingJob, Usage};
 
 /// Adds an allocation's resources to the usage of the nodes it names.
 pub fn add_usage(views: &mut [NodeView], alloc: &Allocation) {
-    for na in &alloc.nodes {
+    for (rank, na) in alloc.nodes.iter().enumerate() {
         if let Some(v) = views.iter_mut().find(|v| v.name == na.node) {
             v.used.charge(na);
+            if rank == 0 {
+                v.used.master_ports += 1;
+            }
         }
     }
 }
@@ -49,6 +52,7 @@ impl State {
                 .filter(|j| j.state == JobState::Pending)
                 .map(PendingJob::from)
                 .collect(),
+            master_ports: Some(self.master_ports().len()),
         }
     }
 

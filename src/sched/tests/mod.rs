@@ -7,6 +7,7 @@ mod checks;
 mod constraints;
 mod fragmentation;
 mod packing;
+mod ports;
 mod props;
 mod restart;
 mod scenarios;
@@ -350,6 +351,7 @@ impl Scenario {
             view: ClusterView {
                 nodes: nodes.into_iter().map(NodeBuilder::build).collect(),
                 pending: Vec::new(),
+                master_ports: None,
             },
             now: 1_000_000,
         }
@@ -387,6 +389,19 @@ impl Scenario {
         let node = self.view.nodes.iter_mut().find(|n| n.name == name);
         node.unwrap_or_else(|| panic!("scenario: no node {name}"))
             .state = state;
+    }
+
+    /// A MASTER_PORT range of `n` ports, and how many of them running jobs
+    /// with rank 0 on each named node hold.
+    pub fn master_ports(mut self, n: u32, held: &[(&str, u32)]) -> Scenario {
+        self.view.master_ports = Some(n);
+        for (name, k) in held {
+            self.node_state(name, NodeState::Up);
+            if let Some(node) = self.view.nodes.iter_mut().find(|v| v.name == *name) {
+                node.used.master_ports = *k;
+            }
+        }
+        self
     }
 
     /// Plans once and checks what every plan must hold (see [`assert_sound`]).
@@ -450,7 +465,12 @@ pub fn assert_sound(view: &ClusterView, plan: &Plan) {
     if let Some(head) = plan
         .pending
         .iter()
-        .filter(|(_, r)| matches!(r, PendingReason::Resources | PendingReason::Topology(_)))
+        .filter(|(_, r)| {
+            matches!(
+                r,
+                PendingReason::Resources | PendingReason::Topology(_) | PendingReason::NoMasterPort
+            )
+        })
         .map(|(id, _)| key(*id))
         .min()
     {
