@@ -224,15 +224,24 @@ impl Api {
                     .collect();
                 ApiResponse::Jobs { jobs }
             }
-            ApiRequest::Show { id } => match self.state().job(id) {
-                Some(job) => ApiResponse::Job {
-                    job: Box::new(self.with_reason(job.clone())),
-                },
-                None => ApiResponse::error(
-                    ErrorKind::NotFound,
-                    format!("job {id} does not exist (see `gpuq queue --all`)"),
-                ),
-            },
+            ApiRequest::Show { id } => {
+                // One read guard: the placement joins the job with node inventories.
+                let found = {
+                    let s = self.state();
+                    s.job(id)
+                        .map(|j| (j.clone(), super::show::placement(&s, j)))
+                };
+                match found {
+                    Some((job, placement)) => ApiResponse::Job {
+                        job: Box::new(self.with_reason(job)),
+                        placement,
+                    },
+                    None => ApiResponse::error(
+                        ErrorKind::NotFound,
+                        format!("job {id} does not exist (see `gpuq queue --all`)"),
+                    ),
+                }
+            }
             ApiRequest::Cluster => ApiResponse::Cluster {
                 status: self.cluster_status(),
             },

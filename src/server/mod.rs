@@ -9,6 +9,7 @@ mod join;
 mod liveness;
 mod propose;
 mod scheduler;
+mod show;
 mod transport;
 
 use std::net::SocketAddr;
