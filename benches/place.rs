@@ -1,7 +1,8 @@
 //! Scheduling pass cost: a 64-node × 8-GPU gang on 1,000 simulated DGX
 //! nodes (10 spines × 5 leaves × 20 nodes, about a third of them partly
 //! busy), with 1,000 small jobs queued behind it. Prints p50/p99 of
-//! `sched::plan`; asserts nothing. Run: `cargo bench --bench place`
+//! `sched::plan`, also for the gang restarting in place after losing one
+//! node; asserts nothing. Run: `cargo bench --bench place`
 //! (GPUQ_BENCH_N sets the number of passes).
 
 use std::time::{Duration, Instant};
@@ -144,6 +145,39 @@ fn main() {
     let pct = |p: usize| times[(times.len() * p / 100).min(times.len() - 1)];
     println!(
         "plan, 1,000 nodes, the 64x8 gang alone: p50 {:?}, p99 {:?}",
+        pct(50),
+        pct(99)
+    );
+
+    // The gang restarting in place: it ran where the first pass put it, one
+    // of its nodes is down, the other 63 are kept and one spare is found.
+    let Some(gang) = gang else { return };
+    let mut restart = alone.clone();
+    restart.pending[0].previous = gang.nodes.clone();
+    let lost = gang.nodes[gang.nodes.len() / 2].node.clone();
+    if let Some(v) = restart.nodes.iter_mut().find(|v| v.name == lost) {
+        v.state = NodeState::Down;
+    }
+    let again = plan(&restart, 0);
+    let kept = again.allocations.first().map_or(0, |a| {
+        a.nodes
+            .iter()
+            .zip(&gang.nodes)
+            .filter(|(new, old)| new.node == old.node)
+            .count()
+    });
+    let mut times: Vec<Duration> = (0..passes)
+        .map(|_| {
+            let t = Instant::now();
+            std::hint::black_box(plan(&restart, 0));
+            t.elapsed()
+        })
+        .collect();
+    times.sort();
+    let pct = |p: usize| times[(times.len() * p / 100).min(times.len() - 1)];
+    println!(
+        "plan, 1,000 nodes, the 64x8 gang restarting after losing a node ({kept} of 64 nodes kept): \
+         p50 {:?}, p99 {:?}",
         pct(50),
         pct(99)
     );

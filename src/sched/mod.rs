@@ -7,7 +7,8 @@
 //! optimistic plan applier).
 //!
 //! This first policy is strict FIFO with gang placement and best fit:
-//! - Queue order: priority (higher first), then submit time, then id.
+//! - Queue order: priority (higher first), a restart first, then submit time,
+//!   then id ([`queue_key`]).
 //! - The first job that cannot start now waits for `Resources` (or, under
 //!   `--topology`, for `Topology`) and every job behind it for `Priority`, so
 //!   a big job is never starved by small ones. Backfill will relax this with
@@ -24,6 +25,10 @@
 //!   level, best fit among domains and then among nodes ([`topology`]).
 //!   Ranks go in topology-path then name order, so neighbours in a leaf
 //!   are neighbouring ranks.
+//! - A restarting job (requeued, [`PendingJob::previous`]) goes first among
+//!   jobs of its priority and keeps the previous nodes that can take it, at
+//!   their ranks, replacing only the lost ones ([`restart`]).
+//! - Rank 0 must have a MASTER_PORT free ([`ClusterView::master_ports`]).
 //! - Inside a node, the closest GPUs that break the fewest free groups
 //!   ([`pick_gpus`]), and CPUs of their NUMA nodes ([`pick_cpus`]).
 //!
