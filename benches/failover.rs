@@ -121,7 +121,7 @@ async fn main() {
             tokio::time::sleep(Duration::from_millis(5)).await;
         };
         let scheduled = loop {
-            if let Some(ApiResponse::Job { job }) = call(
+            if let Some(ApiResponse::Job { job, .. }) = call(
                 &set.servers[leader].socket,
                 &ApiRequest::Show {
                     id: JobId(id.0),

@@ -103,7 +103,7 @@ async fn call(c: &mut LocalClient, req: ApiRequest) -> ApiResponse {
 
 async fn show(c: &mut LocalClient, id: JobId) -> gpuq::model::Job {
     match call(c, ApiRequest::Show { id, task: None }).await {
-        ApiResponse::Job { job } => *job,
+        ApiResponse::Job { job, .. } => *job,
         other => panic!("{other:?}"),
     }
 }

@@ -23,7 +23,7 @@ use gpuq::net::proto::{ApiRequest, ApiResponse};
 
 async fn show(c: &mut LocalClient, id: JobId) -> gpuq::model::Job {
     match c.call(&ApiRequest::Show { id, task: None }).await.unwrap() {
-        ApiResponse::Job { job } => *job,
+        ApiResponse::Job { job, .. } => *job,
         other => panic!("{other:?}"),
     }
 }

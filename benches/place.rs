@@ -1,10 +1,11 @@
 //! Scheduling pass cost: a 64-node × 8-GPU gang on 1,000 simulated DGX
 //! nodes (10 spines × 5 leaves × 20 nodes, about a third of them partly
-//! busy), with 1,000 small jobs queued behind it. Then backfill: the same
-//! 1,000 nodes nearly full of running jobs with known ends, 10 blocked
-//! 16-node gangs at the head and 10,000 or 100,000 mixed jobs behind them.
-//! Prints p50/p99 of `sched::plan`; asserts nothing. Run:
-//! `cargo bench --bench place` (GPUQ_BENCH_N sets the number of passes).
+//! busy), with 1,000 small jobs queued behind it, and the gang restarting
+//! in place after losing one node. Then backfill: the same 1,000 nodes nearly
+//! full of running jobs with known ends, 10 blocked 16-node gangs at the head
+//! and 10,000 or 100,000 mixed jobs behind them. Prints p50/p99 of
+//! `sched::plan`; asserts nothing. Run: `cargo bench --bench place`
+//! (GPUQ_BENCH_N sets the number of passes).
 
 use std::time::{Duration, Instant};
 
@@ -71,6 +72,7 @@ fn job(id: u64, nodes: u32, gpus: u32) -> PendingJob {
         blocked: None,
         array_throttle: None,
         singleton: None,
+        previous: Vec::new(),
     }
 }
 
@@ -153,12 +155,46 @@ fn main() {
         pct(50),
         pct(99)
     );
+
     for queued in [10_000u64, 100_000] {
         backfill(
             queued,
             passes.clamp(1, if queued > 10_000 { 20 } else { 50 }),
         );
     }
+
+    // The gang restarting in place: it ran where the first pass put it, one
+    // of its nodes is down, the other 63 are kept and one spare is found.
+    let Some(gang) = gang else { return };
+    let mut restart = alone.clone();
+    restart.pending[0].previous = gang.nodes.clone();
+    let lost = gang.nodes[gang.nodes.len() / 2].node.clone();
+    if let Some(v) = restart.nodes.iter_mut().find(|v| v.name == lost) {
+        v.state = NodeState::Down;
+    }
+    let again = plan(&restart, 0);
+    let kept = again.allocations.first().map_or(0, |a| {
+        a.nodes
+            .iter()
+            .zip(&gang.nodes)
+            .filter(|(new, old)| new.node == old.node)
+            .count()
+    });
+    let mut times: Vec<Duration> = (0..passes)
+        .map(|_| {
+            let t = Instant::now();
+            std::hint::black_box(plan(&restart, 0));
+            t.elapsed()
+        })
+        .collect();
+    times.sort();
+    let pct = |p: usize| times[(times.len() * p / 100).min(times.len() - 1)];
+    println!(
+        "plan, 1,000 nodes, the 64x8 gang restarting after losing a node ({kept} of 64 nodes kept): \
+         p50 {:?}, p99 {:?}",
+        pct(50),
+        pct(99)
+    );
 }
 
 /// 1,000 nodes, each running 1-GPU jobs that end over the next 8 hours

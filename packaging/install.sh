@@ -519,6 +519,13 @@ example_server_toml() {
 # archived. The leader's value counts.
 # history_retention_secs = 300
 
+# Ports MASTER_PORT is chosen from, FIRST-LAST: each job gets one no other
+# running job with its rank 0 on the same node has. A cluster setting: the
+# server that bootstraps the cluster writes its value into the replicated
+# state (every server must pick the same ports), so on servers that join later
+# this key has no effect. Ports below 1024 are refused (tasks run as users).
+# master_port_range = "29500-30499"
+
 [server.raft]
 
 # How often the leader heartbeats followers. Must be below

@@ -44,6 +44,9 @@ pub struct ServerConfig {
     /// Finished jobs move from memory to the on-disk history archive this
     /// long after they end.
     pub history_retention_secs: u64,
+    /// Where MASTER_PORT is chosen from; taken into the cluster's state
+    /// when this server bootstraps it.
+    pub master_port_range: crate::model::PortRange,
     pub raft: RaftConfig,
     pub bootstrap: BootstrapConfig,
 }
@@ -136,6 +139,7 @@ impl Default for ServerConfig {
             admin_group: None,
             node_ttl_secs: 10,
             history_retention_secs: 300,
+            master_port_range: Default::default(),
             raft: RaftConfig::default(),
             bootstrap: BootstrapConfig::default(),
         }

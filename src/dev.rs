@@ -96,6 +96,7 @@ pub async fn start(
         admin_group: None,
         node_ttl_secs: 10,
         history_retention_secs: 300,
+        master_port_range: Default::default(),
         raft: Default::default(),
         bootstrap: Default::default(),
     };

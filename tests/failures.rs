@@ -220,3 +220,73 @@ fn the_control_plane_down_for_a_minute_does_not_disturb_a_running_job() {
     );
     assert_eq!(j["exit_code"], 0);
 }
+
+/// The nodes of a job's current attempt, in node-rank order, from
+/// `gpuq show --json`'s placement.
+fn placed_nodes(job: &serde_json::Value) -> Vec<String> {
+    job["placement"]
+        .as_array()
+        .expect("a placement")
+        .iter()
+        .map(|p| p["node"].as_str().unwrap().to_string())
+        .collect()
+}
+
+#[test]
+fn a_gang_that_loses_a_node_restarts_on_its_healthy_nodes_plus_a_spare() {
+    let dir = tempfile::tempdir().unwrap();
+    // Four nodes for the gang and a fifth, idle, as the spare.
+    let mut c = Cluster::start_with_ttl(dir.path(), 5, 8, 2);
+    let w = dir.path().to_str().unwrap();
+    let id = c.submit(&[
+        "--nodes",
+        "4",
+        "--gpus-per-node",
+        "8",
+        "-D",
+        w,
+        "--",
+        "sh",
+        "-c",
+        "echo $GPUQ_NODELIST $TORCHELASTIC_RESTART_COUNT > a$GPUQ_RESTART_COUNT-r$GPUQ_NODE_RANK.txt; \
+         if [ $GPUQ_RESTART_COUNT = 0 ]; then sleep 600; else sleep 1; fi",
+    ]);
+    let job = c.wait_started(&id, LONG);
+    let first = placed_nodes(&job);
+    assert_eq!(first.len(), 4, "{job}");
+    let spare: Vec<&str> = ["n1", "n2", "n3", "n4", "n5"]
+        .into_iter()
+        .filter(|n| !first.iter().any(|f| f == n))
+        .collect();
+    assert_eq!(spare.len(), 1);
+    // Kill the agent of node rank 1.
+    let lost = first[1].clone();
+    let idx = c.agents.iter().position(|a| a.name == lost).unwrap();
+    c.agents[idx].kill();
+
+    let done = c.wait_state(&id, "COMPLETED", LONG);
+    assert_eq!(done["restart_count"], 1, "{done}");
+    let second = placed_nodes(&done);
+    let mut want = first.clone();
+    want[1] = spare[0].to_string();
+    assert_eq!(
+        second, want,
+        "the three healthy nodes keep their ranks, the spare takes the lost one"
+    );
+    for rank in 0..4 {
+        let text = std::fs::read_to_string(dir.path().join(format!("a1-r{rank}.txt"))).unwrap();
+        assert!(
+            text.trim().ends_with(" 1"),
+            "TORCHELASTIC_RESTART_COUNT=1: {text}"
+        );
+    }
+    assert_eq!(node_info(&c, &lost)["state"], "down");
+
+    // `gpuq show` lists the placement per rank with GPU UUIDs.
+    let text = c.server.ok(&["show", &id]);
+    assert!(text.contains("Placement (attempt 1):"), "{text}");
+    assert!(text.contains("NODE_RANK"), "{text}");
+    let uuid = done["placement"][1]["gpus"][0]["uuid"].as_str().unwrap();
+    assert!(uuid.starts_with("GPU-"), "{done}");
+    assert!(text.contains(uuid), "{text}");
+}

@@ -292,29 +292,7 @@ pub fn parse_cpulist(text: &str) -> Result<Vec<u32>, String> {
     Ok(cpus)
 }
 
-/// Writes CPU ids in cpulist syntax (`0-3,8,10-11`), as cgroup `cpuset.cpus` takes them.
-pub fn format_cpulist(cpus: &[u32]) -> String {
-    let mut sorted = cpus.to_vec();
-    sorted.sort_unstable();
-    sorted.dedup();
-    let mut parts = Vec::new();
-    let mut i = 0;
-    while i < sorted.len() {
-        let start = sorted[i];
-        let mut end = start;
-        while i + 1 < sorted.len() && sorted[i + 1] == end + 1 {
-            end += 1;
-            i += 1;
-        }
-        parts.push(if start == end {
-            start.to_string()
-        } else {
-            format!("{start}-{end}")
-        });
-        i += 1;
-    }
-    parts.join(",")
-}
+pub use crate::model::format_cpulist;
 
 fn read(path: &Path) -> Result<String, HostError> {
     std::fs::read_to_string(path).map_err(|source| HostError::Read {

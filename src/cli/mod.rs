@@ -9,6 +9,7 @@ mod acct;
 pub mod cluster;
 mod hold;
 mod queue;
+mod show;
 pub mod table;
 
 use std::path::PathBuf;
@@ -16,7 +17,7 @@ use std::process::ExitCode;
 
 use clap::{Args, Subcommand};
 
-use crate::model::{Job, JobId, JobRef, JobState, Program, Role};
+use crate::model::{Job, JobId, JobRef, JobState, Role};
 use crate::net::local::LocalClient;
 use crate::net::proto::{ApiRequest, ApiResponse, ErrorKind};
 use crate::spec::SubmitArgs;
@@ -343,11 +344,11 @@ pub async fn run(cmd: ClientCommand) -> Result<(), CliError> {
         })
         .await?
         {
-            ApiResponse::Job { job } => {
+            ApiResponse::Job { job, placement } => {
                 if json.json {
-                    return print_json(&job);
+                    return print_json(&show::json(&job, &placement)?);
                 }
-                print!("{}", show_text(&job));
+                print!("{}", show::text(&job, &placement));
                 Ok(())
             }
             other => Err(unexpected(other)),
@@ -503,7 +504,7 @@ async fn token(cmd: TokenCommand) -> Result<(), CliError> {
     }
 }
 
-fn opt_time(t: Option<u64>) -> String {
+pub(crate) fn opt_time(t: Option<u64>) -> String {
     t.map(fmt_time).unwrap_or_else(|| "-".into())
 }
 
@@ -579,113 +580,4 @@ fn nodes_table(nodes: &[crate::net::proto::NodeInfo]) -> String {
         ]);
     }
     t.render()
-}
-
-fn show_text(j: &Job) -> String {
-    let s = &j.spec;
-    let program = match &s.program {
-        Program::Script { path, .. } => format!("script {path}"),
-        Program::Command { argv } => format!("command {}", argv.join(" ")),
-    };
-    let mut out = String::new();
-    let mut kv = |k: &str, v: String| out.push_str(&format!("{k:>16}: {v}\n"));
-    kv("JobId", j.id.to_string());
-    if let Some(a) = &j.array {
-        kv("ArrayJobId", a.array_job.to_string());
-        kv("ArrayTaskId", a.index.to_string());
-        if let Some(t) = a.throttle {
-            kv("ArrayThrottle", t.to_string());
-        }
-    }
-    kv("Name", s.name.clone());
-    kv("User", j.user.clone());
-    kv("State", j.state.to_string());
-    if let Some(r) = &j.reason {
-        kv("Reason", r.clone());
-    }
-    if j.state == JobState::Pending {
-        kv("ExpectedStart", opt_time(j.expected_start));
-    }
-    if j.held {
-        kv("Held", "yes (gpuq release to let it start)".into());
-    }
-    let q = &s.queue;
-    if !q.dependency.is_empty() {
-        let deps: Vec<String> = q.dependency.iter().map(|d| d.to_string()).collect();
-        kv("Dependency", deps.join(","));
-    }
-    if let Some(b) = q.begin_time {
-        kv("BeginTime", fmt_time(b));
-    }
-    if let Some(sig) = &s.signal {
-        kv(
-            "Signal",
-            format!(
-                "{}{}@{}",
-                if sig.batch_only { "B:" } else { "" },
-                sig.signal,
-                sig.secs_before
-            ),
-        );
-    }
-    kv("Program", program);
-    kv("WorkDir", s.workdir.clone());
-    kv("Nodes", s.nodes.to_string());
-    kv("TasksPerNode", s.ntasks_per_node.to_string());
-    kv("GpusPerNode", s.gpus_per_node.to_string());
-    if let Some(total) = s.total_gpus {
-        kv(
-            "GpusTotal",
-            format!("{total} (shape chosen by the scheduler)"),
-        );
-    }
-    let p = &s.placement;
-    if let Some(t) = &p.gpu_type {
-        kv("GpuType", t.clone());
-    }
-    if !p.features.is_empty() {
-        kv("Constraint", p.features.join(","));
-    }
-    if !p.nodelist.is_empty() {
-        kv("NodeList", p.nodelist.join(","));
-    }
-    if !p.exclude.is_empty() {
-        kv("Exclude", p.exclude.join(","));
-    }
-    if let Some(level) = p.topology {
-        kv("Topology", level.to_string());
-    }
-    kv("CpusPerTask", s.cpus_per_task.to_string());
-    kv(
-        "MemPerNode",
-        s.mem_per_node_mb
-            .map(|m| format!("{m}M"))
-            .unwrap_or_else(|| "default".into()),
-    );
-    kv(
-        "TimeLimit",
-        s.time_limit_secs
-            .map(fmt_duration)
-            .unwrap_or_else(|| "UNLIMITED".into()),
-    );
-    kv(
-        "Account",
-        s.account.clone().unwrap_or_else(|| "default".into()),
-    );
-    kv(
-        "Partition",
-        s.partition.clone().unwrap_or_else(|| "default".into()),
-    );
-    kv(
-        "Output",
-        s.output.clone().unwrap_or_else(|| "gpuq-%j.out".into()),
-    );
-    kv("SubmitTime", fmt_time(j.submit_time));
-    kv("StartTime", opt_time(j.start_time));
-    kv("EndTime", opt_time(j.end_time));
-    kv("Restarts", j.restart_count.to_string());
-    if let Some(c) = j.exit_code {
-        kv("ExitCode", c.to_string());
-    }
-    out
 }

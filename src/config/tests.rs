@@ -527,3 +527,28 @@ fn the_default_node_name_is_the_short_hostname() {
     assert!(!name.is_empty() && !name.contains('.'), "{name}");
     assert_eq!(ServerConfig::default().node_name, name);
 }
+
+#[test]
+fn master_port_range_is_read_and_a_bad_one_names_the_key_and_the_fix() {
+    let cfg = ServerConfig::from_toml(
+        "[server]\nmaster_port_range = \"40000-40999\"\n",
+        Path::new("/etc/gpuq/gpuq.toml"),
+    )
+    .unwrap();
+    assert_eq!(cfg.master_port_range.to_string(), "40000-40999");
+    assert_eq!(
+        ServerConfig::default().master_port_range.to_string(),
+        "29500-30499"
+    );
+    for (bad, says) in [
+        ("\"29500\"", "write FIRST-LAST, e.g. \"29500-30499\""),
+        ("\"100-200\"", "port 100 is privileged"),
+        ("\"30000-29000\"", "is backwards"),
+    ] {
+        let msg = server_err(&format!("[server]\nmaster_port_range = {bad}\n"));
+        assert!(
+            msg.contains("line 2: server.master_port_range") && msg.contains(says),
+            "{bad}: {msg}"
+        );
+    }
+}

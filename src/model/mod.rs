@@ -6,12 +6,14 @@ pub mod acct;
 pub mod hostlist;
 mod job;
 mod node;
+mod ports;
 mod queue;
 mod token;
 
 pub use hostlist::{expand_hostlist, HostlistError};
 pub use job::*;
 pub use node::*;
+pub use ports::{PortRange, PortRangeError};
 pub use queue::*;
 pub use token::*;
 

@@ -171,6 +171,33 @@ pub struct NodeInfo {
     pub inventory: NodeInventory,
 }
 
+/// What one node rank of a job holds, as `gpuq show` lists it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RankPlacement {
+    /// The node rank (`GPUQ_NODE_RANK`); rank 0 hosts MASTER_ADDR.
+    pub node_rank: u32,
+    /// The global task ranks (`RANK`) on this node, first and last.
+    pub first_rank: u32,
+    pub last_rank: u32,
+    pub node: String,
+    pub gpus: Vec<GpuSlot>,
+    /// The cpuset in cpulist syntax (`0-15,64-79`); empty when the job
+    /// holds a count of CPUs without a set.
+    pub cpus: String,
+    pub cpu_count: u32,
+    pub memory_mb: u64,
+    /// The node's topology domain path (empty: none declared).
+    pub topology: String,
+}
+
+/// One GPU of an allocation: its index on the node and its UUID from the
+/// node's inventory (empty when the node is no longer known).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuSlot {
+    pub index: u32,
+    pub uuid: String,
+}
+
 /// A join token as listed: never the secret.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TokenInfo {
@@ -216,6 +243,9 @@ pub enum ApiResponse {
     },
     Job {
         job: Box<Job>,
+        /// Where its current (or last) attempt runs, one entry per node rank.
+        #[serde(default)]
+        placement: Vec<RankPlacement>,
     },
     Cluster {
         status: ClusterStatus,

@@ -7,7 +7,8 @@
 //! optimistic plan applier).
 //!
 //! The policy: queue order with backfill, gang placement and best fit:
-//! - Queue order: priority (higher first), then submit time, then id.
+//! - Queue order: priority (higher first), a restart first, then submit time,
+//!   then id ([`queue_key`]).
 //! - The first job that cannot start now waits for `Resources` (or, under
 //!   `--topology`, for `Topology`) and the jobs behind it for `Priority`,
 //!   except those backfill lets start because they delay no reservation of
@@ -27,6 +28,10 @@
 //!   level, best fit among domains and then among nodes ([`topology`]).
 //!   Ranks go in topology-path then name order, so neighbours in a leaf
 //!   are neighbouring ranks.
+//! - A restarting job (requeued, [`PendingJob::previous`]) goes first among
+//!   jobs of its priority and keeps the previous nodes that can take it, at
+//!   their ranks, replacing only the lost ones ([`restart`]).
+//! - Rank 0 must have a MASTER_PORT free ([`ClusterView::master_ports`]).
 //! - Inside a node, the closest GPUs that break the fewest free groups
 //!   ([`pick_gpus`]), and CPUs of their NUMA nodes ([`pick_cpus`]).
 //!
@@ -41,6 +46,7 @@ mod constraints;
 mod cpus;
 mod gpus;
 mod plan;
+mod restart;
 mod topology;
 mod view;
 
@@ -100,9 +106,9 @@ pub fn plan_with(view: &ClusterView, now: Millis, packing: Packing) -> Plan {
             cap: n.capacity(),
         })
         .collect();
-    let pool = Pool::new(&up);
+    let pool = Pool::new(&up, view.master_ports);
     let mut queue: Vec<&PendingJob> = view.pending.iter().collect();
-    queue.sort_by_key(|j| (Reverse(j.priority), j.submit_time, j.id));
+    queue.sort_by_key(|j| queue_key(j));
     backfill::run(
         &queue,
         &cands,
@@ -111,6 +117,19 @@ pub fn plan_with(view: &ClusterView, now: Millis, packing: Packing) -> Plan {
         &view.backfill,
         now,
         packing,
+    )
+}
+
+/// A job's place in the queue, first first: priority, then a restarting job
+/// (requeued after a failure, [`PendingJob::previous`]) ahead of others of
+/// its priority, so it goes back to the head of the queue, then submit time
+/// and id.
+pub(crate) fn queue_key(job: &PendingJob) -> (Reverse<i64>, bool, Millis, crate::model::JobId) {
+    (
+        Reverse(job.priority),
+        job.previous.is_empty(),
+        job.submit_time,
+        job.id,
     )
 }
 
@@ -142,6 +161,8 @@ struct FreeNode<'v> {
     /// worked out only where a job lands, not for every node of every pass.
     cpu_ids_taken: BTreeSet<u32>,
     memory_mb: u64,
+    /// MASTER_PORTs still free for a job with its rank 0 here.
+    ports: u32,
 }
 
 impl FreeNode<'_> {
@@ -155,7 +176,7 @@ impl FreeNode<'_> {
 }
 
 impl<'v> Pool<'v> {
-    fn new(up: &[&'v NodeView]) -> Pool<'v> {
+    fn new(up: &[&'v NodeView], master_ports: Option<u32>) -> Pool<'v> {
         let nodes: Vec<FreeNode> = up
             .iter()
             .map(|&view| FreeNode {
@@ -164,6 +185,7 @@ impl<'v> Pool<'v> {
                 cpus: view.free_cpus(),
                 cpu_ids_taken: BTreeSet::new(),
                 memory_mb: view.free_memory_mb(),
+                ports: master_ports.map_or(u32::MAX, |m| m.saturating_sub(view.used.master_ports)),
             })
             .collect();
         let free_gpus = nodes.iter().map(|n| n.gpus.len() as u64).sum();
@@ -211,6 +233,20 @@ impl<'v> Pool<'v> {
         if fitting.len() < want {
             return Err(PendingReason::Resources);
         }
+        // A one-node job is its own rank 0: only nodes with a port free.
+        let fitting = match want {
+            1 => {
+                let with_port: Vec<usize> = fitting
+                    .into_iter()
+                    .filter(|&i| self.nodes[i].ports > 0)
+                    .collect();
+                if with_port.is_empty() {
+                    return Err(PendingReason::NoMasterPort);
+                }
+                with_port
+            }
+            _ => fitting,
+        };
         let fits: Vec<topology::Fit> = fitting
             .iter()
             .map(|&i| {
@@ -228,32 +264,28 @@ impl<'v> Pool<'v> {
             })
             .collect();
         let strict = job.placement.topology;
-        let chosen: Vec<usize> = match (packing, strict) {
-            (_, _) if want == 1 && packing == Packing::FirstFit => vec![0],
-            (_, _) if want == 1 => {
-                // Best fit: least left free; names are unique, so the order is total.
-                let best = (0..fits.len()).min_by_key(|&f| (fits[f].left, fits[f].name));
-                best.into_iter().collect()
-            }
-            (Packing::FirstFit, None) => (0..want).collect(),
-            (_, strict) => topology::choose_gang(&fits, want, strict.map(|t| t.levels_up()))
-                .ok_or(match strict {
-                    Some(level) => PendingReason::Topology(level),
-                    None => PendingReason::Resources,
-                })?,
+        let levels_up = strict.map(|t| t.levels_up());
+        // A restarting gang keeps its healthy nodes at their ranks.
+        let kept = restart::keep_healthy(&job.previous, &fits, want, levels_up);
+        let mut chosen: Vec<usize> = match kept {
+            Some(ranks) => ranks.into_iter().map(|f| fitting[f]).collect(),
+            None => self.choose(&fits, &fitting, want, strict, packing)?,
         };
-        let mut chosen: Vec<usize> = chosen.into_iter().map(|f| fitting[f]).collect();
-        // Node ranks in topology-path, then name, order: rank 0 (MASTER_ADDR)
-        // is the first, and a leaf's nodes are neighbouring ranks.
-        chosen.sort_by_key(|&i| {
-            let v = self.nodes[i].view;
-            (v.inventory.topology.as_str(), v.name.as_str())
-        });
+        self.rank0_with_port(&mut chosen)?;
         let nodes = chosen
             .into_iter()
-            .map(|i| {
+            .enumerate()
+            .map(|(rank, i)| {
                 let n = &self.nodes[i];
-                let gpus = pick_gpus(&n.view.inventory, &n.gpus, shape.gpus)?;
+                let again = job
+                    .previous
+                    .get(rank)
+                    .filter(|p| p.node == n.view.name)
+                    .and_then(|p| restart::same_gpus(p, &n.gpus, shape.gpus));
+                let gpus = match again {
+                    Some(gpus) => gpus,
+                    None => pick_gpus(&n.view.inventory, &n.gpus, shape.gpus)?,
+                };
                 let gpus_left: BTreeSet<u32> = n
                     .gpus
                     .iter()
@@ -307,13 +339,66 @@ impl<'v> Pool<'v> {
             .is_some_and(|&i| self.nodes[i].gpus.contains(&gpu))
     }
 
+    /// The nodes (positions into `self.nodes`, in rank order) a job placed
+    /// from scratch goes to: `fits` are the `fitting` nodes with what each
+    /// would have left.
+    fn choose(
+        &self,
+        fits: &[topology::Fit],
+        fitting: &[usize],
+        want: usize,
+        strict: Option<crate::model::TopologyRequirement>,
+        packing: Packing,
+    ) -> Result<Vec<usize>, PendingReason> {
+        let chosen: Vec<usize> = match (packing, strict) {
+            (_, _) if want == 1 && packing == Packing::FirstFit => vec![0],
+            (_, _) if want == 1 => {
+                // Best fit: least left free; names are unique, so the order is total.
+                let best = (0..fits.len()).min_by_key(|&f| (fits[f].left, fits[f].name));
+                best.into_iter().collect()
+            }
+            (Packing::FirstFit, None) => (0..want).collect(),
+            (_, strict) => topology::choose_gang(fits, want, strict.map(|t| t.levels_up())).ok_or(
+                match strict {
+                    Some(level) => PendingReason::Topology(level),
+                    None => PendingReason::Resources,
+                },
+            )?,
+        };
+        let mut chosen: Vec<usize> = chosen.into_iter().map(|f| fitting[f]).collect();
+        // Node ranks in topology-path, then name, order: rank 0 (MASTER_ADDR)
+        // is the first, and a leaf's nodes are neighbouring ranks.
+        chosen.sort_by_key(|&i| {
+            let v = self.nodes[i].view;
+            (v.inventory.topology.as_str(), v.name.as_str())
+        });
+        Ok(chosen)
+    }
+
+    /// Makes rank 0 (the first of `chosen`) a node with a MASTER_PORT free:
+    /// the first in rank order that has one moves to the front.
+    fn rank0_with_port(&self, chosen: &mut Vec<usize>) -> Result<(), PendingReason> {
+        let first = chosen
+            .iter()
+            .position(|&i| self.nodes[i].ports > 0)
+            .ok_or(PendingReason::NoMasterPort)?;
+        if first > 0 {
+            let node = chosen.remove(first);
+            chosen.insert(0, node);
+        }
+        Ok(())
+    }
+
     /// Takes what `alloc` holds out of the pool.
     fn charge(&mut self, alloc: &Allocation) {
-        for na in &alloc.nodes {
+        for (rank, na) in alloc.nodes.iter().enumerate() {
             let Some(&i) = self.by_name.get(na.node.as_str()) else {
                 continue;
             };
             let n = &mut self.nodes[i];
+            if rank == 0 {
+                n.ports = n.ports.saturating_sub(1);
+            }
             for g in &na.gpus {
                 if n.gpus.remove(g) {
                     self.free_gpus -= 1;

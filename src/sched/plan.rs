@@ -75,6 +75,9 @@ pub enum PendingReason {
     DependencyNeverSatisfied(String),
     /// Its array already runs as many tasks as its `%N` throttle allows.
     JobArrayTaskLimit,
+    /// It fits, but every node it could have as rank 0 already is rank 0 of
+    /// as many running jobs as the cluster's MASTER_PORT range has ports.
+    NoMasterPort,
 }
 
 impl PendingReason {
@@ -92,6 +95,7 @@ impl PendingReason {
             PendingReason::ReservedForOthers => "ReservedForOthers",
             PendingReason::DependencyNeverSatisfied(_) => "DependencyNeverSatisfied",
             PendingReason::JobArrayTaskLimit => "JobArrayTaskLimit",
+            PendingReason::NoMasterPort => "MasterPort",
         }
     }
 }
@@ -128,6 +132,10 @@ impl fmt::Display for PendingReason {
             PendingReason::JobArrayTaskLimit => {
                 f.write_str("its array runs as many tasks as its %N throttle allows")
             }
+            PendingReason::NoMasterPort => f.write_str(
+                "waiting for a free MASTER_PORT: every port of the cluster's master_port_range \
+                 is taken on the nodes it fits on (by running jobs whose rank 0 is there)",
+            ),
         }
     }
 }

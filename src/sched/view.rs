@@ -30,6 +30,10 @@ pub struct ClusterView {
     /// Backfill's knobs.
     #[serde(default)]
     pub backfill: super::BackfillConfig,
+    /// How many ports the cluster's MASTER_PORT range has: a node is rank 0
+    /// of at most this many running jobs. `None`: no limit.
+    #[serde(default)]
+    pub master_ports: Option<u32>,
 }
 
 /// A running (or completing) job as backfill sees it.
@@ -85,6 +89,9 @@ pub struct Usage {
     #[serde(default)]
     pub cpu_ids: BTreeSet<u32>,
     pub memory_mb: u64,
+    /// Running jobs whose rank 0 is here, each holding one MASTER_PORT.
+    #[serde(default)]
+    pub master_ports: u32,
 }
 
 impl Usage {
@@ -249,6 +256,12 @@ pub struct PendingJob {
     /// a pass starts at most one of them.
     #[serde(default)]
     pub singleton: Option<String>,
+    /// When the job restarts after a requeue: where its last attempt ran, in
+    /// rank order. The pass keeps those of these nodes that can still take
+    /// it, at their ranks (in-place restart), and puts the job at the head of
+    /// its priority. Empty for a job that has not run.
+    #[serde(default)]
+    pub previous: Vec<NodeAllocation>,
 }
 
 impl PendingJob {
@@ -309,6 +322,12 @@ impl From<&Job> for PendingJob {
             blocked: None,
             array_throttle: None,
             singleton: None,
+            previous: match (&job.run, job.state) {
+                (Some(run), crate::model::JobState::Pending) if job.restart_count > 0 => {
+                    run.allocation.nodes.clone()
+                }
+                _ => Vec::new(),
+            },
         }
     }
 }

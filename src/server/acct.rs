@@ -37,7 +37,13 @@ impl Api {
             }
         };
         match found {
-            Some(job) => ApiResponse::Job { job: Box::new(job) },
+            Some(job) => {
+                let placement = super::show::placement(&self.state(), &job);
+                ApiResponse::Job {
+                    job: Box::new(job),
+                    placement,
+                }
+            }
             None => ApiResponse::error(
                 ErrorKind::NotFound,
                 format!("job {id} does not exist (see `gpuq queue --all` and `gpuq acct`)"),

@@ -14,6 +14,7 @@ mod liveness;
 mod members;
 mod propose;
 mod scheduler;
+mod show;
 mod transport;
 
 use std::net::SocketAddr;
@@ -198,6 +199,7 @@ pub async fn start(
                 name: cfg.cluster_name.clone(),
                 ca_cert_pem: ca.cert_pem.clone(),
                 ca_key_pem: ca.key_pem.clone(),
+                master_ports: cfg.master_port_range,
                 now: now_ms(),
             };
             match node.raft.client_write(cmd).await {

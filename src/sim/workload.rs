@@ -307,7 +307,7 @@ pub async fn drive(
     let mut records = Vec::with_capacity(sent.len());
     for (id, planned, sent_at, ack) in sent {
         let job: Job = match call(&mut c, &ApiRequest::Show { id, task: None }).await? {
-            ApiResponse::Job { job } => *job,
+            ApiResponse::Job { job, .. } => *job,
             other => bail!("unexpected answer to Show: {other:?}"),
         };
         records.push(JobRecord {

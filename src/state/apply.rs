@@ -28,6 +28,7 @@ impl State {
                 name,
                 ca_cert_pem,
                 ca_key_pem,
+                master_ports,
                 now,
             } => {
                 if self.cluster.is_some() {
@@ -38,6 +39,7 @@ impl State {
                     ca_cert_pem: ca_cert_pem.clone(),
                     ca_key_pem: ca_key_pem.clone(),
                     created_at: *now,
+                    master_ports: *master_ports,
                 });
                 dirty.meta = true;
                 Ok(CommandResult::Initialized)

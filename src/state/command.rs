@@ -3,7 +3,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::model::{
-    Allocation, JobId, JobSpec, JobState, Millis, NodeInventory, TaskEvent, TokenRecord,
+    Allocation, JobId, JobSpec, JobState, Millis, NodeInventory, PortRange, TaskEvent, TokenRecord,
 };
 
 /// One entry of the replicated log. Every variant carries the leader's `now`
@@ -15,6 +15,10 @@ pub enum Command {
         name: String,
         ca_cert_pem: String,
         ca_key_pem: String,
+        /// The cluster's MASTER_PORT range, from the bootstrapping server's
+        /// `master_port_range`.
+        #[serde(default)]
+        master_ports: PortRange,
         now: Millis,
     },
     /// Queues a job for `user` (already vouched for by a daemon).

@@ -22,7 +22,7 @@ pub use command::{Command, CommandResult, Rejection};
 pub use deps::DepStatus;
 pub use index::ActiveIndex;
 
-use crate::model::{Job, JobId, JobState, Millis, NodeInventory, TokenRecord};
+use crate::model::{Job, JobId, JobState, Millis, NodeInventory, PortRange, TokenRecord};
 
 /// The cluster's identity, created once by `Command::InitCluster`. The CA key
 /// lives here so any server can sign certificates for joining daemons; agents
@@ -33,6 +33,11 @@ pub struct ClusterRecord {
     pub ca_cert_pem: String,
     pub ca_key_pem: String,
     pub created_at: Millis,
+    /// Where MASTER_PORT is chosen from (`server.master_port_range` of the
+    /// server that created the cluster). A cluster setting, not each
+    /// server's: apply picks ports, and every server must pick the same.
+    #[serde(default)]
+    pub master_ports: PortRange,
 }
 
 /// Counters from which apply assigns ids.
@@ -177,6 +182,14 @@ impl State {
         out
     }
 
+    /// The cluster's MASTER_PORT range (the default before `InitCluster`).
+    pub fn master_ports(&self) -> PortRange {
+        self.cluster
+            .as_ref()
+            .map(|c| c.master_ports)
+            .unwrap_or_default()
+    }
+
     /// Moves a job to `next`, enforcing the transition table.
     fn transition(&mut self, id: JobId, next: JobState, now: Millis, dirty: &mut Dirty) -> bool {
         let Some(job) = self.jobs.get_mut(&id) else {
@@ -208,3 +221,6 @@ mod tests_history;
 
 #[cfg(test)]
 mod tests_queue;
+
+#[cfg(test)]
+mod tests_restart;

@@ -13,9 +13,6 @@ use crate::model::{
 };
 use crate::state::CommandResult;
 
-/// The ports MASTER_PORT is chosen from, unique per rank-0 node.
-pub const MASTER_PORTS: std::ops::RangeInclusive<u16> = 29500..=30499;
-
 /// The host part of `host:port` (IPv6 brackets removed).
 fn host_of(addr: &str) -> String {
     match addr.rsplit_once(':') {
@@ -107,8 +104,17 @@ impl State {
                     .filter(|(n, _)| *n == first.node)
                     .map(|(_, p)| *p),
             );
-            let Some(master_port) = MASTER_PORTS.clone().find(|p| !used.contains(p)) else {
-                skipped.push((alloc.job, format!("no free MASTER_PORT on {}", first.node)));
+            let range = self.master_ports();
+            let Some(master_port) = range.ports().find(|p| !used.contains(p)) else {
+                skipped.push((
+                    alloc.job,
+                    format!(
+                        "no free MASTER_PORT on {}: all {} ports of the cluster's range {range} \
+                         are taken by running jobs whose rank 0 is there",
+                        first.node,
+                        range.len()
+                    ),
+                ));
                 continue;
             };
             ports_given.push((first.node.clone(), master_port));

@@ -45,6 +45,7 @@ fn sample_log() -> Vec<Command> {
         name: "c".into(),
         ca_cert_pem: "cert".into(),
         ca_key_pem: "key".into(),
+        master_ports: Default::default(),
         now: 1,
     }];
     for i in 0..20 {

@@ -108,7 +108,7 @@ pub(super) fn cluster() -> (State, Dirty) {
     (s, d)
 }
 
-fn submit(s: &mut State, d: &mut Dirty, nodes: u32, gpus: u32) -> JobId {
+pub(super) fn submit(s: &mut State, d: &mut Dirty, nodes: u32, gpus: u32) -> JobId {
     match s.apply(
         &Command::Submit {
             user: "alice".into(),
@@ -122,7 +122,7 @@ fn submit(s: &mut State, d: &mut Dirty, nodes: u32, gpus: u32) -> JobId {
     }
 }
 
-fn ev(job: JobId, rank: u32, kind: TaskEventKind) -> TaskEvent {
+pub(super) fn ev(job: JobId, rank: u32, kind: TaskEventKind) -> TaskEvent {
     TaskEvent {
         job,
         attempt: 0,
@@ -131,7 +131,7 @@ fn ev(job: JobId, rank: u32, kind: TaskEventKind) -> TaskEvent {
     }
 }
 
-fn report(s: &mut State, d: &mut Dirty, node: &str, events: Vec<TaskEvent>) -> u32 {
+pub(super) fn report(s: &mut State, d: &mut Dirty, node: &str, events: Vec<TaskEvent>) -> u32 {
     match s.apply(
         &Command::TaskEvents {
             node: node.into(),
@@ -375,7 +375,7 @@ fn cancel_of_a_running_job_completes_through_completing() {
     assert_eq!(s.jobs[&a].state, JobState::Cancelled);
 }
 
-fn start(s: &mut State, d: &mut Dirty, job: JobId, nodes: &[(&str, &[u32])]) {
+pub(super) fn start(s: &mut State, d: &mut Dirty, job: JobId, nodes: &[(&str, &[u32])]) {
     let r = s.apply(
         &Command::Schedule {
             allocations: vec![alloc(job.0, nodes)],

@@ -13,9 +13,12 @@ use crate::sched::{
 
 /// Adds an allocation's resources to the usage of the nodes it names.
 pub fn add_usage(views: &mut [NodeView], alloc: &Allocation) {
-    for na in &alloc.nodes {
+    for (rank, na) in alloc.nodes.iter().enumerate() {
         if let Some(v) = views.iter_mut().find(|v| v.name == na.node) {
             v.used.charge(na);
+            if rank == 0 {
+                v.used.master_ports += 1;
+            }
         }
     }
 }
@@ -118,6 +121,7 @@ impl State {
             pending,
             running,
             backfill,
+            master_ports: Some(self.master_ports().len()),
         }
     }
 

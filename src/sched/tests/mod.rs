@@ -9,7 +9,9 @@ mod checks;
 mod constraints;
 mod fragmentation;
 mod packing;
+mod ports;
 mod props;
+mod restart;
 mod scenarios;
 mod topology;
 
@@ -235,6 +237,7 @@ pub fn job(id: u64) -> JobBuilder {
             blocked: None,
             array_throttle: None,
             singleton: None,
+            previous: Vec::new(),
         },
     }
 }
@@ -321,6 +324,21 @@ impl JobBuilder {
         self.job.singleton = Some(name.into());
         self
     }
+    /// A restart: the last attempt ran on these nodes (rank order) and GPUs,
+    /// with 1 CPU and 1 GiB each.
+    pub fn previous(mut self, nodes: &[(&str, &[u32])]) -> Self {
+        self.job.previous = nodes
+            .iter()
+            .map(|(n, g)| NodeAllocation {
+                node: n.to_string(),
+                gpus: g.to_vec(),
+                cpus: Vec::new(),
+                cpu_count: 1,
+                memory_mb: 1024,
+            })
+            .collect();
+        self
+    }
     pub fn build(self) -> PendingJob {
         self.job
     }
@@ -403,6 +421,32 @@ impl Scenario {
         self
     }
 
+    /// Changes the scenario in place (for what a builder does not say).
+    pub fn tap(mut self, f: impl FnOnce(&mut Scenario)) -> Scenario {
+        f(&mut self);
+        self
+    }
+
+    /// Sets the state of node `name`.
+    pub fn node_state(&mut self, name: &str, state: NodeState) {
+        let node = self.view.nodes.iter_mut().find(|n| n.name == name);
+        node.unwrap_or_else(|| panic!("scenario: no node {name}"))
+            .state = state;
+    }
+
+    /// A MASTER_PORT range of `n` ports, and how many of them running jobs
+    /// with rank 0 on each named node hold.
+    pub fn master_ports(mut self, n: u32, held: &[(&str, u32)]) -> Scenario {
+        self.view.master_ports = Some(n);
+        for (name, k) in held {
+            self.node_state(name, NodeState::Up);
+            if let Some(node) = self.view.nodes.iter_mut().find(|v| v.name == *name) {
+                node.used.master_ports = *k;
+            }
+        }
+        self
+    }
+
     /// Plans once and checks what every plan must hold (see [`assert_sound`]).
     pub fn run(&self) -> Outcome {
         let plan = plan(&self.view, self.now);
@@ -460,12 +504,17 @@ pub fn assert_sound(view: &ClusterView, plan: &Plan) {
             .iter()
             .find(|j| j.id == id)
             .expect("pending job");
-        (std::cmp::Reverse(j.priority), j.submit_time, j.id)
+        super::queue_key(j)
     };
     let head = plan
         .pending
         .iter()
-        .filter(|(_, r)| matches!(r, PendingReason::Resources | PendingReason::Topology(_)))
+        .filter(|(_, r)| {
+            matches!(
+                r,
+                PendingReason::Resources | PendingReason::Topology(_) | PendingReason::NoMasterPort
+            )
+        })
         .min_by_key(|(id, _)| key(*id));
     if let Some((head, _)) = head {
         if plan.expected_start(*head).is_none() {
@@ -485,7 +534,7 @@ pub fn assert_sound(view: &ClusterView, plan: &Plan) {
 /// no GPU with it and leaves room for both on every shared node.
 pub fn assert_no_delay(view: &ClusterView, plan: &Plan, now: Millis) {
     let job = |id: JobId| view.pending.iter().find(|j| j.id == id).expect("pending");
-    let key = |j: &PendingJob| (std::cmp::Reverse(j.priority), j.submit_time, j.id);
+    let key = |j: &PendingJob| super::queue_key(j);
     for alloc in &plan.allocations {
         let started = job(alloc.job);
         let end = started
