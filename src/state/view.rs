@@ -50,9 +50,13 @@ impl State {
             let Some(run) = self.jobs.get(&id).and_then(|j| j.run.as_ref()) else {
                 continue;
             };
-            for na in &run.allocation.nodes {
+            for (rank, na) in run.allocation.nodes.iter().enumerate() {
                 if let Some(&i) = at.get(na.node.as_str()) {
                     views[i].used.charge(na);
+                    // Rank 0 holds one of the node's MASTER_PORTs.
+                    if rank == 0 {
+                        views[i].used.master_ports += 1;
+                    }
                 }
             }
         }
@@ -67,13 +71,8 @@ impl State {
         let mut running = Vec::new();
         let mut names: BTreeSet<(&str, &str)> = BTreeSet::new();
         let mut array_running: BTreeMap<JobId, u32> = BTreeMap::new();
-        let active = self
-            .index
-            .pending
-            .iter()
-            .copied()
-            .chain(self.index.holding());
-        for job in active.filter_map(|id| self.jobs.get(&id)) {
+        // Jobs holding resources: RUNNING or COMPLETING.
+        for job in self.index.holding().filter_map(|id| self.jobs.get(&id)) {
             names.insert((job.user.as_str(), job.spec.name.as_str()));
             if let Some(a) = job.array {
                 *array_running.entry(a.array_job).or_default() += 1;
