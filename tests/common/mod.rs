@@ -333,7 +333,12 @@ pub fn cli(socket: &Path, args: &[&str]) -> Output {
     Command::new(gpuq_bin())
         .args(args)
         .env("GPUQ_SOCKET", socket)
-        .current_dir(socket.parent().unwrap_or(Path::new("/")))
+        .current_dir(
+            socket
+                .parent()
+                .filter(|d| d.is_dir())
+                .unwrap_or(Path::new("/")),
+        )
         .stdin(Stdio::null())
         .output()
         .expect("run gpuq")
