@@ -32,6 +32,10 @@ struct Connected {
 #[derive(Default)]
 pub struct AgentHub {
     agents: Mutex<HashMap<String, Connected>>,
+    /// When a session was last closed because this server stopped leading
+    /// (or lost its lease): liveness counts every node's grace from then,
+    /// since an agent turned away cannot heartbeat here.
+    deposed_at: Mutex<Option<Instant>>,
 }
 
 impl AgentHub {
@@ -78,6 +82,11 @@ impl AgentHub {
     }
 
     /// When `node`'s agent was last heard from by this server.
+    /// When a session was last closed because this server was not leading.
+    pub fn deposed_at(&self) -> Option<Instant> {
+        *self.deposed_at.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     pub fn last_seen(&self, node: &str) -> Option<Instant> {
         self.lock().get(node).map(|c| c.last_seen)
     }
@@ -237,6 +246,7 @@ pub async fn serve(api: Arc<Api>, hub: Arc<AgentHub>, peer: Peer) {
         // the session, so the agent reconnects to whoever leads now.
         if let Some(leader) = api.leader_elsewhere() {
             tracing::info!(%node, leader = ?leader, "no longer leading: closing the agent session");
+            *api.hub.deposed_at.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
             let _ = write_frame(
                 &mut send,
                 &ServerMsg::Refused {

@@ -2,7 +2,8 @@
 //! been heard from for the TTL is committed as down (its tasks are lost and
 //! their jobs requeue per policy). Heartbeats never enter the log. After this
 //! server becomes leader, every node gets a full TTL of grace, since the new
-//! leader has heard nobody yet.
+//! leader has heard nobody yet; so it does after this server turned agents
+//! away for having lost its lease, however briefly.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -27,7 +28,10 @@ pub async fn run(api: Arc<Api>, ttl: Duration, mut shutdown: watch::Receiver<boo
             leader_since = None;
             continue;
         }
+        // A lease lost and regained between two ticks closed the agents'
+        // sessions all the same: their grace runs from then.
         let since = *leader_since.get_or_insert_with(Instant::now);
+        let since = api.hub.deposed_at().map_or(since, |d| d.max(since));
         let silent: Vec<String> = {
             let state = api.state();
             state
