@@ -64,6 +64,10 @@ fn job(id: u64, nodes: u32, gpus: u32) -> PendingJob {
         priority: 0,
         total_gpus: None,
         placement: Default::default(),
+        account: String::new(),
+        qos: String::new(),
+        partition: String::new(),
+        nice: 0,
     }
 }
 
@@ -90,7 +94,11 @@ fn main() {
     }
     let mut pending = vec![job(1, 64, 8)];
     pending.extend((2..=1001).map(|id| job(id, 1, [1, 2, 4][id as usize % 3])));
-    let view = ClusterView { nodes, pending };
+    let view = ClusterView {
+        nodes,
+        pending,
+        policy: Default::default(),
+    };
 
     let first = plan(&view, 0);
     let gang: Option<&Allocation> = first.allocations.iter().find(|a| a.job == JobId(1));
@@ -126,6 +134,7 @@ fn main() {
     let alone = ClusterView {
         nodes: view.nodes.clone(),
         pending: vec![job(1, 64, 8)],
+        policy: Default::default(),
     };
     let mut times: Vec<Duration> = (0..passes)
         .map(|_| {

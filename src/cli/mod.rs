@@ -5,6 +5,7 @@
 //! or forbidden; 2 the cluster could not be reached or did not answer; 3 an
 //! internal error.
 
+pub mod admin;
 pub mod table;
 
 use std::path::PathBuf;
@@ -112,6 +113,9 @@ pub enum ClientCommand {
         /// Only jobs in these states (comma list, e.g. PENDING,RUNNING).
         #[arg(short = 't', long, value_delimiter = ',', value_parser = parse_state)]
         state: Vec<JobState>,
+        /// Pending jobs in priority order with their priority factors.
+        #[arg(long)]
+        priority: bool,
         #[command(flatten)]
         json: JsonFlag,
     },
@@ -159,6 +163,17 @@ pub enum ClientCommand {
     Token {
         #[command(subcommand)]
         cmd: TokenCommand,
+    },
+    /// Manage accounts, QoS, partitions and priority weights (admins).
+    Admin {
+        #[command(subcommand)]
+        cmd: admin::AdminCommand,
+    },
+    /// Fair-share: shares, normalised shares, decayed usage and factor per
+    /// account and user.
+    Share {
+        #[command(flatten)]
+        json: JsonFlag,
     },
 }
 
@@ -285,10 +300,35 @@ pub async fn run(cmd: ClientCommand) -> Result<(), CliError> {
             }
         }
         ClientCommand::Queue {
+            priority: true,
+            user,
+            json,
+            ..
+        } => {
+            let jobs = match call(ApiRequest::Queue {
+                all: false,
+                user: user.clone(),
+                states: vec![JobState::Pending],
+            })
+            .await?
+            {
+                ApiResponse::Jobs { jobs } => jobs,
+                other => return Err(unexpected(other)),
+            };
+            let mut prios = admin::priorities(vec![]).await?;
+            prios.retain(|(id, _)| jobs.iter().any(|j| j.id == *id));
+            if json.json {
+                return print_json(&prios);
+            }
+            print!("{}", admin::priority_table(&jobs, &prios));
+            Ok(())
+        }
+        ClientCommand::Queue {
             all,
             user,
             state,
             json,
+            ..
         } => match call(ApiRequest::Queue {
             all,
             user,
@@ -311,6 +351,11 @@ pub async fn run(cmd: ClientCommand) -> Result<(), CliError> {
                     return print_json(&job);
                 }
                 print!("{}", show_text(&job));
+                if job.state == JobState::Pending {
+                    if let Some((_, f)) = admin::priorities(vec![job.id]).await?.first() {
+                        println!("{:>16}: {}", "Priority", admin::factors_line(f));
+                    }
+                }
                 Ok(())
             }
             other => Err(unexpected(other)),
@@ -403,6 +448,8 @@ pub async fn run(cmd: ClientCommand) -> Result<(), CliError> {
         }
         ClientCommand::Logs { id, rank, follow } => logs(JobId(id), rank, follow).await,
         ClientCommand::Token { cmd } => token(cmd).await,
+        ClientCommand::Admin { cmd } => admin::run(cmd).await,
+        ClientCommand::Share { json } => admin::share(json.json).await,
     }
 }
 
@@ -645,6 +692,10 @@ fn show_text(j: &Job) -> String {
         "Partition",
         s.partition.clone().unwrap_or_else(|| "default".into()),
     );
+    kv("QoS", s.qos.clone().unwrap_or_else(|| "normal".into()));
+    if s.nice != 0 {
+        kv("Nice", s.nice.to_string());
+    }
     kv(
         "Output",
         s.output.clone().unwrap_or_else(|| "gpuq-%j.out".into()),
@@ -655,6 +706,19 @@ fn show_text(j: &Job) -> String {
     kv("Restarts", j.restart_count.to_string());
     if let Some(c) = j.exit_code {
         kv("ExitCode", c.to_string());
+    }
+    for p in &j.preemptions {
+        kv(
+            "Preempted",
+            format!(
+                "PREEMPTED attempt {} at {} for job {} ({}; {})",
+                p.attempt,
+                fmt_time(p.at),
+                p.by,
+                p.why,
+                p.mode.as_str()
+            ),
+        );
     }
     out
 }

@@ -87,6 +87,13 @@ pub struct JobSpec {
     /// Where the job may run (GPU type, features, node lists, topology).
     #[serde(default)]
     pub placement: Placement,
+    /// Quality of service (`--qos`); `None` means `normal`. Apply fills in
+    /// the resolved account, QoS and partition at submit.
+    #[serde(default)]
+    pub qos: Option<String>,
+    /// `--nice N`: subtracted from the job's priority (negative: admins only).
+    #[serde(default)]
+    pub nice: i32,
 }
 
 fn default_max_restarts() -> u32 {
@@ -398,6 +405,9 @@ pub struct Job {
     /// The current (or last) attempt's placement and per-rank progress.
     #[serde(default)]
     pub run: Option<JobRun>,
+    /// Every time the job was preempted, oldest first.
+    #[serde(default)]
+    pub preemptions: Vec<super::PreemptionRecord>,
 }
 
 /// How one task (rank) of a job ended, as its shim saw it.
@@ -491,6 +501,13 @@ pub struct JobRun {
     /// Set when the job is COMPLETING: it goes back to the queue instead.
     #[serde(default)]
     pub requeue: bool,
+    /// SIGTERM-to-SIGKILL grace of its ranks (its QoS's); `None`: the
+    /// agent's `kill_grace_secs`.
+    #[serde(default)]
+    pub kill_grace_secs: Option<u64>,
+    /// Set when the job is COMPLETING because it was preempted for this job.
+    #[serde(default)]
+    pub preempted_for: Option<JobId>,
 }
 
 impl JobRun {

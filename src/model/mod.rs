@@ -5,11 +5,17 @@
 pub mod hostlist;
 mod job;
 mod node;
+pub mod policy;
+pub mod policy_change;
 mod token;
 
 pub use hostlist::{expand_hostlist, HostlistError};
 pub use job::*;
 pub use node::*;
+pub use policy::{
+    Account, Partition, PartitionState, Policy, PreemptMode, PreemptionRecord, PriorityFactors,
+    PriorityWeights, Qos, ShareRow, UsageCell,
+};
 pub use token::*;
 
 /// Milliseconds since the Unix epoch. The leader stamps it into commands; apply

@@ -119,4 +119,8 @@ pub struct DesiredTask {
     pub time_limit_secs: Option<u64>,
     pub master_addr: String,
     pub master_port: u16,
+    /// SIGTERM-to-SIGKILL grace when the task is stopped (its QoS's);
+    /// `None`: the agent's `kill_grace_secs`.
+    #[serde(default)]
+    pub kill_grace_secs: Option<u64>,
 }

@@ -34,15 +34,19 @@
 mod check;
 mod constraints;
 mod cpus;
+pub mod fairshare;
 mod gpus;
 mod plan;
+mod policy;
+mod preempt;
+pub mod priority;
+mod quota;
 mod topology;
 mod view;
 
 #[cfg(test)]
 mod tests;
 
-use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::model::{Allocation, Millis, NodeAllocation, Placement};
@@ -50,7 +54,8 @@ use crate::model::{Allocation, Millis, NodeAllocation, Placement};
 pub use check::{check_allocation, feasible};
 pub use cpus::pick_cpus;
 pub use gpus::pick_gpus;
-pub use plan::{PendingReason, Plan};
+pub use plan::{PendingReason, Plan, Preemption};
+pub use policy::{PolicyView, RunningJob};
 pub use view::{
     cpu_layout, Capacity, ClusterView, NodeState, NodeView, PendingJob, Shape, Usage,
     DEFAULT_MEM_PER_CPU_MB,
@@ -85,7 +90,6 @@ pub fn plan(view: &ClusterView, now: Millis) -> Plan {
 
 /// [`plan`] with a choice of [`Packing`].
 pub fn plan_with(view: &ClusterView, now: Millis, packing: Packing) -> Plan {
-    let _ = now;
     let up = up_nodes(&view.nodes);
     let cands: Vec<Candidate> = up
         .iter()
@@ -96,22 +100,40 @@ pub fn plan_with(view: &ClusterView, now: Millis, packing: Packing) -> Plan {
         })
         .collect();
     let mut pool = Pool::new(&up);
-    // Satisfiability depends only on the request; queues repeat requests a lot.
-    type Request<'j> = (u32, Shape, Option<u32>, &'j Placement);
+    let parts = Partitions::new(&view.policy.policy, &up);
+    let mut quotas = quota::Quotas::new(&view.policy);
+    // Satisfiability depends only on the request (and the partition's nodes);
+    // queues repeat requests a lot.
+    type Request<'j> = (u32, Shape, Option<u32>, &'j Placement, usize);
     let mut verdicts: BTreeMap<Request, Result<Resolved, String>> = BTreeMap::new();
-    // Which up nodes each distinct placement allows.
-    let mut allowed: BTreeMap<&Placement, Vec<bool>> = BTreeMap::new();
-
-    let mut queue: Vec<&PendingJob> = view.pending.iter().collect();
-    queue.sort_by_key(|j| (Reverse(j.priority), j.submit_time, j.id));
+    // Which up nodes each distinct placement allows, in each partition.
+    let mut allowed: BTreeMap<(&Placement, usize), Vec<bool>> = BTreeMap::new();
+    // Preemption simulates on copies of the pool: a few per pass.
+    let mut preempt_tries = MAX_PREEMPT_TRIES;
 
     let mut out = Plan::default();
     let mut blocked = false;
-    for job in queue {
-        let key = (job.nodes, job.per_node(), job.total_gpus, &job.placement);
-        let verdict = verdicts
-            .entry(key)
-            .or_insert_with(|| check::fits_some(&cands, job, Scope::Up));
+    for (job, _) in priority::order(view, now) {
+        let Some(part) = parts.of(job) else {
+            out.pending.push((job.id, PendingReason::PartitionDown));
+            continue;
+        };
+        let key = (
+            job.nodes,
+            job.per_node(),
+            job.total_gpus,
+            &job.placement,
+            part,
+        );
+        let verdict = verdicts.entry(key).or_insert_with(|| {
+            let in_part: Vec<Candidate> = cands
+                .iter()
+                .zip(&parts.members[part])
+                .filter(|(_, &m)| m)
+                .map(|(c, _)| *c)
+                .collect();
+            check::fits_some(&in_part, job, Scope::Up)
+        });
         let resolved = match verdict {
             Ok(r) => *r,
             Err(why) => {
@@ -120,25 +142,157 @@ pub fn plan_with(view: &ClusterView, now: Millis, packing: Packing) -> Plan {
                 continue;
             }
         };
+        let gpus = u64::from(resolved.per_node.gpus) * u64::from(resolved.nodes);
+        if let Err(reason) = quotas.gate(job, gpus) {
+            out.pending.push((job.id, reason));
+            continue;
+        }
         if blocked {
             out.pending.push((job.id, PendingReason::Priority));
             continue;
         }
-        let allowed = allowed
-            .entry(&job.placement)
-            .or_insert_with(|| pool.allowed(&job.placement));
+        let allowed = allowed.entry((&job.placement, part)).or_insert_with(|| {
+            let mut a = pool.allowed(&job.placement);
+            a.iter_mut()
+                .zip(&parts.members[part])
+                .for_each(|(a, &m)| *a &= m);
+            a
+        });
         match pool.place(job, resolved, allowed, packing) {
             Ok(alloc) => {
                 pool.charge(&alloc);
+                quotas.charge(job, gpus);
                 out.allocations.push(alloc);
             }
             Err(reason) => {
-                out.pending.push((job.id, reason));
-                blocked = true;
+                match preempt_for(
+                    view,
+                    &pool,
+                    job,
+                    resolved,
+                    allowed,
+                    packing,
+                    now,
+                    gpus,
+                    &quotas,
+                    &mut preempt_tries,
+                ) {
+                    Some((preemption, reserved)) => {
+                        // What it will take once the victims stopped is not
+                        // for the jobs behind it.
+                        pool.charge(&reserved);
+                        if let Some(p) = preemption {
+                            out.preemptions.push(p);
+                        }
+                        out.pending.push((job.id, PendingReason::Preempting));
+                    }
+                    None => {
+                        out.pending.push((job.id, reason));
+                        blocked = true;
+                    }
+                }
             }
         }
     }
     out
+}
+
+/// Preemption attempts (each simulates on copies of the pool) per pass.
+const MAX_PREEMPT_TRIES: u32 = 16;
+
+/// For a job that does not fit now: if jobs are already stopping for it,
+/// where it will go once they have (no new victims); else new victims that
+/// make it fit, if it may preempt any. `None`: it just waits.
+#[allow(clippy::too_many_arguments)]
+fn preempt_for(
+    view: &ClusterView,
+    pool: &Pool,
+    job: &PendingJob,
+    resolved: Resolved,
+    allowed: &[bool],
+    packing: Packing,
+    now: Millis,
+    gpus: u64,
+    quotas: &quota::Quotas,
+    tries: &mut u32,
+) -> Option<(Option<Preemption>, Allocation)> {
+    let stopping: Vec<&RunningJob> = view
+        .policy
+        .running
+        .iter()
+        .filter(|r| r.preempted_for == Some(job.id))
+        .collect();
+    if !stopping.is_empty() {
+        let mut freed = pool.clone();
+        for r in &stopping {
+            freed.release(&r.allocation);
+        }
+        let at = freed.place(job, resolved, allowed, packing).ok()?;
+        return Some((None, at));
+    }
+    if *tries == 0 {
+        return None;
+    }
+    let cands = preempt::candidates(&view.policy, job, gpus, &|a| quotas.account_gpus(a));
+    if cands.is_empty() {
+        return None;
+    }
+    *tries -= 1;
+    let (victims, at) = preempt::find(pool, job, resolved, allowed, packing, &cands, now)?;
+    let why = victims
+        .iter()
+        .filter_map(|id| cands.iter().find(|r| r.id == *id))
+        .map(|r| preempt::why(&view.policy, job, r))
+        .collect();
+    Some((
+        Some(Preemption {
+            job: job.id,
+            victims,
+            why,
+        }),
+        at,
+    ))
+}
+
+/// Which up nodes each partition holds, and which partition a job is in.
+struct Partitions {
+    /// Partition names in order; `members[i]` is a flag per up node.
+    names: Vec<String>,
+    members: Vec<Vec<bool>>,
+    up: Vec<bool>,
+    default: String,
+}
+
+impl Partitions {
+    fn new(policy: &crate::model::Policy, nodes: &[&NodeView]) -> Partitions {
+        let all = policy.all_partitions();
+        let mut p = Partitions {
+            names: Vec::new(),
+            members: Vec::new(),
+            up: Vec::new(),
+            default: policy.default_partition(),
+        };
+        for (name, part) in all {
+            let set = part.node_set();
+            p.names.push(name);
+            p.members.push(
+                nodes
+                    .iter()
+                    .map(|n| set.as_ref().is_none_or(|s| s.contains(&n.name)))
+                    .collect(),
+            );
+            p.up.push(part.state == crate::model::PartitionState::Up);
+        }
+        p
+    }
+
+    /// The index of the job's partition, or `None` when it is down. A
+    /// partition removed since the job was queued counts as the default.
+    fn of(&self, job: &PendingJob) -> Option<usize> {
+        let find = |n: &str| self.names.iter().position(|x| x == n);
+        let i = find(&job.partition).or_else(|| find(&self.default))?;
+        self.up[i].then_some(i)
+    }
 }
 
 /// Up nodes, sorted by name (a repeated name keeps its first entry).
@@ -150,6 +304,7 @@ fn up_nodes(views: &[NodeView]) -> Vec<&NodeView> {
 }
 
 /// The free resources of the up nodes during a pass.
+#[derive(Clone)]
 struct Pool<'v> {
     /// Up nodes, sorted by name.
     nodes: Vec<FreeNode<'v>>,
@@ -159,6 +314,7 @@ struct Pool<'v> {
     by_name: BTreeMap<&'v str, usize>,
 }
 
+#[derive(Clone)]
 struct FreeNode<'v> {
     view: &'v NodeView,
     gpus: BTreeSet<u32>,
@@ -166,6 +322,8 @@ struct FreeNode<'v> {
     /// CPU ids put in cpusets earlier in this pass. The node's free ids are
     /// worked out only where a job lands, not for every node of every pass.
     cpu_ids_taken: BTreeSet<u32>,
+    /// CPU ids of jobs a preemption simulation stopped.
+    cpu_ids_freed: BTreeSet<u32>,
     memory_mb: u64,
 }
 
@@ -188,6 +346,7 @@ impl<'v> Pool<'v> {
                 gpus: view.free_gpus(),
                 cpus: view.free_cpus(),
                 cpu_ids_taken: BTreeSet::new(),
+                cpu_ids_freed: BTreeSet::new(),
                 memory_mb: view.free_memory_mb(),
             })
             .collect();
@@ -286,6 +445,7 @@ impl<'v> Pool<'v> {
                     .filter(|g| !gpus.contains(g))
                     .collect();
                 let mut cpu_ids = n.view.free_cpu_ids();
+                cpu_ids.extend(n.cpu_ids_freed.iter().copied());
                 cpu_ids.retain(|c| !n.cpu_ids_taken.contains(c));
                 let cpus = pick_cpus(&n.view.inventory, &gpus, &gpus_left, &cpu_ids, cpu_count);
                 Some(NodeAllocation {
@@ -299,6 +459,31 @@ impl<'v> Pool<'v> {
             .collect::<Option<Vec<_>>>()
             .ok_or(PendingReason::Resources)?;
         Ok(Allocation { job: job.id, nodes })
+    }
+
+    /// Gives back what a running job's `alloc` holds (a preemption victim,
+    /// in a simulation on a copy of the pool).
+    fn release(&mut self, alloc: &Allocation) {
+        for na in &alloc.nodes {
+            let Some(&i) = self.by_name.get(na.node.as_str()) else {
+                continue;
+            };
+            let n = &mut self.nodes[i];
+            for g in &na.gpus {
+                let healthy = n
+                    .view
+                    .inventory
+                    .gpus
+                    .iter()
+                    .any(|x| x.index == *g && x.healthy);
+                if healthy && n.gpus.insert(*g) {
+                    self.free_gpus += 1;
+                }
+            }
+            n.cpu_ids_freed.extend(na.cpus.iter().copied());
+            n.cpus = n.cpus.saturating_add(u64::from(na.cpu_count));
+            n.memory_mb = n.memory_mb.saturating_add(na.memory_mb);
+        }
     }
 
     /// Takes what `alloc` holds out of the pool.

@@ -17,6 +17,21 @@ pub struct Plan {
     pub allocations: Vec<Allocation>,
     /// Every other pending job, in queue order, with why it waits.
     pub pending: Vec<(JobId, PendingReason)>,
+    /// Running jobs to stop so that pending ones fit (`Command::Preempt`).
+    #[serde(default)]
+    pub preemptions: Vec<Preemption>,
+}
+
+/// Victims to stop for one pending job: whole jobs, each chosen because the
+/// job fits once they have stopped (see `sched::preempt`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Preemption {
+    /// The job they make room for.
+    pub job: JobId,
+    pub victims: Vec<JobId>,
+    /// Why, per victim (a QoS preemption or a quota reclaim).
+    #[serde(default)]
+    pub why: Vec<String>,
 }
 
 /// Why a job is still pending (Slurm's `REASON` column). New variants are added
@@ -41,6 +56,10 @@ pub enum PendingReason {
     /// Enough nodes are free, but not within one domain of the level its
     /// `--topology` requires.
     Topology(TopologyRequirement),
+    /// Its partition is down.
+    PartitionDown,
+    /// Jobs were preempted to make room for it; it starts once they stopped.
+    Preempting,
 }
 
 impl PendingReason {
@@ -55,6 +74,8 @@ impl PendingReason {
             PendingReason::Held => "Held",
             PendingReason::BeginTime => "BeginTime",
             PendingReason::Topology(_) => "Topology",
+            PendingReason::PartitionDown => "PartitionDown",
+            PendingReason::Preempting => "Preempting",
         }
     }
 }
@@ -81,6 +102,10 @@ impl fmt::Display for PendingReason {
                  enough are free now only across several {}",
                 level.plural()
             ),
+            PendingReason::PartitionDown => f.write_str("its partition is down"),
+            PendingReason::Preempting => {
+                f.write_str("waiting for the jobs preempted for it to stop")
+            }
         }
     }
 }

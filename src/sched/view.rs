@@ -23,6 +23,10 @@ pub struct ClusterView {
     pub nodes: Vec<NodeView>,
     /// Jobs waiting to start. Ids are unique; order does not matter.
     pub pending: Vec<PendingJob>,
+    /// Accounts, QoS, partitions, weights, usage and running jobs (priority,
+    /// quotas, preemption). The default is FIFO with no limits.
+    #[serde(default)]
+    pub policy: super::PolicyView,
 }
 
 /// Whether a node takes new work.
@@ -204,6 +208,17 @@ pub struct PendingJob {
     /// Where the job may run.
     #[serde(default)]
     pub placement: Placement,
+    /// The account it is charged to, its QoS and partition (resolved at
+    /// submit; empty: the built-ins).
+    #[serde(default)]
+    pub account: String,
+    #[serde(default)]
+    pub qos: String,
+    #[serde(default)]
+    pub partition: String,
+    /// `--nice`.
+    #[serde(default)]
+    pub nice: i32,
 }
 
 impl PendingJob {
@@ -259,6 +274,10 @@ impl From<&Job> for PendingJob {
             priority: 0,
             total_gpus: job.spec.total_gpus,
             placement: job.spec.placement.clone(),
+            account: job.spec.account.clone().unwrap_or_default(),
+            qos: job.spec.qos.clone().unwrap_or_default(),
+            partition: job.spec.partition.clone().unwrap_or_default(),
+            nice: job.spec.nice,
         }
     }
 }

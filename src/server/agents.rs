@@ -143,6 +143,7 @@ pub fn desired_tasks(state: &State, node: &str) -> Vec<DesiredTask> {
                 time_limit_secs: job.spec.time_limit_secs,
                 master_addr: run.master_addr.clone(),
                 master_port: run.master_port,
+                kill_grace_secs: run.kill_grace_secs,
             });
         }
     }

@@ -174,6 +174,7 @@ impl Api {
                 | ApiRequest::Logs { .. }
                 | ApiRequest::NodeDrain { .. }
                 | ApiRequest::NodeResume { .. }
+                | ApiRequest::Admin { .. }
         );
         if needs_leader {
             if let Some(resp) = self.forward_if_follower(&caller, &req).await {
@@ -184,6 +185,15 @@ impl Api {
             ApiRequest::Submit { spec } => {
                 if let Err(why) = spec.check_invariants() {
                     return ApiResponse::error(ErrorKind::BadInput, why);
+                }
+                if spec.nice < 0 && !caller.admin {
+                    return ApiResponse::error(
+                        ErrorKind::Forbidden,
+                        format!(
+                            "--nice {} raises priority, which needs an admin; use 0 or more",
+                            spec.nice
+                        ),
+                    );
                 }
                 if let Err(why) = self.feasible(&spec) {
                     return ApiResponse::error(ErrorKind::BadInput, why);
@@ -272,6 +282,10 @@ impl Api {
                 let tokens = self.state().tokens.values().map(token_info).collect();
                 ApiResponse::Tokens { tokens }
             }
+            req @ (ApiRequest::Admin { .. }
+            | ApiRequest::PolicyShow
+            | ApiRequest::Share
+            | ApiRequest::Priorities { .. }) => self.policy_request(&caller, req).await,
             ApiRequest::TokenRevoke { id } => {
                 if !caller.admin {
                     return forbidden("revoking a join token");
@@ -331,7 +345,7 @@ impl Api {
         }
     }
 
-    fn unexpected(&self, r: CommandResult) -> ApiResponse {
+    pub(super) fn unexpected(&self, r: CommandResult) -> ApiResponse {
         match r {
             CommandResult::Rejected(why) => rejection(why),
             other => ApiResponse::error(
@@ -536,6 +550,7 @@ impl Api {
             exit_code: None,
             cancelled_by: None,
             run: None,
+            preemptions: Vec::new(),
         };
         crate::sched::feasible(&inventories, &crate::sched::PendingJob::from(&probe))
     }

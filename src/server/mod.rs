@@ -7,6 +7,7 @@ mod api;
 mod datadir;
 mod join;
 mod liveness;
+mod policy_api;
 mod propose;
 mod scheduler;
 mod transport;

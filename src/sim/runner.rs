@@ -247,6 +247,7 @@ mod tests {
             time_limit_secs: None,
             master_addr: "127.0.0.1".into(),
             master_port: 29500,
+            kill_grace_secs: None,
         }
     }
 

@@ -35,6 +35,10 @@ impl State {
             }
             Command::Submit { user, spec, now } => {
                 spec.check_invariants().map_err(Rejection::InvalidSpec)?;
+                let mut spec = spec.clone();
+                self.policy
+                    .resolve(user, &mut spec)
+                    .map_err(Rejection::Policy)?;
                 let id = JobId(self.counters.next_job_id);
                 self.counters.next_job_id += 1;
                 self.jobs.insert(
@@ -42,7 +46,7 @@ impl State {
                     Job {
                         id,
                         user: user.clone(),
-                        spec: spec.as_ref().clone(),
+                        spec: *spec,
                         state: JobState::Pending,
                         submit_time: *now,
                         start_time: None,
@@ -52,6 +56,7 @@ impl State {
                         exit_code: None,
                         cancelled_by: None,
                         run: None,
+                        preemptions: Vec::new(),
                     },
                 );
                 dirty.meta = true;
@@ -137,6 +142,10 @@ impl State {
                 now,
             } => Ok(self.set_drain(node, drain.as_deref(), *by, *requeue_now, *now, dirty)),
             Command::GpuHealth { node, gpus, now } => Ok(self.gpu_health(node, gpus, *now, dirty)),
+            Command::Policy { change, .. } => self.apply_policy(change, dirty),
+            Command::Preempt { preemptions, now } => {
+                Ok(self.apply_preempt(preemptions, *now, dirty))
+            }
             Command::Batch(cmds) => Ok(CommandResult::Batch(
                 cmds.iter()
                     .map(|c| match c {

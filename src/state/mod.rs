@@ -6,6 +6,7 @@
 
 mod apply;
 mod command;
+mod policy;
 mod run;
 pub mod store;
 mod view;
@@ -14,6 +15,9 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::model::policy_change::{
+    AccountPatch, Limit, Op, PartitionPatch, PolicyChange, PriorityPatch, QosPatch,
+};
 pub use command::{Command, CommandResult, Rejection};
 
 use crate::model::{Job, JobId, JobState, Millis, NodeInventory, TokenRecord};
@@ -97,6 +101,12 @@ pub struct State {
     pub tokens: BTreeMap<String, TokenRecord>,
     #[serde(default)]
     pub nodes: BTreeMap<String, NodeRecord>,
+    /// Accounts, QoS, partitions and priority weights (`gpuq admin`).
+    #[serde(default)]
+    pub policy: crate::model::Policy,
+    /// Fair-share usage by account, then user.
+    #[serde(default)]
+    pub usage: BTreeMap<String, BTreeMap<String, crate::model::UsageCell>>,
 }
 
 /// The records one or more applies touched, for `store::write_dirty`.
@@ -142,6 +152,13 @@ impl State {
         if !job.state.can_move_to(next) {
             return false;
         }
+        if job.state.is_active() && !next.is_active() {
+            // The attempt stops holding its GPUs: charge them to fair-share.
+            self.charge_usage(id, now, dirty);
+        }
+        let Some(job) = self.jobs.get_mut(&id) else {
+            return false;
+        };
         if next == JobState::Running {
             job.start_time = Some(now);
         }

@@ -3,7 +3,7 @@
 //! state and index never disagree after a crash).
 //!
 //! Tables: `jobs` (id -> Job), `tokens` (id -> TokenRecord), `nodes` (name ->
-//! NodeRecord), `state_meta` (`cluster`, `counters`). Values are MessagePack with named fields, so records
+//! NodeRecord), `state_meta` (`cluster`, `counters`, `policy`, `usage`). Values are MessagePack with named fields, so records
 //! written by an older build still decode after an upgrade.
 
 use redb::{ReadTransaction, ReadableTable, TableDefinition, WriteTransaction};
@@ -68,6 +68,12 @@ pub fn load(txn: &ReadTransaction) -> Result<State, StoreError> {
             if let Some(v) = db!(meta.get("counters"))? {
                 state.counters = decode("counters", v.value())?;
             }
+            if let Some(v) = db!(meta.get("policy"))? {
+                state.policy = decode("policy", v.value())?;
+            }
+            if let Some(v) = db!(meta.get("usage"))? {
+                state.usage = decode("usage", v.value())?;
+            }
         }
         Err(redb::TableError::TableDoesNotExist(_)) => return Ok(state),
         Err(e) => return Err(StoreError::Db(Box::new(e.into()))),
@@ -108,6 +114,8 @@ pub fn write_dirty(txn: &WriteTransaction, state: &State, dirty: &Dirty) -> Resu
             None => db!(meta.remove("cluster"))?,
         };
         db!(meta.insert("counters", encode(&state.counters)?.as_slice()))?;
+        db!(meta.insert("policy", encode(&state.policy)?.as_slice()))?;
+        db!(meta.insert("usage", encode(&state.usage)?.as_slice()))?;
     }
     if !dirty.jobs.is_empty() {
         let mut jobs = db!(txn.open_table(JOBS))?;

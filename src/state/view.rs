@@ -49,6 +49,7 @@ impl State {
                 .filter(|j| j.state == JobState::Pending)
                 .map(PendingJob::from)
                 .collect(),
+            policy: self.policy_view(),
         }
     }
 

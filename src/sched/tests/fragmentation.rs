@@ -126,6 +126,7 @@ fn simulate(jobs: &[Arrival], packing: Packing, queueing: Queue) -> Run {
             .map(|i| dgx(&format!("n{i:02}")).build())
             .collect(),
         pending: Vec::new(),
+        policy: Default::default(),
     };
     let mut queue: std::collections::VecDeque<PendingJob> = Default::default();
     let mut running: Vec<(u64, Allocation)> = Vec::new();

@@ -228,6 +228,10 @@ pub fn job(id: u64) -> JobBuilder {
             priority: 0,
             total_gpus: None,
             placement: Placement::default(),
+            account: String::new(),
+            qos: String::new(),
+            partition: String::new(),
+            nice: 0,
         },
     }
 }
@@ -333,6 +337,7 @@ impl Scenario {
             view: ClusterView {
                 nodes: nodes.into_iter().map(NodeBuilder::build).collect(),
                 pending: Vec::new(),
+                policy: Default::default(),
             },
             now: 1_000_000,
         }

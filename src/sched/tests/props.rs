@@ -134,7 +134,11 @@ fn arb_job(id: u64) -> impl Strategy<Value = PendingJob> {
 fn arb_view() -> impl Strategy<Value = ClusterView> {
     let nodes = (0usize..=5).prop_flat_map(|n| (0..n).map(arb_node).collect::<Vec<_>>());
     let jobs = (0u64..=10).prop_flat_map(|n| (1..=n).map(arb_job).collect::<Vec<_>>());
-    (nodes, jobs).prop_map(|(nodes, pending)| ClusterView { nodes, pending })
+    (nodes, jobs).prop_map(|(nodes, pending)| ClusterView {
+        nodes,
+        pending,
+        policy: Default::default(),
+    })
 }
 
 proptest! {
