@@ -8,7 +8,8 @@
 //!
 //! Victims are whole jobs (a gang frees every node it holds). The choice is
 //! simulated on the pass's free pool: for each node, the fewest victims that
-//! would make it hold one node's share of the job (largest there first,
+//! would make it hold one node's share of the job (one victim if one suffices, the
+//! cheapest; else the largest there first,
 //! then fewest GPU-hours lost, then youngest); the cheapest nodes by (victims,
 //! GPU-hours lost, youngest) are taken; the real placement is run on the
 //! pool with those victims' resources freed; then every victim whose
@@ -141,6 +142,21 @@ pub(super) fn find(
         };
         if single.nodes[0].free().holds(&shape) {
             per_node.push((i, Vec::new()));
+            continue;
+        }
+        // One victim that suffices, the cheapest; else the largest here
+        // first until it holds (pruned below, with the other nodes').
+        let alone = on
+            .iter()
+            .copied()
+            .filter(|r| {
+                let mut p = single.clone();
+                p.release(&r.allocation);
+                p.nodes[0].free().holds(&shape)
+            })
+            .min_by_key(|r| (lost(r, now), Reverse(r.start_time), r.id));
+        if let Some(r) = alone {
+            per_node.push((i, vec![r]));
             continue;
         }
         on.sort_by_key(|r| {

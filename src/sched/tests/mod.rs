@@ -7,6 +7,8 @@ mod checks;
 mod constraints;
 mod fragmentation;
 mod packing;
+mod policy;
+mod policy_sim;
 mod props;
 mod scenarios;
 mod topology;
@@ -288,6 +290,26 @@ impl JobBuilder {
         self.job.placement.exclude = names.iter().map(|f| f.to_string()).collect();
         self
     }
+    pub fn account(mut self, a: &str) -> Self {
+        self.job.account = a.into();
+        self
+    }
+    pub fn qos(mut self, q: &str) -> Self {
+        self.job.qos = q.into();
+        self
+    }
+    pub fn partition(mut self, p: &str) -> Self {
+        self.job.partition = p.into();
+        self
+    }
+    pub fn user(mut self, u: &str) -> Self {
+        self.job.user = u.into();
+        self
+    }
+    pub fn nice(mut self, n: i32) -> Self {
+        self.job.nice = n;
+        self
+    }
     pub fn topology(mut self, level: TopologyRequirement) -> Self {
         self.job.placement.topology = Some(level);
         self
@@ -367,7 +389,7 @@ impl Scenario {
     /// Plans once and checks what every plan must hold (see [`assert_sound`]).
     pub fn run(&self) -> Outcome {
         let plan = plan(&self.view, self.now);
-        assert_sound(&self.view, &plan);
+        assert_sound(&self.view, &plan, self.now);
         Outcome { plan }
     }
 }
@@ -379,7 +401,7 @@ impl Scenario {
 /// the job's placement rules out or across domains its `--topology` forbids);
 /// and no job is placed behind one that waits for `Resources` or `Topology`
 /// (FIFO).
-pub fn assert_sound(view: &ClusterView, plan: &Plan) {
+pub fn assert_sound(view: &ClusterView, plan: &Plan, now: Millis) {
     let mut seen = BTreeSet::new();
     for id in plan
         .allocations
@@ -414,14 +436,12 @@ pub fn assert_sound(view: &ClusterView, plan: &Plan) {
         }
     }
 
-    let key = |id: JobId| {
-        let j = view
-            .pending
-            .iter()
-            .find(|j| j.id == id)
-            .expect("pending job");
-        (std::cmp::Reverse(j.priority), j.submit_time, j.id)
-    };
+    let rank: std::collections::BTreeMap<JobId, usize> = crate::sched::priority::order(view, now)
+        .iter()
+        .enumerate()
+        .map(|(i, (j, _))| (j.id, i))
+        .collect();
+    let key = |id: JobId| rank[&id];
     if let Some(head) = plan
         .pending
         .iter()
