@@ -176,3 +176,6 @@ mod tests;
 
 #[cfg(test)]
 mod tests_run;
+
+#[cfg(test)]
+mod tests_policy;

@@ -7,7 +7,7 @@ use crate::model::{
     RequeuePolicy, TaskEnd, TaskEvent, TaskEventKind,
 };
 
-fn inventory(name: &str, gpus: u32) -> NodeInventory {
+pub(super) fn inventory(name: &str, gpus: u32) -> NodeInventory {
     NodeInventory {
         name: name.into(),
         gpus: (0..gpus)
@@ -47,7 +47,7 @@ fn inventory(name: &str, gpus: u32) -> NodeInventory {
     }
 }
 
-fn spec(nodes: u32, gpus: u32) -> JobSpec {
+pub(super) fn spec(nodes: u32, gpus: u32) -> JobSpec {
     JobSpec {
         qos: None,
         nice: 0,
@@ -75,7 +75,7 @@ fn spec(nodes: u32, gpus: u32) -> JobSpec {
     }
 }
 
-fn alloc(job: u64, nodes: &[(&str, &[u32])]) -> Allocation {
+pub(super) fn alloc(job: u64, nodes: &[(&str, &[u32])]) -> Allocation {
     Allocation {
         job: JobId(job),
         nodes: nodes
@@ -91,7 +91,7 @@ fn alloc(job: u64, nodes: &[(&str, &[u32])]) -> Allocation {
     }
 }
 
-fn cluster() -> (State, Dirty) {
+pub(super) fn cluster() -> (State, Dirty) {
     let mut s = State::default();
     let mut d = Dirty::default();
     for (n, addr) in [("n1", "10.1.0.1:7421"), ("n2", "10.1.0.2:7421")] {
@@ -108,7 +108,7 @@ fn cluster() -> (State, Dirty) {
     (s, d)
 }
 
-fn submit(s: &mut State, d: &mut Dirty, nodes: u32, gpus: u32) -> JobId {
+pub(super) fn submit(s: &mut State, d: &mut Dirty, nodes: u32, gpus: u32) -> JobId {
     match s.apply(
         &Command::Submit {
             user: "alice".into(),
@@ -122,7 +122,7 @@ fn submit(s: &mut State, d: &mut Dirty, nodes: u32, gpus: u32) -> JobId {
     }
 }
 
-fn ev(job: JobId, rank: u32, kind: TaskEventKind) -> TaskEvent {
+pub(super) fn ev(job: JobId, rank: u32, kind: TaskEventKind) -> TaskEvent {
     TaskEvent {
         job,
         attempt: 0,
@@ -131,7 +131,7 @@ fn ev(job: JobId, rank: u32, kind: TaskEventKind) -> TaskEvent {
     }
 }
 
-fn report(s: &mut State, d: &mut Dirty, node: &str, events: Vec<TaskEvent>) -> u32 {
+pub(super) fn report(s: &mut State, d: &mut Dirty, node: &str, events: Vec<TaskEvent>) -> u32 {
     match s.apply(
         &Command::TaskEvents {
             node: node.into(),
@@ -375,7 +375,7 @@ fn cancel_of_a_running_job_completes_through_completing() {
     assert_eq!(s.jobs[&a].state, JobState::Cancelled);
 }
 
-fn start(s: &mut State, d: &mut Dirty, job: JobId, nodes: &[(&str, &[u32])]) {
+pub(super) fn start(s: &mut State, d: &mut Dirty, job: JobId, nodes: &[(&str, &[u32])]) {
     let r = s.apply(
         &Command::Schedule {
             allocations: vec![alloc(job.0, nodes)],
