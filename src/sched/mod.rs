@@ -6,12 +6,19 @@
 //! is then, since the state may have moved while the pass ran (Nomad's
 //! optimistic plan applier).
 //!
-//! This first policy is strict FIFO with gang placement and best fit:
-//! - Queue order: priority (higher first), then submit time, then id.
+//! The policy:
+//! - Queue order: multifactor priority ([`priority`]: age, fair-share from
+//!   [`fairshare`], job size, QoS, partition, minus nice; with the view's
+//!   default all-zero weights, plain FIFO), then submit time, then id.
+//! - A job in a down partition waits (`PartitionDown`), one over an account
+//!   cap or a QoS's per-user cap waits (`QuotaExceeded`, `quota`); neither
+//!   blocks the jobs behind it. A job is placed only on its partition's nodes.
 //! - The first job that cannot start now waits for `Resources` (or, under
 //!   `--topology`, for `Topology`) and every job behind it for `Priority`, so
 //!   a big job is never starved by small ones. Backfill will relax this with
-//!   reservations.
+//!   reservations. Unless it may preempt (`preempt`): then the fewest victims
+//!   that make it fit go in [`Plan::preemptions`], it waits as `Preempting`
+//!   with what it will take reserved, and the queue goes on.
 //! - A job no set of up nodes could hold even empty is `Unsatisfiable` and
 //!   does not block the queue. A `--gpus N` job gets its shape here, from what
 //!   the up nodes could hold (see `check::resolve_total`).
@@ -27,9 +34,7 @@
 //! - Inside a node, the closest GPUs that break the fewest free groups
 //!   ([`pick_gpus`]), and CPUs of their NUMA nodes ([`pick_cpus`]).
 //!
-//! Where it grows: multifactor priority replaces `PendingJob::priority`;
-//! fair-share, quotas, backfill and preemption add reasons ([`PendingReason`]
-//! already names them) and fields of [`Plan`].
+//! Where it grows: backfill adds reservations and expected starts.
 
 mod check;
 mod constraints;
@@ -77,8 +82,8 @@ pub enum Packing {
 /// One scheduling pass: places pending jobs in queue order on the free
 /// resources of up nodes, counting what earlier jobs of the same pass took.
 ///
-/// `now` is the leader's clock, stamped into the pass; the FIFO policy does not
-/// read it yet (age priority and begin times will).
+/// `now` is the leader's clock, stamped into the pass (age, fair-share
+/// usage of running jobs, GPU-hours a victim would lose).
 ///
 /// Cost: O(jobs × nodes) at worst, and O(1) per job (plus one cached
 /// satisfiability check per distinct request) once the queue is blocked. At

@@ -9,8 +9,8 @@ use crate::model::{Allocation, JobId, TopologyRequirement};
 /// What one pass decided. The leader proposes it as one `Command::Schedule`;
 /// apply re-checks each allocation with [`super::check_allocation`].
 ///
-/// Preemptions (victims to signal) and reservations (backfill's promised start
-/// times) join as further fields, `#[serde(default)]`, when those policies land.
+/// Preemptions go out as `Command::Preempt`; reservations (backfill's promised
+/// start times) join as a further field, `#[serde(default)]`.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Plan {
     /// Jobs to start, in queue order; a gang job is one entry, whole.
