@@ -605,3 +605,42 @@ pub fn factors_line(f: &PriorityFactors) -> String {
         f.total, f.age, f.fairshare, f.job_size, f.qos, f.partition, f.nice
     )
 }
+
+/// `gpuq queue --priority`: pending jobs in priority order with their factors.
+pub async fn queue_priority(user: Option<String>, json: bool) -> Result<(), CliError> {
+    let jobs = match call(ApiRequest::Queue {
+        all: false,
+        user,
+        states: vec![crate::model::JobState::Pending],
+    })
+    .await?
+    {
+        ApiResponse::Jobs { jobs } => jobs,
+        other => return Err(unexpected(other)),
+    };
+    let mut prios = priorities(vec![]).await?;
+    prios.retain(|(id, _)| jobs.iter().any(|j| j.id == *id));
+    if json {
+        return print_json(&prios);
+    }
+    print!("{}", priority_table(&jobs, &prios));
+    Ok(())
+}
+
+/// `gpuq show` lines for each time the job was preempted.
+pub fn preemption_lines(j: &crate::model::Job) -> String {
+    j.preemptions
+        .iter()
+        .map(|p| {
+            format!(
+                "{:>16}: PREEMPTED attempt {} at {} for job {} ({}; {})\n",
+                "Preempted",
+                p.attempt,
+                super::table::fmt_time(p.at),
+                p.by,
+                p.why,
+                p.mode.as_str()
+            )
+        })
+        .collect()
+}

@@ -304,25 +304,7 @@ pub async fn run(cmd: ClientCommand) -> Result<(), CliError> {
             user,
             json,
             ..
-        } => {
-            let jobs = match call(ApiRequest::Queue {
-                all: false,
-                user: user.clone(),
-                states: vec![JobState::Pending],
-            })
-            .await?
-            {
-                ApiResponse::Jobs { jobs } => jobs,
-                other => return Err(unexpected(other)),
-            };
-            let mut prios = admin::priorities(vec![]).await?;
-            prios.retain(|(id, _)| jobs.iter().any(|j| j.id == *id));
-            if json.json {
-                return print_json(&prios);
-            }
-            print!("{}", admin::priority_table(&jobs, &prios));
-            Ok(())
-        }
+        } => admin::queue_priority(user, json.json).await,
         ClientCommand::Queue {
             all,
             user,
@@ -707,18 +689,6 @@ fn show_text(j: &Job) -> String {
     if let Some(c) = j.exit_code {
         kv("ExitCode", c.to_string());
     }
-    for p in &j.preemptions {
-        kv(
-            "Preempted",
-            format!(
-                "PREEMPTED attempt {} at {} for job {} ({}; {})",
-                p.attempt,
-                fmt_time(p.at),
-                p.by,
-                p.why,
-                p.mode.as_str()
-            ),
-        );
-    }
+    out.push_str(&admin::preemption_lines(j));
     out
 }
