@@ -6,6 +6,7 @@
 //! internal error.
 
 mod acct;
+pub mod admin;
 mod hold;
 mod queue;
 pub mod table;
@@ -118,6 +119,9 @@ pub enum ClientCommand {
         /// Pending jobs with the time backfill expects them to start (N/A: not known).
         #[arg(long)]
         start: bool,
+        /// Pending jobs in priority order with their priority factors.
+        #[arg(long)]
+        priority: bool,
         #[command(flatten)]
         json: JsonFlag,
     },
@@ -181,6 +185,17 @@ pub enum ClientCommand {
     Token {
         #[command(subcommand)]
         cmd: TokenCommand,
+    },
+    /// Manage accounts, QoS, partitions and priority weights (admins).
+    Admin {
+        #[command(subcommand)]
+        cmd: admin::AdminCommand,
+    },
+    /// Fair-share: shares, normalised shares, decayed usage and factor per
+    /// account and user.
+    Share {
+        #[command(flatten)]
+        json: JsonFlag,
     },
 }
 
@@ -307,11 +322,18 @@ pub async fn run(cmd: ClientCommand) -> Result<(), CliError> {
             }
         }
         ClientCommand::Queue {
+            priority: true,
+            user,
+            json,
+            ..
+        } => admin::queue_priority(user, json.json).await,
+        ClientCommand::Queue {
             all,
             user,
             state,
             start,
             json,
+            ..
         } => match call(ApiRequest::Queue {
             all,
             user,
@@ -344,6 +366,11 @@ pub async fn run(cmd: ClientCommand) -> Result<(), CliError> {
                     return print_json(&job);
                 }
                 print!("{}", show_text(&job));
+                if job.state == JobState::Pending {
+                    if let Some((_, f)) = admin::priorities(vec![job.id]).await?.first() {
+                        println!("{:>16}: {}", "Priority", admin::factors_line(f));
+                    }
+                }
                 Ok(())
             }
             other => Err(unexpected(other)),
@@ -440,6 +467,8 @@ pub async fn run(cmd: ClientCommand) -> Result<(), CliError> {
         }
         ClientCommand::Logs { id, rank, follow } => logs(JobId(id), rank, follow).await,
         ClientCommand::Token { cmd } => token(cmd).await,
+        ClientCommand::Admin { cmd } => admin::run(cmd).await,
+        ClientCommand::Share { json } => admin::share(json.json).await,
     }
 }
 
@@ -715,6 +744,10 @@ fn show_text(j: &Job) -> String {
         "Partition",
         s.partition.clone().unwrap_or_else(|| "default".into()),
     );
+    kv("QoS", s.qos.clone().unwrap_or_else(|| "normal".into()));
+    if s.nice != 0 {
+        kv("Nice", s.nice.to_string());
+    }
     kv(
         "Output",
         s.output.clone().unwrap_or_else(|| "gpuq-%j.out".into()),
@@ -726,5 +759,6 @@ fn show_text(j: &Job) -> String {
     if let Some(c) = j.exit_code {
         kv("ExitCode", c.to_string());
     }
+    out.push_str(&admin::preemption_lines(j));
     out
 }

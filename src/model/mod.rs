@@ -6,12 +6,18 @@ pub mod acct;
 pub mod hostlist;
 mod job;
 mod node;
+pub mod policy;
+pub mod policy_change;
 mod queue;
 mod token;
 
 pub use hostlist::{expand_hostlist, HostlistError};
 pub use job::*;
 pub use node::*;
+pub use policy::{
+    Account, Partition, PartitionState, Policy, PreemptMode, PreemptionRecord, PriorityFactors,
+    PriorityWeights, Qos, ShareRow, UsageCell,
+};
 pub use queue::*;
 pub use token::*;
 

@@ -63,6 +63,19 @@ pub enum ApiRequest {
         #[serde(default)]
         summary: bool,
     },
+    /// Change accounts, QoS, partitions or priority weights (admins only).
+    Admin {
+        change: crate::model::policy_change::PolicyChange,
+    },
+    /// The policy in force, built-ins included.
+    PolicyShow,
+    /// Fair-share per account and user (`gpuq share`).
+    Share,
+    /// Priority factors of pending jobs (all when `ids` is empty).
+    Priorities {
+        #[serde(default)]
+        ids: Vec<JobId>,
+    },
 }
 
 /// Who a daemon vouches the request comes from.
@@ -220,6 +233,21 @@ pub enum ApiResponse {
     },
     AcctSummary {
         rows: Vec<crate::model::acct::AcctSummary>,
+    },
+    PolicyUpdated {
+        what: String,
+    },
+    /// Every account, QoS and partition in force (built-ins included).
+    Policy {
+        policy: Box<crate::model::Policy>,
+    },
+    Share {
+        rows: Vec<crate::model::ShareRow>,
+        half_life_secs: u64,
+    },
+    Priorities {
+        weights: crate::model::PriorityWeights,
+        jobs: Vec<(JobId, crate::model::PriorityFactors)>,
     },
     Error {
         kind: ErrorKind,

@@ -14,8 +14,14 @@
 //!   end (now + its time limit) is not in its way; any other is. A job with
 //!   no time limit overlaps them all. So no start delays a reservation.
 //! - Jobs held back by the state (holds, dependencies), by `--begin`, by an
-//!   array throttle or a running singleton wait with that reason and block
-//!   nobody.
+//!   array throttle or a running singleton, by a down partition or by a
+//!   quota wait with that reason and block nobody. A job is placed (now or
+//!   on the timeline) only on its partition's nodes.
+//! - A job that cannot start now may preempt (`super::preempt_for`): the
+//!   victims go in the plan, and what it will take once they stopped, found
+//!   outside the reservations it would overlap, is charged so nobody behind
+//!   it takes it; it waits as `Preempting` and blocks nobody. Not where the
+//!   pass has fallen back to strict priority.
 //! - When a blocked job's start cannot be worked out (resources held by jobs
 //!   the timeline does not know, or `max_times` candidate times tried), the
 //!   pass falls back to strict priority behind it: nothing lower starts.
@@ -42,8 +48,9 @@ use crate::model::{Allocation, JobId, Millis, Placement};
 
 use super::check::{self, Candidate, Resolved, Scope};
 use super::plan::Reservation;
-use super::view::{PendingJob, RunningJob, Shape};
-use super::{Packing, PendingReason, Plan, Pool};
+use super::quota::Quotas;
+use super::view::{ClusterView, PendingJob, RunningJob, Shape};
+use super::{Packing, Partitions, PendingReason, Plan, Pool, MAX_PREEMPT_TRIES};
 
 /// Backfill's knobs (Slurm's `bf_*` parameters).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -73,11 +80,18 @@ impl Default for BackfillConfig {
     }
 }
 
-/// A request's identity for caches within a pass.
-type Request<'j> = (u32, Shape, Option<u32>, &'j Placement);
+/// A request's identity for caches within a pass (with the index of the
+/// job's partition: satisfiability and placement depend on its nodes).
+type Request<'j> = (u32, Shape, Option<u32>, &'j Placement, usize);
 
-fn request(job: &PendingJob) -> Request<'_> {
-    (job.nodes, job.per_node(), job.total_gpus, &job.placement)
+fn request(job: &PendingJob, part: usize) -> Request<'_> {
+    (
+        job.nodes,
+        job.per_node(),
+        job.total_gpus,
+        &job.placement,
+        part,
+    )
 }
 
 /// Resources set aside for a blocked job over `[start, end)`.
@@ -96,18 +110,25 @@ impl Hold {
     }
 }
 
-/// One pass over `queue` (already in priority order).
-pub(super) fn run(
-    queue: &[&PendingJob],
+/// One pass over `queue` (`view`'s pending jobs, already in priority order).
+pub(super) fn run<'v>(
+    view: &'v ClusterView,
+    queue: &[&'v PendingJob],
     cands: &[Candidate],
-    mut pool: Pool,
-    running: &[RunningJob],
-    cfg: &super::BackfillConfig,
+    mut pool: Pool<'v>,
     now: Millis,
     packing: Packing,
 ) -> Plan {
+    let cfg = &view.backfill;
+    let running = &view.running;
+    let up: Vec<_> = pool.nodes.iter().map(|n| n.view).collect();
+    let parts = Partitions::new(&view.policy.policy, &up);
+    let mut quotas = Quotas::new(&view.policy);
+    // Preemption simulates on copies of the pool: a few per pass.
+    let mut preempt_tries = MAX_PREEMPT_TRIES;
     let mut verdicts: BTreeMap<Request, Result<Resolved, String>> = BTreeMap::new();
-    let mut allowed: BTreeMap<&Placement, Vec<bool>> = BTreeMap::new();
+    // Which up nodes each distinct placement allows, in each partition.
+    let mut allowed: BTreeMap<(&Placement, usize), Vec<bool>> = BTreeMap::new();
     // Requests (with their time limit) that could not start now.
     let mut failed: BTreeMap<(Request, Option<u64>), PendingReason> = BTreeMap::new();
     let mut holds: Vec<Hold> = Vec::new();
@@ -125,9 +146,19 @@ pub(super) fn run(
             out.pending.push((job.id, reason));
             continue;
         }
-        let verdict = verdicts
-            .entry(request(job))
-            .or_insert_with(|| check::fits_some(cands, job, Scope::Up));
+        let Some(part) = parts.of(job) else {
+            out.pending.push((job.id, PendingReason::PartitionDown));
+            continue;
+        };
+        let verdict = verdicts.entry(request(job, part)).or_insert_with(|| {
+            let in_part: Vec<Candidate> = cands
+                .iter()
+                .zip(&parts.members[part])
+                .filter(|(_, &m)| m)
+                .map(|(c, _)| *c)
+                .collect();
+            check::fits_some(&in_part, job, Scope::Up)
+        });
         let resolved = match verdict {
             Ok(r) => *r,
             Err(why) => {
@@ -136,6 +167,11 @@ pub(super) fn run(
                 continue;
             }
         };
+        let gpus = u64::from(resolved.per_node.gpus) * u64::from(resolved.nodes);
+        if let Err(reason) = quotas.gate(job, gpus) {
+            out.pending.push((job.id, reason));
+            continue;
+        }
         if barrier || (blocked && cfg.depth == 0) {
             out.pending.push((job.id, PendingReason::Priority));
             continue;
@@ -148,10 +184,14 @@ pub(super) fn run(
             tested += 1;
         }
         let end = job.time_limit_secs.map(|s| end_of(now, s));
-        let allowed = allowed
-            .entry(&job.placement)
-            .or_insert_with(|| pool.allowed(&job.placement));
-        let key = (request(job), job.time_limit_secs);
+        let allowed = allowed.entry((&job.placement, part)).or_insert_with(|| {
+            let mut a = pool.allowed(&job.placement);
+            a.iter_mut()
+                .zip(&parts.members[part])
+                .for_each(|(a, &m)| *a &= m);
+            a
+        });
+        let key = (request(job, part), job.time_limit_secs);
         let attempt = match failed.get(&key) {
             Some(r) => Err(r.clone()),
             None => {
@@ -174,6 +214,7 @@ pub(super) fn run(
         match attempt {
             Ok(alloc) => {
                 pool.charge(&alloc);
+                quotas.charge(job, gpus);
                 if let Some(t) = job.array_throttle {
                     if let Some(s) = slots.get_mut(&t.array) {
                         *s = s.saturating_sub(1);
@@ -188,6 +229,32 @@ pub(super) fn run(
                 out.allocations.push(alloc);
             }
             Err(reason) => {
+                // May it take what others hold? Placed outside the
+                // reservations it would overlap, so it delays none of them.
+                let free = free_during(&pool, &holds, now, end);
+                let preempting = super::preempt_for(
+                    view,
+                    &free,
+                    job,
+                    resolved,
+                    allowed,
+                    packing,
+                    now,
+                    gpus,
+                    &quotas,
+                    &mut preempt_tries,
+                );
+                drop(free);
+                if let Some((preemption, reserved)) = preempting {
+                    // What it will take once the victims stopped is not for
+                    // the jobs behind it.
+                    pool.charge(&reserved);
+                    if let Some(p) = preemption {
+                        out.preemptions.push(p);
+                    }
+                    out.pending.push((job.id, PendingReason::Preempting));
+                    continue;
+                }
                 let first = !blocked;
                 blocked = true;
                 let mut reserved = false;

@@ -30,6 +30,10 @@ pub struct ClusterView {
     /// Backfill's knobs.
     #[serde(default)]
     pub backfill: super::BackfillConfig,
+    /// Accounts, QoS, partitions, weights, usage and running jobs (priority,
+    /// quotas, preemption). The default is FIFO with no limits.
+    #[serde(default)]
+    pub policy: super::PolicyView,
 }
 
 /// A running (or completing) job as backfill sees it.
@@ -249,6 +253,17 @@ pub struct PendingJob {
     /// a pass starts at most one of them.
     #[serde(default)]
     pub singleton: Option<String>,
+    /// The account it is charged to, its QoS and partition (resolved at
+    /// submit; empty: the built-ins).
+    #[serde(default)]
+    pub account: String,
+    #[serde(default)]
+    pub qos: String,
+    #[serde(default)]
+    pub partition: String,
+    /// `--nice`.
+    #[serde(default)]
+    pub nice: i32,
 }
 
 impl PendingJob {
@@ -309,6 +324,10 @@ impl From<&Job> for PendingJob {
             blocked: None,
             array_throttle: None,
             singleton: None,
+            account: job.spec.account.clone().unwrap_or_default(),
+            qos: job.spec.qos.clone().unwrap_or_default(),
+            partition: job.spec.partition.clone().unwrap_or_default(),
+            nice: job.spec.nice,
         }
     }
 }

@@ -205,6 +205,7 @@ impl Api {
                 | ApiRequest::Logs { .. }
                 | ApiRequest::NodeDrain { .. }
                 | ApiRequest::NodeResume { .. }
+                | ApiRequest::Admin { .. }
         );
         if needs_leader {
             if let Some(resp) = self.forward_if_follower(&caller, &req).await {
@@ -215,6 +216,15 @@ impl Api {
             ApiRequest::Submit { spec } => {
                 if let Err(why) = spec.check_invariants() {
                     return ApiResponse::error(ErrorKind::BadInput, why);
+                }
+                if spec.nice < 0 && !caller.admin {
+                    return ApiResponse::error(
+                        ErrorKind::Forbidden,
+                        format!(
+                            "--nice {} raises priority, which needs an admin; use 0 or more",
+                            spec.nice
+                        ),
+                    );
                 }
                 if let Err(why) = self.feasible(&spec) {
                     return ApiResponse::error(ErrorKind::BadInput, why);
@@ -325,6 +335,10 @@ impl Api {
                 let tokens = self.state().tokens.values().map(token_info).collect();
                 ApiResponse::Tokens { tokens }
             }
+            req @ (ApiRequest::Admin { .. }
+            | ApiRequest::PolicyShow
+            | ApiRequest::Share
+            | ApiRequest::Priorities { .. }) => self.policy_request(&caller, req).await,
             ApiRequest::TokenRevoke { id } => {
                 if !caller.admin {
                     return forbidden("revoking a join token");
@@ -384,7 +398,7 @@ impl Api {
         }
     }
 
-    fn unexpected(&self, r: CommandResult) -> ApiResponse {
+    pub(super) fn unexpected(&self, r: CommandResult) -> ApiResponse {
         match r {
             CommandResult::Rejected(why) => rejection(why),
             other => ApiResponse::error(
@@ -592,6 +606,7 @@ impl Api {
             held: false,
             array: None,
             expected_start: None,
+            preemptions: Vec::new(),
         };
         crate::sched::feasible(&inventories, &crate::sched::PendingJob::from(&probe))
     }

@@ -9,6 +9,7 @@ mod archive;
 mod datadir;
 mod join;
 mod liveness;
+mod policy_api;
 mod propose;
 mod scheduler;
 mod transport;

@@ -49,6 +49,8 @@ pub(super) fn inventory(name: &str, gpus: u32) -> NodeInventory {
 
 pub(super) fn spec(nodes: u32, gpus: u32) -> JobSpec {
     JobSpec {
+        qos: None,
+        nice: 0,
         name: "train".into(),
         nodes,
         ntasks_per_node: 1,
@@ -108,7 +110,7 @@ pub(super) fn cluster() -> (State, Dirty) {
     (s, d)
 }
 
-fn submit(s: &mut State, d: &mut Dirty, nodes: u32, gpus: u32) -> JobId {
+pub(super) fn submit(s: &mut State, d: &mut Dirty, nodes: u32, gpus: u32) -> JobId {
     match s.apply(
         &Command::Submit {
             user: "alice".into(),
@@ -122,7 +124,7 @@ fn submit(s: &mut State, d: &mut Dirty, nodes: u32, gpus: u32) -> JobId {
     }
 }
 
-fn ev(job: JobId, rank: u32, kind: TaskEventKind) -> TaskEvent {
+pub(super) fn ev(job: JobId, rank: u32, kind: TaskEventKind) -> TaskEvent {
     TaskEvent {
         job,
         attempt: 0,
@@ -131,7 +133,7 @@ fn ev(job: JobId, rank: u32, kind: TaskEventKind) -> TaskEvent {
     }
 }
 
-fn report(s: &mut State, d: &mut Dirty, node: &str, events: Vec<TaskEvent>) -> u32 {
+pub(super) fn report(s: &mut State, d: &mut Dirty, node: &str, events: Vec<TaskEvent>) -> u32 {
     match s.apply(
         &Command::TaskEvents {
             node: node.into(),
@@ -375,7 +377,7 @@ fn cancel_of_a_running_job_completes_through_completing() {
     assert_eq!(s.jobs[&a].state, JobState::Cancelled);
 }
 
-fn start(s: &mut State, d: &mut Dirty, job: JobId, nodes: &[(&str, &[u32])]) {
+pub(super) fn start(s: &mut State, d: &mut Dirty, job: JobId, nodes: &[(&str, &[u32])]) {
     let r = s.apply(
         &Command::Schedule {
             allocations: vec![alloc(job.0, nodes)],
@@ -458,6 +460,8 @@ fn requeue_policies_and_the_restart_cap() {
         &Command::Submit {
             user: "alice".into(),
             spec: Box::new(JobSpec {
+                qos: None,
+                nice: 0,
                 requeue: RequeuePolicy::Never,
                 ..spec(1, 8)
             }),
@@ -484,6 +488,8 @@ fn requeue_policies_and_the_restart_cap() {
         &Command::Submit {
             user: "alice".into(),
             spec: Box::new(JobSpec {
+                qos: None,
+                nice: 0,
                 requeue: RequeuePolicy::Always,
                 max_restarts: 1,
                 ..spec(1, 8)
@@ -628,6 +634,8 @@ fn a_gpus_total_job_starts_in_the_shape_the_plan_chose() {
         &Command::Submit {
             user: "alice".into(),
             spec: Box::new(JobSpec {
+                qos: None,
+                nice: 0,
                 total_gpus: Some(16),
                 ..spec(1, 16)
             }),

@@ -64,7 +64,12 @@ impl State {
         let mut running = Vec::new();
         let mut names: BTreeSet<(&str, &str)> = BTreeSet::new();
         let mut array_running: BTreeMap<JobId, u32> = BTreeMap::new();
-        let active = self.index.pending.iter().copied().chain(self.index.holding());
+        let active = self
+            .index
+            .pending
+            .iter()
+            .copied()
+            .chain(self.index.holding());
         for job in active.filter_map(|id| self.jobs.get(&id)) {
             names.insert((job.user.as_str(), job.spec.name.as_str()));
             if let Some(a) = job.array {
@@ -113,6 +118,7 @@ impl State {
             pending,
             running,
             backfill,
+            policy: self.policy_view(),
         }
     }
 
