@@ -79,19 +79,16 @@ impl State {
             index.pending.remove(&id);
         }
         if matches!(job.state, JobState::Running | JobState::Completing) {
-            if let Some(run) = &job.run {
-                let nodes: Vec<String> = run
-                    .allocation
-                    .nodes
-                    .iter()
-                    .map(|n| n.node.clone())
-                    .collect();
-                for n in &nodes {
-                    *index.version.entry(n.clone()).or_insert(0) += 1;
-                    index.on_node.entry(n.clone()).or_default().insert(id);
-                }
-                index.nodes_of.insert(id, nodes);
+            let nodes: Vec<String> = job
+                .run
+                .iter()
+                .flat_map(|run| run.allocation.nodes.iter().map(|n| n.node.clone()))
+                .collect();
+            for n in &nodes {
+                *index.version.entry(n.clone()).or_insert(0) += 1;
+                index.on_node.entry(n.clone()).or_default().insert(id);
             }
+            index.nodes_of.insert(id, nodes);
         }
     }
 

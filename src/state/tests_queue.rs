@@ -73,6 +73,7 @@ fn blocked(s: &State, id: JobId) -> Option<PendingReason> {
 
 fn set_state(s: &mut State, id: JobId, state: JobState) {
     s.jobs.get_mut(&id).unwrap().state = state;
+    s.reindex_job(id);
 }
 
 #[test]

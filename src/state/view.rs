@@ -64,13 +64,8 @@ impl State {
         let mut running = Vec::new();
         let mut names: BTreeSet<(&str, &str)> = BTreeSet::new();
         let mut array_running: BTreeMap<JobId, u32> = BTreeMap::new();
-        let active = self
-            .index
-            .pending
-            .iter()
-            .copied()
-            .chain(self.index.holding());
-        for job in active.filter_map(|id| self.jobs.get(&id)) {
+        // Jobs holding resources: RUNNING or COMPLETING.
+        for job in self.index.holding().filter_map(|id| self.jobs.get(&id)) {
             names.insert((job.user.as_str(), job.spec.name.as_str()));
             if let Some(a) = job.array {
                 *array_running.entry(a.array_job).or_default() += 1;
