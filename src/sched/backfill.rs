@@ -17,11 +17,13 @@
 //!   array throttle or a running singleton, by a down partition or by a
 //!   quota wait with that reason and block nobody. A job is placed (now or
 //!   on the timeline) only on its partition's nodes.
-//! - A job that cannot start now may preempt (`super::preempt_for`): the
-//!   victims go in the plan, and what it will take once they stopped, found
-//!   outside the reservations it would overlap, is charged so nobody behind
-//!   it takes it; it waits as `Preempting` and blocks nobody. Not where the
-//!   pass has fallen back to strict priority.
+//! - A job that cannot start now may preempt (`super::preempt_for`) where
+//!   what it would take once the victims stopped leaves room for the
+//!   reservations it would overlap: the victims go in the plan, what it
+//!   will take is charged so nobody behind it takes it (and is on the
+//!   timeline as started now, the victims' expected ends not), and it waits
+//!   as `Preempting`, blocking nobody. Not where the pass has fallen back
+//!   to strict priority.
 //! - When a blocked job's start cannot be worked out (resources held by jobs
 //!   the timeline does not know, or `max_times` candidate times tried), the
 //!   pass falls back to strict priority behind it: nothing lower starts.
@@ -120,7 +122,16 @@ pub(super) fn run<'v>(
     packing: Packing,
 ) -> Plan {
     let cfg = &view.backfill;
-    let running = &view.running;
+    // Jobs stopping for a preemption (earlier passes' and this one's): the
+    // timeline does not count on their expected ends, since what they free
+    // goes to their preemptor, which is on it as started now instead.
+    let mut stopping: BTreeSet<JobId> = view
+        .policy
+        .running
+        .iter()
+        .filter(|r| r.preempted_for.is_some())
+        .map(|r| r.id)
+        .collect();
     let up: Vec<_> = pool.nodes.iter().map(|n| n.view).collect();
     let parts = Partitions::new(&view.policy.policy, &up);
     let mut quotas = Quotas::new(&view.policy);
@@ -229,12 +240,11 @@ pub(super) fn run<'v>(
                 out.allocations.push(alloc);
             }
             Err(reason) => {
-                // May it take what others hold? Placed outside the
-                // reservations it would overlap, so it delays none of them.
-                let free = free_during(&pool, &holds, now, end);
+                // May it take what others hold? Only where that leaves room
+                // for the reservations it would overlap: it delays none.
                 let preempting = super::preempt_for(
                     view,
-                    &free,
+                    &pool,
                     job,
                     resolved,
                     allowed,
@@ -243,13 +253,27 @@ pub(super) fn run<'v>(
                     gpus,
                     &quotas,
                     &mut preempt_tries,
-                );
-                drop(free);
+                )
+                .filter(|(p, at)| {
+                    let victims: Vec<&Allocation> = view
+                        .policy
+                        .running
+                        .iter()
+                        .filter(|r| match p {
+                            Some(p) => p.victims.contains(&r.id),
+                            None => r.preempted_for == Some(job.id),
+                        })
+                        .map(|r| &r.allocation)
+                        .collect();
+                    clear_of_holds(&pool, &victims, &holds, now, end, at)
+                });
                 if let Some((preemption, reserved)) = preempting {
                     // What it will take once the victims stopped is not for
                     // the jobs behind it.
                     pool.charge(&reserved);
+                    started.push((end, reserved));
                     if let Some(p) = preemption {
+                        stopping.extend(p.victims.iter().copied());
                         out.preemptions.push(p);
                     }
                     out.pending.push((job.id, PendingReason::Preempting));
@@ -261,7 +285,8 @@ pub(super) fn run<'v>(
                 if holds.len() < cfg.depth {
                     let timeline = Timeline {
                         pool: &pool,
-                        running,
+                        running: &view.running,
+                        stopping: &stopping,
                         started: &started,
                         holds: &holds,
                         now,
@@ -323,6 +348,33 @@ fn gate(
     None
 }
 
+/// Whether `at` (where a preemptor goes once `victims` stopped) leaves room
+/// for every reservation overlapping `[from, to)`.
+fn clear_of_holds(
+    pool: &Pool,
+    victims: &[&Allocation],
+    holds: &[Hold],
+    from: Millis,
+    to: Option<Millis>,
+    at: &Allocation,
+) -> bool {
+    let mut p = pool.clone();
+    for v in victims {
+        p.release(v);
+    }
+    for h in holds.iter().filter(|h| h.overlaps(from, to)) {
+        p.charge(&h.alloc);
+    }
+    at.nodes.iter().all(|na| {
+        p.by_name.get(na.node.as_str()).is_some_and(|&i| {
+            let n = &p.nodes[i];
+            na.gpus.iter().all(|g| n.gpus.contains(g))
+                && n.cpus >= u64::from(na.cpu_count)
+                && n.memory_mb >= na.memory_mb
+        })
+    })
+}
+
 fn end_of(start: Millis, secs: u64) -> Millis {
     start.saturating_add(secs.saturating_mul(1000))
 }
@@ -350,6 +402,8 @@ struct Timeline<'a, 'v> {
     /// Free now, after this pass's starts.
     pool: &'a Pool<'v>,
     running: &'a [RunningJob],
+    /// Jobs in `running` whose release the timeline ignores.
+    stopping: &'a BTreeSet<JobId>,
     started: &'a [(Option<Millis>, Allocation)],
     holds: &'a [Hold],
     now: Millis,
@@ -370,6 +424,7 @@ impl Timeline<'_, '_> {
         let mut ends: Vec<(Millis, &Allocation)> = self
             .running
             .iter()
+            .filter(|r| !self.stopping.contains(&r.id))
             .filter_map(|r| Some((r.expected_end?.max(self.now + 1), &r.allocation)))
             .chain(
                 self.started

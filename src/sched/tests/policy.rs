@@ -521,3 +521,55 @@ fn an_account_reclaims_its_guarantee_from_borrowers() {
     let s = with(base().pending([job(1).gpus(8)]), p);
     assert!(preemptions(&s).is_empty());
 }
+
+/// In the backfill loop, a preemptor behind a blocked job may take only what
+/// leaves room for that job's reservation.
+#[test]
+fn preemption_behind_a_reservation_delays_it_not() {
+    let mut p = preempting_policy();
+    p.weights.qos = 0; // FIFO: the normal job 1 is ahead of the high job 2.
+                       // 50 (normal, preemptible) on a ends at 1 h; 51 (high) on b at 10 h.
+    let with_ends = |s: Scenario| {
+        let mut s = with(s, p.clone());
+        for (id, node, qos, end) in [(50, "a", "", 3_600_000), (51, "b", "high", 36_000_000)] {
+            let alloc = held(id, node, ALL8);
+            s = s.running_until(alloc.clone(), end);
+            s.view.policy.running.push(ActiveJob {
+                id: JobId(id),
+                user: "bob".into(),
+                account: String::new(),
+                qos: qos.into(),
+                gpus: 8,
+                start_time: 0,
+                allocation: alloc,
+                completing: false,
+                preempted_for: None,
+            });
+        }
+        s
+    };
+    let base = || Scenario::new([dgx("a"), dgx("b")]);
+    // Job 1 is reserved node a from 1 h to 3 h; job 2 (2 h) would overlap it.
+    let s = with_ends(base().pending([
+        job(1).gpus(8).time(7200),
+        job(2).qos("high").gpus(8).time(7200),
+    ]));
+    let out = s.run();
+    assert_eq!(out.plan.expected_start(JobId(1)), Some(3_600_000));
+    assert!(
+        out.plan.preemptions.is_empty(),
+        "{:?}",
+        out.plan.preemptions
+    );
+    // Ending (30 min) before the reservation starts, it may preempt 50.
+    let s = with_ends(base().pending([
+        job(1).gpus(8).time(7200),
+        job(2).qos("high").gpus(8).time(1800),
+    ]));
+    assert_eq!(preemptions(&s), vec![(2, vec![50])]);
+    assert!(s
+        .run()
+        .plan
+        .pending
+        .contains(&(JobId(2), PendingReason::Preempting)));
+}
