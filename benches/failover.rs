@@ -51,6 +51,8 @@ fn spec(name: &str) -> JobSpec {
         placement: Default::default(),
         queue: Default::default(),
         signal: None,
+        qos: None,
+        nice: 0,
         program: Program::Command {
             argv: vec!["true".into()],
         },

@@ -40,6 +40,8 @@ fn spec() -> JobSpec {
         placement: Default::default(),
         queue: Default::default(),
         signal: None,
+        qos: None,
+        nice: 0,
         program: Program::Command {
             argv: vec!["true".into()],
         },

@@ -3,8 +3,9 @@
 //! busy), with 1,000 small jobs queued behind it, and the gang restarting
 //! in place after losing one node. Then backfill: the same 1,000 nodes nearly
 //! full of running jobs with known ends, 10 blocked 16-node gangs at the head
-//! and 10,000 or 100,000 mixed jobs behind them. Prints p50/p99 of
-//! `sched::plan`; asserts nothing. Run: `cargo bench --bench place`
+//! and 10,000 or 100,000 mixed jobs behind them. Then 100,000 pending jobs
+//! under the multifactor policy. Prints p50/p99 of `sched::plan`; asserts
+//! nothing. Run: `cargo bench --bench place`
 //! (GPUQ_BENCH_N sets the number of passes).
 
 use std::time::{Duration, Instant};
@@ -73,6 +74,10 @@ fn job(id: u64, nodes: u32, gpus: u32) -> PendingJob {
         array_throttle: None,
         singleton: None,
         previous: Vec::new(),
+        account: String::new(),
+        qos: String::new(),
+        partition: String::new(),
+        nice: 0,
     }
 }
 
@@ -162,6 +167,8 @@ fn main() {
             passes.clamp(1, if queued > 10_000 { 20 } else { 50 }),
         );
     }
+
+    queue_100k(&view, passes);
 
     // The gang restarting in place: it ran where the first pass put it, one
     // of its nodes is down, the other 63 are kept and one spare is found.
@@ -266,5 +273,102 @@ fn backfill(queued: u64, passes: usize) {
         "plan with backfill, 1,000 nodes, 10 blocked gangs + {queued} jobs: p50 {:?}, p99 {:?} over {passes} passes",
         pct(50),
         pct(99)
+    );
+}
+
+/// 100,000 pending jobs (four accounts with usage, two QoS, one of which may
+/// preempt the other) on the same 1,000 nodes, under the default
+/// multifactor weights: the whole pass, priority and fair-share included.
+fn queue_100k(base: &ClusterView, passes: usize) {
+    use gpuq::model::{Account, Policy, Qos, UsageCell};
+    use gpuq::sched::{ActiveJob, PolicyView};
+    let mut policy = Policy::default();
+    for (i, name) in ["a", "b", "c", "d"].iter().enumerate() {
+        let mut a = Account::new(name);
+        a.shares = 1 + i as u32;
+        policy.accounts.insert(name.to_string(), a);
+    }
+    let mut hi = Qos::new("high");
+    hi.priority = 10;
+    hi.preempts.insert("normal".into());
+    policy.qos.insert("high".into(), hi);
+    let mut usage = std::collections::BTreeMap::new();
+    for (i, name) in ["a", "b", "c", "d"].iter().enumerate() {
+        usage.insert(
+            name.to_string(),
+            [(
+                "bench".to_string(),
+                UsageCell {
+                    gpu_ms: 3_600_000 * 100 * (i as u64 + 1),
+                    at: 0,
+                },
+            )]
+            .into(),
+        );
+    }
+    let running: Vec<ActiveJob> = base
+        .nodes
+        .iter()
+        .enumerate()
+        .filter(|(_, n)| !n.used.gpus.is_empty())
+        .map(|(i, n)| ActiveJob {
+            id: JobId(1_000_000 + i as u64),
+            user: "bench".into(),
+            account: ["a", "b", "c", "d"][i % 4].into(),
+            qos: String::new(),
+            gpus: n.used.gpus.len() as u64,
+            start_time: 0,
+            allocation: Allocation {
+                job: JobId(1_000_000 + i as u64),
+                nodes: vec![NodeAllocation {
+                    node: n.name.clone(),
+                    gpus: n.used.gpus.iter().copied().collect(),
+                    cpus: n.used.cpu_ids.iter().copied().collect(),
+                    cpu_count: n.used.cpus,
+                    memory_mb: n.used.memory_mb,
+                }],
+            },
+            completing: false,
+            preempted_for: None,
+        })
+        .collect();
+    let pending: Vec<PendingJob> = (1..=100_000u64)
+        .map(|id| {
+            let mut j = job(id, 1, [1, 2, 4, 8][id as usize % 4]);
+            j.account = ["a", "b", "c", "d"][id as usize % 4].into();
+            if id % 1000 == 0 {
+                j.qos = "high".into();
+            }
+            j
+        })
+        .collect();
+    let view = ClusterView {
+        nodes: base.nodes.clone(),
+        pending,
+        policy: PolicyView {
+            policy,
+            usage,
+            running,
+        },
+        ..Default::default()
+    };
+    let n = (passes / 10).max(10);
+    let first = plan(&view, 3_600_000);
+    let mut times: Vec<Duration> = (0..n)
+        .map(|_| {
+            let t = Instant::now();
+            std::hint::black_box(plan(&view, 3_600_000));
+            t.elapsed()
+        })
+        .collect();
+    times.sort();
+    let pct = |p: usize| times[(times.len() * p / 100).min(times.len() - 1)];
+    println!(
+        "plan, 1,000 nodes, 100,000 pending, multifactor + fair-share + quotas: p50 {:?}, \
+         p99 {:?} over {n} passes ({} placed, {} preemptions in a pass)",
+        pct(50),
+        pct(99),
+        first.allocations.len(),
+        first.preemptions.len()
     );
 }

@@ -21,6 +21,7 @@ use std::process::Command as Process;
 use std::time::Instant;
 
 use gpuq::model::acct::AcctFilter;
+use gpuq::model::policy_change::{AccountPatch, Op, PolicyChange};
 use gpuq::model::{Allocation, JobId, JobSpec, NodeAllocation, Program};
 use gpuq::state::{history, store, Command, Dirty, State};
 
@@ -53,6 +54,8 @@ fn spec(gpus: u32, user: u64) -> JobSpec {
         placement: Default::default(),
         queue: Default::default(),
         signal: None,
+        qos: None,
+        nice: 0,
         program: Program::Command {
             argv: vec!["python".into(), "train.py".into()],
         },
@@ -131,6 +134,26 @@ fn one(nodes: u64, jobs: u64, pending: u64, passes: usize) {
         })
         .collect();
     apply_batch(&db, &mut s, regs);
+    // The accounts jobs are charged to (user N in accountN % 10); submit
+    // refuses an account that does not exist or does not list the user.
+    let accounts = (0..10u64)
+        .map(|a| Command::Policy {
+            change: PolicyChange::Account {
+                op: Op::Add,
+                name: format!("acct{a}"),
+                patch: AccountPatch {
+                    add_users: (0..1000u64)
+                        .filter(|u| u % 10 == a)
+                        .map(|u| format!("user{u}"))
+                        .collect(),
+                    ..Default::default()
+                },
+            },
+            by: "root".into(),
+            now: 1,
+        })
+        .collect();
+    apply_batch(&db, &mut s, accounts);
 
     // Busy nodes: one 8-GPU job on all but one node in 100.
     let busy: Vec<&String> = names

@@ -15,6 +15,8 @@ use gpuq::net::proto::{ApiRequest, ApiResponse};
 
 fn spec() -> JobSpec {
     JobSpec {
+        qos: None,
+        nice: 0,
         name: "bench".into(),
         nodes: 1,
         ntasks_per_node: 1,

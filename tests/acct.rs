@@ -30,6 +30,10 @@ fn finished_jobs_are_archived_and_acct_reports_them() {
     let dir = tempfile::tempdir().unwrap();
     let mut c = Cluster::start_with_config(dir.path(), 1, 8, 10, "history_retention_secs = 1");
     let ok = c.submit(&["--gpus-per-node", "2", "--", "sleep", "1"]);
+    // Submit refuses an account that does not exist or does not list the
+    // user (added after `ok`, which was charged to `default`).
+    c.server
+        .ok(&["admin", "account", "add", "vision", "--add-user", "root"]);
     let bad = c.submit(&["--account", "vision", "--", "sh", "-c", "exit 3"]);
     c.wait_state(&ok, "COMPLETED", LONG);
     c.wait_state(&bad, "FAILED", LONG);

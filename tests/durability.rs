@@ -12,6 +12,8 @@ use gpuq::net::proto::{ApiRequest, ApiResponse};
 
 fn spec(i: usize) -> JobSpec {
     JobSpec {
+        qos: None,
+        nice: 0,
         name: format!("job-{i}"),
         nodes: 1 + (i % 3) as u32,
         ntasks_per_node: 1,

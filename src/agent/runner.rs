@@ -93,7 +93,7 @@ pub fn task_spec(t: &DesiredTask, allow_root: bool, kill_grace_secs: u64) -> Tas
         memory_mb: (t.memory_mb > 0).then(|| share(t.memory_mb)),
         pids_max: None,
         time_limit_secs: t.time_limit_secs,
-        kill_grace_secs,
+        kill_grace_secs: t.kill_grace_secs.unwrap_or(kill_grace_secs),
         signal_before_limit: t.signal.map(|s| crate::agent::exec::LimitSignal {
             signal: s.signal,
             secs_before: s.secs_before,

@@ -6,6 +6,7 @@
 //! internal error.
 
 mod acct;
+pub mod admin;
 pub mod cluster;
 mod hold;
 mod queue;
@@ -120,6 +121,9 @@ pub enum ClientCommand {
         /// Pending jobs with the time backfill expects them to start (N/A: not known).
         #[arg(long)]
         start: bool,
+        /// Pending jobs in priority order with their priority factors.
+        #[arg(long)]
+        priority: bool,
         #[command(flatten)]
         json: JsonFlag,
     },
@@ -186,6 +190,17 @@ pub enum ClientCommand {
     Token {
         #[command(subcommand)]
         cmd: TokenCommand,
+    },
+    /// Manage accounts, QoS, partitions and priority weights (admins).
+    Admin {
+        #[command(subcommand)]
+        cmd: admin::AdminCommand,
+    },
+    /// Fair-share: shares, normalised shares, decayed usage and factor per
+    /// account and user.
+    Share {
+        #[command(flatten)]
+        json: JsonFlag,
     },
 }
 
@@ -312,11 +327,18 @@ pub async fn run(cmd: ClientCommand) -> Result<(), CliError> {
             }
         }
         ClientCommand::Queue {
+            priority: true,
+            user,
+            json,
+            ..
+        } => admin::queue_priority(user, json.json).await,
+        ClientCommand::Queue {
             all,
             user,
             state,
             start,
             json,
+            ..
         } => match call(ApiRequest::Queue {
             all,
             user,
@@ -349,6 +371,11 @@ pub async fn run(cmd: ClientCommand) -> Result<(), CliError> {
                     return print_json(&show::json(&job, &placement)?);
                 }
                 print!("{}", show::text(&job, &placement));
+                if job.state == JobState::Pending {
+                    if let Some((_, f)) = admin::priorities(vec![job.id]).await?.first() {
+                        println!("{:>16}: {}", "Priority", admin::factors_line(f));
+                    }
+                }
                 Ok(())
             }
             other => Err(unexpected(other)),
@@ -402,6 +429,8 @@ pub async fn run(cmd: ClientCommand) -> Result<(), CliError> {
         }
         ClientCommand::Logs { id, rank, follow } => logs(JobId(id), rank, follow).await,
         ClientCommand::Token { cmd } => token(cmd).await,
+        ClientCommand::Admin { cmd } => admin::run(cmd).await,
+        ClientCommand::Share { json } => admin::share(json.json).await,
     }
 }
 

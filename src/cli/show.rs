@@ -102,6 +102,10 @@ pub fn text(j: &Job, placement: &[RankPlacement]) -> String {
         "Partition",
         s.partition.clone().unwrap_or_else(|| "default".into()),
     );
+    kv("QoS", s.qos.clone().unwrap_or_else(|| "normal".into()));
+    if s.nice != 0 {
+        kv("Nice", s.nice.to_string());
+    }
     kv(
         "Output",
         s.output.clone().unwrap_or_else(|| "gpuq-%j.out".into()),

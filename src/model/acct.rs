@@ -8,8 +8,10 @@ use serde::{Deserialize, Serialize};
 
 use super::{Job, JobId, JobState, Millis};
 
-/// The account a job is charged to when it names none.
-pub const DEFAULT_ACCOUNT: &str = "default";
+/// The account a job is charged to when it names none: the policy's
+/// built-in account (apply fills in the resolved account at submit, so only
+/// jobs from before the policy existed name none).
+pub use super::policy::DEFAULT_ACCOUNT;
 
 /// The account `job` is charged to.
 pub fn account_of(job: &Job) -> &str {

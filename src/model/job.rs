@@ -94,6 +94,13 @@ pub struct JobSpec {
     /// the signal preemption sends.
     #[serde(default)]
     pub signal: Option<super::SignalSpec>,
+    /// Quality of service (`--qos`); `None` means `normal`. Apply fills in
+    /// the resolved account, QoS and partition at submit.
+    #[serde(default)]
+    pub qos: Option<String>,
+    /// `--nice N`: subtracted from the job's priority (negative: admins only).
+    #[serde(default)]
+    pub nice: i32,
 }
 
 fn default_max_restarts() -> u32 {
@@ -405,6 +412,9 @@ pub struct Job {
     /// The current (or last) attempt's placement and per-rank progress.
     #[serde(default)]
     pub run: Option<JobRun>,
+    /// Every time the job was preempted, oldest first.
+    #[serde(default)]
+    pub preemptions: Vec<super::PreemptionRecord>,
     /// Held (`gpuq hold`, `--hold`): it does not start until released.
     #[serde(default)]
     pub held: bool,
@@ -518,6 +528,13 @@ pub struct JobRun {
     /// Set when the job is COMPLETING: it goes back to the queue instead.
     #[serde(default)]
     pub requeue: bool,
+    /// SIGTERM-to-SIGKILL grace of its ranks (its QoS's); `None`: the
+    /// agent's `kill_grace_secs`.
+    #[serde(default)]
+    pub kill_grace_secs: Option<u64>,
+    /// Set when the job is COMPLETING because it was preempted for this job.
+    #[serde(default)]
+    pub preempted_for: Option<JobId>,
 }
 
 impl JobRun {

@@ -6,6 +6,8 @@ pub mod acct;
 pub mod hostlist;
 mod job;
 mod node;
+pub mod policy;
+pub mod policy_change;
 mod ports;
 mod queue;
 mod token;
@@ -13,6 +15,10 @@ mod token;
 pub use hostlist::{expand_hostlist, HostlistError};
 pub use job::*;
 pub use node::*;
+pub use policy::{
+    Account, Partition, PartitionState, Policy, PreemptMode, PreemptionRecord, PriorityFactors,
+    PriorityWeights, Qos, ShareRow, UsageCell,
+};
 pub use ports::{PortRange, PortRangeError};
 pub use queue::*;
 pub use token::*;

@@ -131,4 +131,8 @@ pub struct DesiredTask {
     /// The array and index, for an array task.
     #[serde(default)]
     pub array: Option<crate::model::ArrayTask>,
+    /// SIGTERM-to-SIGKILL grace when the task is stopped (its QoS's);
+    /// `None`: the agent's `kill_grace_secs`.
+    #[serde(default)]
+    pub kill_grace_secs: Option<u64>,
 }

@@ -79,6 +79,19 @@ pub enum ApiRequest {
     /// Write the answering server's applied state to `path` on its host
     /// (admins, local socket only).
     SnapshotSave { path: std::path::PathBuf },
+    /// Change accounts, QoS, partitions or priority weights (admins only).
+    Admin {
+        change: crate::model::policy_change::PolicyChange,
+    },
+    /// The policy in force, built-ins included.
+    PolicyShow,
+    /// Fair-share per account and user (`gpuq share`).
+    Share,
+    /// Priority factors of pending jobs (all when `ids` is empty).
+    Priorities {
+        #[serde(default)]
+        ids: Vec<JobId>,
+    },
 }
 
 /// Who a daemon vouches the request comes from.
@@ -296,6 +309,21 @@ pub enum ApiResponse {
         term: u64,
         jobs: u64,
         bytes: u64,
+    },
+    PolicyUpdated {
+        what: String,
+    },
+    /// Every account, QoS and partition in force (built-ins included).
+    Policy {
+        policy: Box<crate::model::Policy>,
+    },
+    Share {
+        rows: Vec<crate::model::ShareRow>,
+        half_life_secs: u64,
+    },
+    Priorities {
+        weights: crate::model::PriorityWeights,
+        jobs: Vec<(JobId, crate::model::PriorityFactors)>,
     },
     Error {
         kind: ErrorKind,

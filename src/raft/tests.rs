@@ -25,6 +25,8 @@ const WAIT: Duration = Duration::from_secs(30);
 
 fn spec(name: &str) -> JobSpec {
     JobSpec {
+        qos: None,
+        nice: 0,
         name: name.into(),
         nodes: 1,
         ntasks_per_node: 1,

@@ -14,8 +14,16 @@
 //!   end (now + its time limit) is not in its way; any other is. A job with
 //!   no time limit overlaps them all. So no start delays a reservation.
 //! - Jobs held back by the state (holds, dependencies), by `--begin`, by an
-//!   array throttle or a running singleton wait with that reason and block
-//!   nobody.
+//!   array throttle or a running singleton, by a down partition or by a
+//!   quota wait with that reason and block nobody. A job is placed (now or
+//!   on the timeline) only on its partition's nodes.
+//! - A job that cannot start now may preempt (`super::preempt_for`) where
+//!   what it would take once the victims stopped leaves room for the
+//!   reservations it would overlap: the victims go in the plan, what it
+//!   will take is charged so nobody behind it takes it (and is on the
+//!   timeline as started now, the victims' expected ends not), and it waits
+//!   as `Preempting`, blocking nobody. Not where the pass has fallen back
+//!   to strict priority.
 //! - When a blocked job's start cannot be worked out (resources held by jobs
 //!   the timeline does not know, or `max_times` candidate times tried), the
 //!   pass falls back to strict priority behind it: nothing lower starts.
@@ -42,8 +50,9 @@ use crate::model::{Allocation, JobId, Millis, Placement};
 
 use super::check::{self, Candidate, Resolved, Scope};
 use super::plan::Reservation;
-use super::view::{PendingJob, RunningJob, Shape};
-use super::{Packing, PendingReason, Plan, Pool};
+use super::quota::Quotas;
+use super::view::{ClusterView, PendingJob, RunningJob, Shape};
+use super::{Packing, Partitions, PendingReason, Plan, Pool, MAX_PREEMPT_TRIES};
 
 /// Backfill's knobs (Slurm's `bf_*` parameters).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -73,11 +82,18 @@ impl Default for BackfillConfig {
     }
 }
 
-/// A request's identity for caches within a pass.
-type Request<'j> = (u32, Shape, Option<u32>, &'j Placement);
+/// A request's identity for caches within a pass (with the index of the
+/// job's partition: satisfiability and placement depend on its nodes).
+type Request<'j> = (u32, Shape, Option<u32>, &'j Placement, usize);
 
-fn request(job: &PendingJob) -> Request<'_> {
-    (job.nodes, job.per_node(), job.total_gpus, &job.placement)
+fn request(job: &PendingJob, part: usize) -> Request<'_> {
+    (
+        job.nodes,
+        job.per_node(),
+        job.total_gpus,
+        &job.placement,
+        part,
+    )
 }
 
 /// Resources set aside for a blocked job over `[start, end)`.
@@ -96,18 +112,34 @@ impl Hold {
     }
 }
 
-/// One pass over `queue` (already in priority order).
-pub(super) fn run(
-    queue: &[&PendingJob],
+/// One pass over `queue` (`view`'s pending jobs, already in priority order).
+pub(super) fn run<'v>(
+    view: &'v ClusterView,
+    queue: &[&'v PendingJob],
     cands: &[Candidate],
-    mut pool: Pool,
-    running: &[RunningJob],
-    cfg: &super::BackfillConfig,
+    mut pool: Pool<'v>,
     now: Millis,
     packing: Packing,
 ) -> Plan {
+    let cfg = &view.backfill;
+    // Jobs stopping for a preemption (earlier passes' and this one's): the
+    // timeline does not count on their expected ends, since what they free
+    // goes to their preemptor, which is on it as started now instead.
+    let mut stopping: BTreeSet<JobId> = view
+        .policy
+        .running
+        .iter()
+        .filter(|r| r.preempted_for.is_some())
+        .map(|r| r.id)
+        .collect();
+    let up: Vec<_> = pool.nodes.iter().map(|n| n.view).collect();
+    let parts = Partitions::new(&view.policy.policy, &up);
+    let mut quotas = Quotas::new(&view.policy);
+    // Preemption simulates on copies of the pool: a few per pass.
+    let mut preempt_tries = MAX_PREEMPT_TRIES;
     let mut verdicts: BTreeMap<Request, Result<Resolved, String>> = BTreeMap::new();
-    let mut allowed: BTreeMap<&Placement, Vec<bool>> = BTreeMap::new();
+    // Which up nodes each distinct placement allows, in each partition.
+    let mut allowed: BTreeMap<(&Placement, usize), Vec<bool>> = BTreeMap::new();
     // Requests (with their time limit) that could not start now.
     let mut failed: BTreeMap<(Request, Option<u64>), PendingReason> = BTreeMap::new();
     let mut holds: Vec<Hold> = Vec::new();
@@ -125,9 +157,19 @@ pub(super) fn run(
             out.pending.push((job.id, reason));
             continue;
         }
-        let verdict = verdicts
-            .entry(request(job))
-            .or_insert_with(|| check::fits_some(cands, job, Scope::Up));
+        let Some(part) = parts.of(job) else {
+            out.pending.push((job.id, PendingReason::PartitionDown));
+            continue;
+        };
+        let verdict = verdicts.entry(request(job, part)).or_insert_with(|| {
+            let in_part: Vec<Candidate> = cands
+                .iter()
+                .zip(&parts.members[part])
+                .filter(|(_, &m)| m)
+                .map(|(c, _)| *c)
+                .collect();
+            check::fits_some(&in_part, job, Scope::Up)
+        });
         let resolved = match verdict {
             Ok(r) => *r,
             Err(why) => {
@@ -136,6 +178,11 @@ pub(super) fn run(
                 continue;
             }
         };
+        let gpus = u64::from(resolved.per_node.gpus) * u64::from(resolved.nodes);
+        if let Err(reason) = quotas.gate(job, gpus) {
+            out.pending.push((job.id, reason));
+            continue;
+        }
         if barrier || (blocked && cfg.depth == 0) {
             out.pending.push((job.id, PendingReason::Priority));
             continue;
@@ -148,10 +195,14 @@ pub(super) fn run(
             tested += 1;
         }
         let end = job.time_limit_secs.map(|s| end_of(now, s));
-        let allowed = allowed
-            .entry(&job.placement)
-            .or_insert_with(|| pool.allowed(&job.placement));
-        let key = (request(job), job.time_limit_secs);
+        let allowed = allowed.entry((&job.placement, part)).or_insert_with(|| {
+            let mut a = pool.allowed(&job.placement);
+            a.iter_mut()
+                .zip(&parts.members[part])
+                .for_each(|(a, &m)| *a &= m);
+            a
+        });
+        let key = (request(job, part), job.time_limit_secs);
         let attempt = match failed.get(&key) {
             Some(r) => Err(r.clone()),
             None => {
@@ -174,6 +225,7 @@ pub(super) fn run(
         match attempt {
             Ok(alloc) => {
                 pool.charge(&alloc);
+                quotas.charge(job, gpus);
                 if let Some(t) = job.array_throttle {
                     if let Some(s) = slots.get_mut(&t.array) {
                         *s = s.saturating_sub(1);
@@ -188,13 +240,53 @@ pub(super) fn run(
                 out.allocations.push(alloc);
             }
             Err(reason) => {
+                // May it take what others hold? Only where that leaves room
+                // for the reservations it would overlap: it delays none.
+                let preempting = super::preempt_for(
+                    view,
+                    &pool,
+                    job,
+                    resolved,
+                    allowed,
+                    packing,
+                    now,
+                    gpus,
+                    &quotas,
+                    &mut preempt_tries,
+                )
+                .filter(|(p, at)| {
+                    let victims: Vec<&Allocation> = view
+                        .policy
+                        .running
+                        .iter()
+                        .filter(|r| match p {
+                            Some(p) => p.victims.contains(&r.id),
+                            None => r.preempted_for == Some(job.id),
+                        })
+                        .map(|r| &r.allocation)
+                        .collect();
+                    clear_of_holds(&pool, &victims, &holds, now, end, at)
+                });
+                if let Some((preemption, reserved)) = preempting {
+                    // What it will take once the victims stopped is not for
+                    // the jobs behind it.
+                    pool.charge(&reserved);
+                    started.push((end, reserved));
+                    if let Some(p) = preemption {
+                        stopping.extend(p.victims.iter().copied());
+                        out.preemptions.push(p);
+                    }
+                    out.pending.push((job.id, PendingReason::Preempting));
+                    continue;
+                }
                 let first = !blocked;
                 blocked = true;
                 let mut reserved = false;
                 if holds.len() < cfg.depth {
                     let timeline = Timeline {
                         pool: &pool,
-                        running,
+                        running: &view.running,
+                        stopping: &stopping,
                         started: &started,
                         holds: &holds,
                         now,
@@ -256,6 +348,33 @@ fn gate(
     None
 }
 
+/// Whether `at` (where a preemptor goes once `victims` stopped) leaves room
+/// for every reservation overlapping `[from, to)`.
+fn clear_of_holds(
+    pool: &Pool,
+    victims: &[&Allocation],
+    holds: &[Hold],
+    from: Millis,
+    to: Option<Millis>,
+    at: &Allocation,
+) -> bool {
+    let mut p = pool.clone();
+    for v in victims {
+        p.release(v);
+    }
+    for h in holds.iter().filter(|h| h.overlaps(from, to)) {
+        p.charge(&h.alloc);
+    }
+    at.nodes.iter().all(|na| {
+        p.by_name.get(na.node.as_str()).is_some_and(|&i| {
+            let n = &p.nodes[i];
+            na.gpus.iter().all(|g| n.gpus.contains(g))
+                && n.cpus >= u64::from(na.cpu_count)
+                && n.memory_mb >= na.memory_mb
+        })
+    })
+}
+
 fn end_of(start: Millis, secs: u64) -> Millis {
     start.saturating_add(secs.saturating_mul(1000))
 }
@@ -283,6 +402,8 @@ struct Timeline<'a, 'v> {
     /// Free now, after this pass's starts.
     pool: &'a Pool<'v>,
     running: &'a [RunningJob],
+    /// Jobs in `running` whose release the timeline ignores.
+    stopping: &'a BTreeSet<JobId>,
     started: &'a [(Option<Millis>, Allocation)],
     holds: &'a [Hold],
     now: Millis,
@@ -303,6 +424,7 @@ impl Timeline<'_, '_> {
         let mut ends: Vec<(Millis, &Allocation)> = self
             .running
             .iter()
+            .filter(|r| !self.stopping.contains(&r.id))
             .filter_map(|r| Some((r.expected_end?.max(self.now + 1), &r.allocation)))
             .chain(
                 self.started

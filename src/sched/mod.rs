@@ -7,15 +7,23 @@
 //! optimistic plan applier).
 //!
 //! The policy: queue order with backfill, gang placement and best fit:
-//! - Queue order: priority (higher first), a restart first, then submit time,
-//!   then id ([`queue_key`]).
+//! - Queue order: multifactor priority ([`priority`]: age, fair-share from
+//!   [`fairshare`], job size, QoS, partition, minus nice; with the view's
+//!   default all-zero weights, plain FIFO), a restarting gang first among
+//!   equals, then submit time, then id.
+//! - A job in a down partition waits (`PartitionDown`), one over an account
+//!   cap or a QoS's per-user cap waits (`QuotaExceeded`, `quota`); neither
+//!   blocks the jobs behind it. A job is placed only on its partition's nodes.
 //! - The first job that cannot start now waits for `Resources` (or, under
 //!   `--topology`, for `Topology`) and the jobs behind it for `Priority`,
 //!   except those backfill lets start because they delay no reservation of
 //!   the top blocked jobs ([`backfill`] says how; its reservations give
 //!   those jobs an expected start), so a big job is never starved by small
 //!   ones. Holds, dependencies, `--begin` and array throttles keep a job
-//!   back without blocking anyone.
+//!   back without blocking anyone. Unless it may preempt (`preempt`): then
+//!   the fewest victims that make it fit (outside the reservations) go in
+//!   [`Plan::preemptions`], it waits as `Preempting` with what it will take
+//!   reserved, and the queue goes on.
 //! - A job no set of up nodes could hold even empty is `Unsatisfiable` and
 //!   does not block the queue. A `--gpus N` job gets its shape here, from what
 //!   the up nodes could hold (see `check::resolve_total`).
@@ -35,17 +43,20 @@
 //! - Inside a node, the closest GPUs that break the fewest free groups
 //!   ([`pick_gpus`]), and CPUs of their NUMA nodes ([`pick_cpus`]).
 //!
-//! Where it grows: multifactor priority replaces `PendingJob::priority` (the
-//! backfill loop takes the queue in whatever order it is given); fair-share,
-//! quotas and preemption add reasons ([`PendingReason`] already names them),
-//! gates next to `backfill::gate`, and fields of [`Plan`].
+//! Where it grows: new reasons ([`PendingReason`]) come with gates next to
+//! `backfill::gate` and `quota::Quotas::gate`, and fields of [`Plan`].
 
 mod backfill;
 mod check;
 mod constraints;
 mod cpus;
+pub mod fairshare;
 mod gpus;
 mod plan;
+mod policy;
+mod preempt;
+pub mod priority;
+mod quota;
 mod restart;
 mod topology;
 mod view;
@@ -53,7 +64,6 @@ mod view;
 #[cfg(test)]
 mod tests;
 
-use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::model::{Allocation, Millis, NodeAllocation, Placement};
@@ -62,7 +72,8 @@ pub use backfill::BackfillConfig;
 pub use check::{check_allocation, feasible};
 pub use cpus::pick_cpus;
 pub use gpus::pick_gpus;
-pub use plan::{PendingReason, Plan, Reservation};
+pub use plan::{PendingReason, Plan, Preemption, Reservation};
+pub use policy::{ActiveJob, PolicyView};
 pub use view::{
     cpu_layout, ArrayThrottle, Capacity, ClusterView, NodeState, NodeView, PendingJob, RunningJob,
     Shape, Usage, DEFAULT_MEM_PER_CPU_MB,
@@ -84,8 +95,9 @@ pub enum Packing {
 /// One scheduling pass: places pending jobs in queue order on the free
 /// resources of up nodes, counting what earlier jobs of the same pass took.
 ///
-/// `now` is the leader's clock, stamped into the pass: begin times and
-/// backfill's timeline are measured from it.
+/// `now` is the leader's clock, stamped into the pass: begin times,
+/// backfill's timeline, age, fair-share usage of running jobs and the
+/// GPU-hours a victim would lose are measured from it.
 ///
 /// Cost: O(nodes) per job tried; behind the first blocked job at most
 /// `BackfillConfig::max_job_test` jobs are tried and a failed request is not
@@ -107,30 +119,109 @@ pub fn plan_with(view: &ClusterView, now: Millis, packing: Packing) -> Plan {
         })
         .collect();
     let pool = Pool::new(&up, view.master_ports);
-    let mut queue: Vec<&PendingJob> = view.pending.iter().collect();
-    queue.sort_by_key(|j| queue_key(j));
-    backfill::run(
-        &queue,
-        &cands,
-        pool,
-        &view.running,
-        &view.backfill,
-        now,
-        packing,
-    )
+    let queue: Vec<&PendingJob> = priority::order(view, now)
+        .into_iter()
+        .map(|(j, _)| j)
+        .collect();
+    backfill::run(view, &queue, &cands, pool, now, packing)
 }
 
-/// A job's place in the queue, first first: priority, then a restarting job
-/// (requeued after a failure, [`PendingJob::previous`]) ahead of others of
-/// its priority, so it goes back to the head of the queue, then submit time
-/// and id.
-pub(crate) fn queue_key(job: &PendingJob) -> (Reverse<i64>, bool, Millis, crate::model::JobId) {
-    (
-        Reverse(job.priority),
-        job.previous.is_empty(),
-        job.submit_time,
-        job.id,
-    )
+/// Preemption attempts (each simulates on copies of the pool) per pass.
+const MAX_PREEMPT_TRIES: u32 = 16;
+
+/// For a job that does not fit now: if jobs are already stopping for it,
+/// where it will go once they have (no new victims); else new victims that
+/// make it fit, if it may preempt any. `None`: it just waits.
+#[allow(clippy::too_many_arguments)]
+fn preempt_for(
+    view: &ClusterView,
+    pool: &Pool,
+    job: &PendingJob,
+    resolved: Resolved,
+    allowed: &[bool],
+    packing: Packing,
+    now: Millis,
+    gpus: u64,
+    quotas: &quota::Quotas,
+    tries: &mut u32,
+) -> Option<(Option<Preemption>, Allocation)> {
+    let stopping: Vec<&ActiveJob> = view
+        .policy
+        .running
+        .iter()
+        .filter(|r| r.preempted_for == Some(job.id))
+        .collect();
+    if !stopping.is_empty() {
+        let mut freed = pool.clone();
+        for r in &stopping {
+            freed.release(&r.allocation);
+        }
+        let at = freed.place(job, resolved, allowed, packing).ok()?;
+        return Some((None, at));
+    }
+    if *tries == 0 {
+        return None;
+    }
+    let cands = preempt::candidates(&view.policy, job, gpus, &|a| quotas.account_gpus(a));
+    if cands.is_empty() {
+        return None;
+    }
+    *tries -= 1;
+    let (victims, at) = preempt::find(pool, job, resolved, allowed, packing, &cands, now)?;
+    let why = victims
+        .iter()
+        .filter_map(|id| cands.iter().find(|r| r.id == *id))
+        .map(|r| preempt::why(&view.policy, job, r))
+        .collect();
+    Some((
+        Some(Preemption {
+            job: job.id,
+            victims,
+            why,
+        }),
+        at,
+    ))
+}
+
+/// Which up nodes each partition holds, and which partition a job is in.
+struct Partitions {
+    /// Partition names in order; `members[i]` is a flag per up node.
+    names: Vec<String>,
+    members: Vec<Vec<bool>>,
+    up: Vec<bool>,
+    default: String,
+}
+
+impl Partitions {
+    fn new(policy: &crate::model::Policy, nodes: &[&NodeView]) -> Partitions {
+        let all = policy.all_partitions();
+        let mut p = Partitions {
+            names: Vec::new(),
+            members: Vec::new(),
+            up: Vec::new(),
+            default: policy.default_partition(),
+        };
+        for (name, part) in all {
+            let set = part.node_set();
+            p.names.push(name);
+            p.members.push(
+                nodes
+                    .iter()
+                    .map(|n| set.as_ref().is_none_or(|s| s.contains(&n.name)))
+                    .collect(),
+            );
+            p.up.push(part.state == crate::model::PartitionState::Up);
+        }
+        p
+    }
+
+    /// The index of the job's partition, or `None` when it is down. A
+    /// partition removed since the job was queued counts as the default.
+    fn of(&self, job: &PendingJob) -> Option<usize> {
+        let find = |n: &str| self.names.iter().position(|x| x == n);
+        let i = find(&job.partition).or_else(|| find(&self.default))?;
+        self.up[i].then_some(i)
+    }
 }
 
 /// Up nodes, sorted by name (a repeated name keeps its first entry).
@@ -160,6 +251,8 @@ struct FreeNode<'v> {
     /// CPU ids put in cpusets earlier in this pass. The node's free ids are
     /// worked out only where a job lands, not for every node of every pass.
     cpu_ids_taken: BTreeSet<u32>,
+    /// CPU ids of jobs a preemption simulation stopped.
+    cpu_ids_freed: BTreeSet<u32>,
     memory_mb: u64,
     /// MASTER_PORTs still free for a job with its rank 0 here.
     ports: u32,
@@ -184,6 +277,7 @@ impl<'v> Pool<'v> {
                 gpus: view.free_gpus(),
                 cpus: view.free_cpus(),
                 cpu_ids_taken: BTreeSet::new(),
+                cpu_ids_freed: BTreeSet::new(),
                 memory_mb: view.free_memory_mb(),
                 ports: master_ports.map_or(u32::MAX, |m| m.saturating_sub(view.used.master_ports)),
             })
@@ -293,6 +387,7 @@ impl<'v> Pool<'v> {
                     .filter(|g| !gpus.contains(g))
                     .collect();
                 let mut cpu_ids = n.view.free_cpu_ids();
+                cpu_ids.extend(n.cpu_ids_freed.iter().copied());
                 cpu_ids.retain(|c| !n.cpu_ids_taken.contains(c));
                 let cpus = pick_cpus(&n.view.inventory, &gpus, &gpus_left, &cpu_ids, cpu_count);
                 Some(NodeAllocation {
@@ -309,7 +404,8 @@ impl<'v> Pool<'v> {
     }
 
     /// Gives back what `alloc` holds (a running job's expected end, on
-    /// backfill's timeline): healthy GPUs only, counts up to capacity.
+    /// backfill's timeline, or a preemption victim, in a simulation on a copy
+    /// of the pool): healthy GPUs only, counts up to capacity.
     fn release(&mut self, alloc: &Allocation) {
         for na in &alloc.nodes {
             let Some(&i) = self.by_name.get(na.node.as_str()) else {
@@ -327,6 +423,7 @@ impl<'v> Pool<'v> {
                     self.free_gpus += 1;
                 }
             }
+            n.cpu_ids_freed.extend(na.cpus.iter().copied());
             n.cpus = (n.cpus + u64::from(na.cpu_count)).min(u64::from(n.view.inventory.cpus));
             n.memory_mb = (n.memory_mb + na.memory_mb).min(n.view.inventory.memory_mb);
         }

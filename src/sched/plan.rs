@@ -9,8 +9,7 @@ use crate::model::{Allocation, JobId, Millis, TopologyRequirement};
 /// What one pass decided. The leader proposes it as one `Command::Schedule`;
 /// apply re-checks each allocation with [`super::check_allocation`].
 ///
-/// Preemptions (victims to signal) join as a further field, `#[serde(default)]`,
-/// when that policy lands.
+/// Preemptions go out as `Command::Preempt`.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Plan {
     /// Jobs to start, in queue order; a gang job is one entry, whole.
@@ -21,6 +20,9 @@ pub struct Plan {
     /// is expected to start. Jobs started by this plan delay none of them.
     #[serde(default)]
     pub reservations: Vec<Reservation>,
+    /// Running jobs to stop so that pending ones fit (`Command::Preempt`).
+    #[serde(default)]
+    pub preemptions: Vec<Preemption>,
 }
 
 /// Where and when a blocked job is expected to start (backfill).
@@ -33,6 +35,18 @@ pub struct Reservation {
     pub end: Option<Millis>,
     /// The resources set aside for it from `start` to `end`.
     pub allocation: Allocation,
+}
+
+/// Victims to stop for one pending job: whole jobs, each chosen because the
+/// job fits once they have stopped (see `sched::preempt`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Preemption {
+    /// The job they make room for.
+    pub job: JobId,
+    pub victims: Vec<JobId>,
+    /// Why, per victim (a QoS preemption or a quota reclaim).
+    #[serde(default)]
+    pub why: Vec<String>,
 }
 
 impl Plan {
@@ -78,6 +92,10 @@ pub enum PendingReason {
     /// It fits, but every node it could have as rank 0 already is rank 0 of
     /// as many running jobs as the cluster's MASTER_PORT range has ports.
     NoMasterPort,
+    /// Its partition is down.
+    PartitionDown,
+    /// Jobs were preempted to make room for it; it starts once they stopped.
+    Preempting,
 }
 
 impl PendingReason {
@@ -96,6 +114,8 @@ impl PendingReason {
             PendingReason::DependencyNeverSatisfied(_) => "DependencyNeverSatisfied",
             PendingReason::JobArrayTaskLimit => "JobArrayTaskLimit",
             PendingReason::NoMasterPort => "MasterPort",
+            PendingReason::PartitionDown => "PartitionDown",
+            PendingReason::Preempting => "Preempting",
         }
     }
 }
@@ -136,6 +156,10 @@ impl fmt::Display for PendingReason {
                 "waiting for a free MASTER_PORT: every port of the cluster's master_port_range \
                  is taken on the nodes it fits on (by running jobs whose rank 0 is there)",
             ),
+            PendingReason::PartitionDown => f.write_str("its partition is down"),
+            PendingReason::Preempting => {
+                f.write_str("waiting for the jobs preempted for it to stop")
+            }
         }
     }
 }

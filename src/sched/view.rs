@@ -34,6 +34,10 @@ pub struct ClusterView {
     /// of at most this many running jobs. `None`: no limit.
     #[serde(default)]
     pub master_ports: Option<u32>,
+    /// Accounts, QoS, partitions, weights, usage and running jobs (priority,
+    /// quotas, preemption). The default is FIFO with no limits.
+    #[serde(default)]
+    pub policy: super::PolicyView,
 }
 
 /// A running (or completing) job as backfill sees it.
@@ -262,6 +266,17 @@ pub struct PendingJob {
     /// its priority. Empty for a job that has not run.
     #[serde(default)]
     pub previous: Vec<NodeAllocation>,
+    /// The account it is charged to, its QoS and partition (resolved at
+    /// submit; empty: the built-ins).
+    #[serde(default)]
+    pub account: String,
+    #[serde(default)]
+    pub qos: String,
+    #[serde(default)]
+    pub partition: String,
+    /// `--nice`.
+    #[serde(default)]
+    pub nice: i32,
 }
 
 impl PendingJob {
@@ -328,6 +343,10 @@ impl From<&Job> for PendingJob {
                 }
                 _ => Vec::new(),
             },
+            account: job.spec.account.clone().unwrap_or_default(),
+            qos: job.spec.qos.clone().unwrap_or_default(),
+            partition: job.spec.partition.clone().unwrap_or_default(),
+            nice: job.spec.nice,
         }
     }
 }

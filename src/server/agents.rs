@@ -154,6 +154,7 @@ pub fn desired_tasks(state: &State, node: &str) -> Vec<DesiredTask> {
                 master_port: run.master_port,
                 signal: job.spec.signal,
                 array: job.array,
+                kill_grace_secs: run.kill_grace_secs,
             });
         }
     }

@@ -300,6 +300,7 @@ impl Api {
                 | ApiRequest::NodeDrain { .. }
                 | ApiRequest::NodeResume { .. }
                 | ApiRequest::RemoveServer { .. }
+                | ApiRequest::Admin { .. }
         );
         if needs_leader {
             if let Some(resp) = self.forward_if_follower(&caller, &req).await {
@@ -313,6 +314,15 @@ impl Api {
             ApiRequest::Submit { spec } => {
                 if let Err(why) = spec.check_invariants() {
                     return ApiResponse::error(ErrorKind::BadInput, why);
+                }
+                if spec.nice < 0 && !caller.admin {
+                    return ApiResponse::error(
+                        ErrorKind::Forbidden,
+                        format!(
+                            "--nice {} raises priority, which needs an admin; use 0 or more",
+                            spec.nice
+                        ),
+                    );
                 }
                 if let Err(why) = self.feasible(&spec) {
                     return ApiResponse::error(ErrorKind::BadInput, why);
@@ -429,6 +439,10 @@ impl Api {
             ),
             ApiRequest::RemoveServer { name } => self.remove_server(&caller, name).await,
             ApiRequest::SnapshotSave { path } => self.snapshot_save(&caller, path).await,
+            req @ (ApiRequest::Admin { .. }
+            | ApiRequest::PolicyShow
+            | ApiRequest::Share
+            | ApiRequest::Priorities { .. }) => self.policy_request(&caller, req).await,
             ApiRequest::TokenRevoke { id } => {
                 if !caller.admin {
                     return forbidden("revoking a join token");
@@ -488,7 +502,7 @@ impl Api {
         }
     }
 
-    fn unexpected(&self, r: CommandResult) -> ApiResponse {
+    pub(super) fn unexpected(&self, r: CommandResult) -> ApiResponse {
         match r {
             CommandResult::Rejected(why) => rejection(why),
             other => ApiResponse::error(
@@ -729,6 +743,7 @@ impl Api {
             held: false,
             array: None,
             expected_start: None,
+            preemptions: Vec::new(),
         };
         crate::sched::feasible(&inventories, &crate::sched::PendingJob::from(&probe))
     }

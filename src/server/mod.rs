@@ -12,6 +12,7 @@ mod datadir;
 mod join;
 mod liveness;
 mod members;
+mod policy_api;
 mod propose;
 mod scheduler;
 mod show;

@@ -52,6 +52,19 @@ pub async fn run(api: Arc<Api>, mut shutdown: watch::Receiver<bool>) {
                 .map(|(id, r)| (*id, (r.to_string(), starts.get(id).copied())))
                 .collect(),
         );
+        if !plan.preemptions.is_empty() {
+            let cmd = Command::Preempt {
+                preemptions: plan.preemptions,
+                now: now_ms(),
+            };
+            match api.write(cmd).await {
+                Ok(CommandResult::Preempted { stopped, skipped }) => {
+                    tracing::info!(?stopped, ?skipped, "preempted jobs");
+                }
+                Ok(other) => tracing::warn!("unexpected preempt result {other:?}"),
+                Err(e) => tracing::debug!("preemption not committed: {e:?}"),
+            }
+        }
         if plan.allocations.is_empty() {
             continue;
         }

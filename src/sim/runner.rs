@@ -249,6 +249,7 @@ mod tests {
             master_port: 29500,
             signal: None,
             array: None,
+            kill_grace_secs: None,
         }
     }
 

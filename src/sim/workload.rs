@@ -49,6 +49,8 @@ pub fn sim_spec(
         env.push((EXIT_ENV.to_string(), exit_code.to_string()));
     }
     JobSpec {
+        qos: None,
+        nice: 0,
         name: name.to_string(),
         nodes,
         ntasks_per_node: 1,

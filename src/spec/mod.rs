@@ -123,6 +123,15 @@ pub struct SubmitArgs {
     #[arg(short = 'p', long, value_name = "PARTITION")]
     pub partition: Option<String>,
 
+    /// Quality of service: its priority, preemption rights and caps [default: normal]
+    #[arg(short = 'q', long, value_name = "QOS")]
+    pub qos: Option<String>,
+
+    /// Lower the job's priority by N (-10000..10000; below 0 needs an admin) [default: 0]
+    #[arg(long, value_name = "N", allow_negative_numbers = true,
+          value_parser = value_parser!(i32).range(-10000..=10000))]
+    pub nice: Option<i32>,
+
     /// Stdout file: %j job id, %t task rank, %n node rank, %x job name, %u user, %% a % [default: gpuq-%j.out]
     #[arg(short = 'o', long, value_name = "PATTERN", value_parser = values::parse_output_pattern)]
     pub output: Option<String>,
@@ -212,6 +221,8 @@ impl SubmitArgs {
             time: pick(&self.time, &over.time),
             account: pick(&self.account, &over.account),
             partition: pick(&self.partition, &over.partition),
+            qos: pick(&self.qos, &over.qos),
+            nice: pick(&self.nice, &over.nice),
             output: pick(&self.output, &over.output),
             error: pick(&self.error, &over.error),
             chdir: pick(&self.chdir, &over.chdir),
@@ -357,6 +368,8 @@ pub fn build_spec(
     let (nodes, gpus_per_node, total_gpus, placement) = placement::resolve(&merged)?;
 
     let spec = JobSpec {
+        qos: merged.qos.clone(),
+        nice: merged.nice.unwrap_or(0),
         name,
         nodes,
         ntasks_per_node: merged.ntasks_per_node.unwrap_or(1),
@@ -403,6 +416,9 @@ pub fn build_spec(
     }
     if let Some(partition) = &spec.partition {
         check_word("partition", partition, false)?;
+    }
+    if let Some(qos) = &spec.qos {
+        check_word("QoS", qos, false)?;
     }
     Ok(spec)
 }

@@ -137,6 +137,10 @@ impl State {
             } => Ok(self.set_drain(node, drain.as_deref(), *by, *requeue_now, *now, dirty)),
             Command::Archive { before } => Ok(self.archive(*before, dirty)),
             Command::GpuHealth { node, gpus, now } => Ok(self.gpu_health(node, gpus, *now, dirty)),
+            Command::Policy { change, .. } => self.apply_policy(change, dirty),
+            Command::Preempt { preemptions, now } => {
+                Ok(self.apply_preempt(preemptions, *now, dirty))
+            }
             Command::Batch(cmds) => Ok(CommandResult::Batch(
                 cmds.iter()
                     .map(|c| match c {

@@ -96,6 +96,18 @@ pub enum Command {
     /// set to the history archive. The leader proposes it with `before = now
     /// - retention`, so apply needs no clock.
     Archive { before: Millis },
+    /// An admin's change of accounts, QoS, partitions or priority weights.
+    /// Validated whole: a refused change changes nothing.
+    Policy {
+        change: crate::model::policy_change::PolicyChange,
+        by: String,
+        now: Millis,
+    },
+    /// A scheduling pass's preemptions: victims to stop so that pending jobs fit.
+    Preempt {
+        preemptions: Vec<crate::sched::Preemption>,
+        now: Millis,
+    },
     /// Task starts and ends reported by a node's agent. Idempotent: keyed by
     /// (job, attempt, rank), a repeat changes nothing.
     TaskEvents {
@@ -141,6 +153,15 @@ pub enum CommandResult {
     Archived {
         count: u64,
     },
+    /// A policy change was applied.
+    PolicyUpdated {
+        what: String,
+    },
+    /// The victims a `Preempt` stopped, and the preemptors it skipped.
+    Preempted {
+        stopped: Vec<JobId>,
+        skipped: Vec<JobId>,
+    },
     /// The answers of a `Batch`, in order.
     Batch(Vec<CommandResult>),
     Rejected(Rejection),
@@ -177,4 +198,8 @@ pub enum Rejection {
     NoSuchNode(String),
     #[error("node {0} is down; it comes back up when its agent reconnects")]
     NodeIsDown(String),
+    /// A policy change or a submission the policy refuses; the text names
+    /// the input and the fix.
+    #[error("{0}")]
+    Policy(String),
 }

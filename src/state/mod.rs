@@ -9,6 +9,7 @@ mod command;
 mod deps;
 pub mod history;
 mod index;
+mod policy;
 mod queue;
 mod run;
 pub mod store;
@@ -18,6 +19,9 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::model::policy_change::{
+    AccountPatch, Limit, Op, PartitionPatch, PolicyChange, PriorityPatch, QosPatch,
+};
 pub use command::{Command, CommandResult, Rejection};
 pub use deps::DepStatus;
 pub use index::ActiveIndex;
@@ -115,6 +119,12 @@ pub struct State {
     /// Indexes over the active jobs, kept in step by apply (see `index`).
     #[serde(skip)]
     pub index: ActiveIndex,
+    /// Accounts, QoS, partitions and priority weights (`gpuq admin`).
+    #[serde(default)]
+    pub policy: crate::model::Policy,
+    /// Fair-share usage by account, then user.
+    #[serde(default)]
+    pub usage: BTreeMap<String, BTreeMap<String, crate::model::UsageCell>>,
 }
 
 /// The records one or more applies touched, for `store::write_dirty`.
@@ -198,6 +208,13 @@ impl State {
         if !job.state.can_move_to(next) {
             return false;
         }
+        if job.state.is_active() && !next.is_active() {
+            // The attempt stops holding its GPUs: charge them to fair-share.
+            self.charge_usage(id, now, dirty);
+        }
+        let Some(job) = self.jobs.get_mut(&id) else {
+            return false;
+        };
         if next == JobState::Running {
             job.start_time = Some(now);
         }
@@ -224,3 +241,6 @@ mod tests_queue;
 
 #[cfg(test)]
 mod tests_restart;
+
+#[cfg(test)]
+mod tests_policy;

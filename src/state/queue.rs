@@ -24,6 +24,11 @@ impl State {
         spec.check_invariants().map_err(Rejection::InvalidSpec)?;
         self.check_dependencies(&spec.queue.dependency)
             .map_err(Rejection::UnknownDependency)?;
+        let mut spec = spec.clone();
+        self.policy
+            .resolve(user, &mut spec)
+            .map_err(Rejection::Policy)?;
+        let spec = &spec;
         let base = JobId(self.counters.next_job_id);
         let new_job = |id: JobId, spec: JobSpec, array: Option<ArrayTask>| Job {
             id,
@@ -41,6 +46,7 @@ impl State {
             run: None,
             array,
             expected_start: None,
+            preemptions: Vec::new(),
         };
         match &spec.queue.array {
             None => {

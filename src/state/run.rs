@@ -104,6 +104,15 @@ impl State {
                     .filter(|(n, _)| *n == first.node)
                     .map(|(_, p)| *p),
             );
+            let kill_grace_secs = self
+                .policy
+                .qos(
+                    job.spec
+                        .qos
+                        .as_deref()
+                        .unwrap_or(crate::model::policy::DEFAULT_QOS),
+                )
+                .and_then(|q| q.grace_secs);
             let range = self.master_ports();
             let Some(master_port) = range.ports().find(|p| !used.contains(p)) else {
                 skipped.push((
@@ -137,6 +146,8 @@ impl State {
                     ended: BTreeMap::new(),
                     final_state: None,
                     requeue: false,
+                    kill_grace_secs,
+                    preempted_for: None,
                 });
                 job.reason = None;
                 job.exit_code = None;
@@ -358,7 +369,7 @@ impl State {
     /// of its attempt has ended; a job to be requeued goes back to PENDING
     /// with the same id, `restart_count + 1` and its old submit time (so it
     /// is at the head of the queue).
-    fn finish_if_all_ended(&mut self, id: JobId, now: Millis, dirty: &mut Dirty) {
+    pub(super) fn finish_if_all_ended(&mut self, id: JobId, now: Millis, dirty: &mut Dirty) {
         let Some(job) = self.jobs.get(&id) else {
             return;
         };

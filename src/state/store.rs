@@ -3,7 +3,7 @@
 //! state and index never disagree after a crash).
 //!
 //! Tables: `jobs` (id -> Job), `tokens` (id -> TokenRecord), `nodes` (name ->
-//! NodeRecord), `state_meta` (`cluster`, `counters`), and the history archive's
+//! NodeRecord), `state_meta` (`cluster`, `counters`, `policy`, `usage`), and the history archive's
 //! tables (`history`). Values are MessagePack with named fields, so records
 //! written by an older build still decode after an upgrade.
 //!
@@ -80,6 +80,12 @@ pub fn load(txn: &ReadTransaction) -> Result<State, StoreError> {
             if let Some(v) = db!(meta.get("counters"))? {
                 state.counters = decode("counters", v.value())?;
             }
+            if let Some(v) = db!(meta.get("policy"))? {
+                state.policy = decode("policy", v.value())?;
+            }
+            if let Some(v) = db!(meta.get("usage"))? {
+                state.usage = decode("usage", v.value())?;
+            }
         }
         Err(redb::TableError::TableDoesNotExist(_)) => return Ok(state),
         Err(e) => return Err(StoreError::Db(Box::new(e.into()))),
@@ -121,6 +127,8 @@ pub fn write_dirty(txn: &WriteTransaction, state: &State, dirty: &Dirty) -> Resu
             None => db!(meta.remove("cluster"))?,
         };
         db!(meta.insert("counters", encode(&state.counters)?.as_slice()))?;
+        db!(meta.insert("policy", encode(&state.policy)?.as_slice()))?;
+        db!(meta.insert("usage", encode(&state.usage)?.as_slice()))?;
     }
     if !dirty.jobs.is_empty() {
         let mut jobs = db!(txn.open_table(JOBS))?;

@@ -6,6 +6,8 @@ use crate::model::{ExportMode, JobSpec, Program, Role, TokenRecord};
 
 fn spec(name: &str) -> JobSpec {
     JobSpec {
+        qos: None,
+        nice: 0,
         name: name.into(),
         nodes: 1,
         ntasks_per_node: 1,
@@ -110,6 +112,8 @@ fn ids_are_monotonic_and_never_reused() {
         let bad = Command::Submit {
             user: "u".into(),
             spec: Box::new(JobSpec {
+                qos: None,
+                nice: 0,
                 nodes: 0,
                 ..spec("bad")
             }),
@@ -280,6 +284,8 @@ fn a_batch_applies_each_command_and_answers_each() {
         Command::Submit {
             user: "b".into(),
             spec: Box::new(JobSpec {
+                qos: None,
+                nice: 0,
                 nodes: 0,
                 ..spec("bad")
             }),

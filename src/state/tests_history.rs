@@ -61,6 +61,27 @@ fn archive_moves_only_finished_jobs_past_the_cutoff_to_disk() {
     let dir = tempfile::tempdir().unwrap();
     let db = redb::Database::create(dir.path().join("s.redb")).unwrap();
     let (mut s, mut d) = cluster();
+    // Submit refuses an account that does not exist or does not list the user.
+    let vision = crate::model::policy_change::PolicyChange::Account {
+        op: crate::model::policy_change::Op::Add,
+        name: "vision".into(),
+        patch: crate::model::policy_change::AccountPatch {
+            add_users: vec!["alice".into()],
+            ..Default::default()
+        },
+    };
+    let added = s.apply(
+        &Command::Policy {
+            change: vision,
+            by: "root".into(),
+            now: 1,
+        },
+        &mut d,
+    );
+    assert!(
+        matches!(added, CommandResult::PolicyUpdated { .. }),
+        "{added:?}"
+    );
     let a = submit_as(&mut s, &mut d, "alice", Some("vision"), 10);
     run_to_end(&mut s, &mut d, a, 1_000, 3_601_000, TaskEnd::Completed);
     let b = submit_as(&mut s, &mut d, "bob", None, 20);

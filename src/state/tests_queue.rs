@@ -30,6 +30,8 @@ fn spec(name: &str, queue: QueueSpec) -> JobSpec {
         placement: Default::default(),
         queue,
         signal: None,
+        qos: None,
+        nice: 0,
         program: Program::Command {
             argv: vec!["true".into()],
         },

@@ -49,6 +49,8 @@ pub(super) fn inventory(name: &str, gpus: u32) -> NodeInventory {
 
 pub(super) fn spec(nodes: u32, gpus: u32) -> JobSpec {
     JobSpec {
+        qos: None,
+        nice: 0,
         name: "train".into(),
         nodes,
         ntasks_per_node: 1,
@@ -458,6 +460,8 @@ fn requeue_policies_and_the_restart_cap() {
         &Command::Submit {
             user: "alice".into(),
             spec: Box::new(JobSpec {
+                qos: None,
+                nice: 0,
                 requeue: RequeuePolicy::Never,
                 ..spec(1, 8)
             }),
@@ -484,6 +488,8 @@ fn requeue_policies_and_the_restart_cap() {
         &Command::Submit {
             user: "alice".into(),
             spec: Box::new(JobSpec {
+                qos: None,
+                nice: 0,
                 requeue: RequeuePolicy::Always,
                 max_restarts: 1,
                 ..spec(1, 8)
@@ -628,6 +634,8 @@ fn a_gpus_total_job_starts_in_the_shape_the_plan_chose() {
         &Command::Submit {
             user: "alice".into(),
             spec: Box::new(JobSpec {
+                qos: None,
+                nice: 0,
                 total_gpus: Some(16),
                 ..spec(1, 16)
             }),

@@ -121,6 +121,7 @@ impl State {
             running,
             backfill,
             master_ports: Some(self.master_ports().len()),
+            policy: self.policy_view(),
         }
     }
 

@@ -110,7 +110,7 @@ fn run(seed: u64) {
             })
             .collect();
         let plan = plan(&view, now);
-        assert_sound(&view, &plan);
+        assert_sound(&view, &plan, now);
         assert_no_delay(&view, &plan, now);
         if let Some(t) = plan.expected_start(JobId(GANG)) {
             first_expected.get_or_insert(t);

@@ -9,6 +9,8 @@ mod checks;
 mod constraints;
 mod fragmentation;
 mod packing;
+mod policy;
+mod policy_sim;
 mod ports;
 mod props;
 mod restart;
@@ -238,6 +240,10 @@ pub fn job(id: u64) -> JobBuilder {
             array_throttle: None,
             singleton: None,
             previous: Vec::new(),
+            account: String::new(),
+            qos: String::new(),
+            partition: String::new(),
+            nice: 0,
         },
     }
 }
@@ -292,6 +298,26 @@ impl JobBuilder {
     }
     pub fn exclude(mut self, names: &[&str]) -> Self {
         self.job.placement.exclude = names.iter().map(|f| f.to_string()).collect();
+        self
+    }
+    pub fn account(mut self, a: &str) -> Self {
+        self.job.account = a.into();
+        self
+    }
+    pub fn qos(mut self, q: &str) -> Self {
+        self.job.qos = q.into();
+        self
+    }
+    pub fn partition(mut self, p: &str) -> Self {
+        self.job.partition = p.into();
+        self
+    }
+    pub fn user(mut self, u: &str) -> Self {
+        self.job.user = u.into();
+        self
+    }
+    pub fn nice(mut self, n: i32) -> Self {
+        self.job.nice = n;
         self
     }
     pub fn topology(mut self, level: TopologyRequirement) -> Self {
@@ -450,7 +476,7 @@ impl Scenario {
     /// Plans once and checks what every plan must hold (see [`assert_sound`]).
     pub fn run(&self) -> Outcome {
         let plan = plan(&self.view, self.now);
-        assert_sound(&self.view, &plan);
+        assert_sound(&self.view, &plan, self.now);
         assert_no_delay(&self.view, &plan, self.now);
         Outcome { plan }
     }
@@ -463,7 +489,7 @@ impl Scenario {
 /// the job's placement rules out or across domains its `--topology` forbids);
 /// and no job is placed behind one that waits for `Resources` or `Topology`
 /// (FIFO).
-pub fn assert_sound(view: &ClusterView, plan: &Plan) {
+pub fn assert_sound(view: &ClusterView, plan: &Plan, now: Millis) {
     let mut seen = BTreeSet::new();
     for id in plan
         .allocations
@@ -498,14 +524,8 @@ pub fn assert_sound(view: &ClusterView, plan: &Plan) {
         }
     }
 
-    let key = |id: JobId| {
-        let j = view
-            .pending
-            .iter()
-            .find(|j| j.id == id)
-            .expect("pending job");
-        super::queue_key(j)
-    };
+    let rank = queue_rank(view, now);
+    let key = |id: JobId| rank[&id];
     let head = plan
         .pending
         .iter()
@@ -534,14 +554,14 @@ pub fn assert_sound(view: &ClusterView, plan: &Plan) {
 /// no GPU with it and leaves room for both on every shared node.
 pub fn assert_no_delay(view: &ClusterView, plan: &Plan, now: Millis) {
     let job = |id: JobId| view.pending.iter().find(|j| j.id == id).expect("pending");
-    let key = |j: &PendingJob| super::queue_key(j);
+    let rank = queue_rank(view, now);
     for alloc in &plan.allocations {
         let started = job(alloc.job);
         let end = started
             .time_limit_secs
             .map(|s| now.saturating_add(s * 1000));
         for r in &plan.reservations {
-            if key(job(r.job)) > key(started) {
+            if rank[&r.job] > rank[&started.id] {
                 continue;
             }
             if end.is_some_and(|e| e <= r.start) {
@@ -571,6 +591,15 @@ pub fn assert_no_delay(view: &ClusterView, plan: &Plan, now: Millis) {
             }
         }
     }
+}
+
+/// Each pending job's place in the pass's queue order (`priority::order`).
+fn queue_rank(view: &ClusterView, now: Millis) -> std::collections::BTreeMap<JobId, usize> {
+    crate::sched::priority::order(view, now)
+        .iter()
+        .enumerate()
+        .map(|(i, (j, _))| (j.id, i))
+        .collect()
 }
 
 /// A plan, with lookups by job id.

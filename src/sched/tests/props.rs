@@ -147,7 +147,7 @@ proptest! {
         let plan = plan(&view, now);
         // Exactly once each, re-validates in order (no GPU, CPU or memory
         // oversubscribed, only up nodes and healthy GPUs), FIFO.
-        assert_sound(&view, &plan);
+        assert_sound(&view, &plan, now);
         // And the same plan whatever the input order.
         let mut flipped = view.clone();
         flipped.nodes.reverse();

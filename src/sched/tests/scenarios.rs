@@ -364,6 +364,8 @@ fn reasons_read_as_sentences() {
 #[test]
 fn a_pending_job_is_built_from_the_recorded_job() {
     let spec = JobSpec {
+        qos: None,
+        nice: 0,
         name: "train".into(),
         nodes: 2,
         ntasks_per_node: 8,
@@ -404,6 +406,7 @@ fn a_pending_job_is_built_from_the_recorded_job() {
         held: false,
         array: None,
         expected_start: None,
+        preemptions: Vec::new(),
     };
     let p = PendingJob::from(&recorded);
     assert_eq!(

@@ -1,0 +1,135 @@
+//! Admin changes of the policy as data (`gpuq admin ...` -> API -> the
+//! `Command::Policy` log entry): each names what to set; what is left unset
+//! stays as it is. Apply validates and applies them (`state::policy`).
+
+use serde::{Deserialize, Serialize};
+
+use super::{PartitionState, PreemptMode};
+
+/// Add, modify or remove.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Op {
+    Add,
+    Modify,
+    Remove,
+}
+
+/// A limit to set: a number, or none.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Limit {
+    Unlimited,
+    Max(u64),
+}
+
+impl Limit {
+    pub fn get(self) -> Option<u64> {
+        match self {
+            Limit::Unlimited => None,
+            Limit::Max(n) => Some(n),
+        }
+    }
+
+    pub fn get32(self) -> Option<u32> {
+        self.get().map(|n| n.min(u64::from(u32::MAX)) as u32)
+    }
+}
+
+/// What `gpuq admin account add|modify` sets; unset fields stay as they are
+/// (or take their defaults on add).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AccountPatch {
+    /// `""`: a top-level account.
+    #[serde(default)]
+    pub parent: Option<String>,
+    #[serde(default)]
+    pub shares: Option<u32>,
+    #[serde(default)]
+    pub add_users: Vec<String>,
+    #[serde(default)]
+    pub remove_users: Vec<String>,
+    #[serde(default)]
+    pub max_gpus: Option<Limit>,
+    #[serde(default)]
+    pub guaranteed_gpus: Option<u32>,
+    /// Users whose default account this becomes.
+    #[serde(default)]
+    pub default_for: Vec<String>,
+}
+
+/// What `gpuq admin qos add|modify` sets.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QosPatch {
+    #[serde(default)]
+    pub priority: Option<u32>,
+    /// Replaces the list.
+    #[serde(default)]
+    pub preempts: Option<Vec<String>>,
+    #[serde(default)]
+    pub preempt_mode: Option<PreemptMode>,
+    #[serde(default)]
+    pub grace_secs: Option<Limit>,
+    #[serde(default)]
+    pub max_gpus_per_user: Option<Limit>,
+    #[serde(default)]
+    pub max_gpus_per_job: Option<Limit>,
+}
+
+/// What `gpuq admin partition add|modify` sets.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PartitionPatch {
+    /// A host list; `""`: every node.
+    #[serde(default)]
+    pub nodes: Option<String>,
+    #[serde(default)]
+    pub default_time_secs: Option<Limit>,
+    #[serde(default)]
+    pub max_time_secs: Option<Limit>,
+    #[serde(default)]
+    pub priority: Option<u32>,
+    #[serde(default)]
+    pub default: Option<bool>,
+    #[serde(default)]
+    pub state: Option<PartitionState>,
+}
+
+/// What `gpuq admin priority set` sets.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PriorityPatch {
+    #[serde(default)]
+    pub age: Option<u32>,
+    #[serde(default)]
+    pub fairshare: Option<u32>,
+    #[serde(default)]
+    pub job_size: Option<u32>,
+    #[serde(default)]
+    pub qos: Option<u32>,
+    #[serde(default)]
+    pub partition: Option<u32>,
+    #[serde(default)]
+    pub max_age_secs: Option<u64>,
+    #[serde(default)]
+    pub half_life_secs: Option<u64>,
+}
+
+/// One admin change of the policy.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum PolicyChange {
+    Account {
+        op: Op,
+        name: String,
+        patch: AccountPatch,
+    },
+    Qos {
+        op: Op,
+        name: String,
+        patch: QosPatch,
+    },
+    Partition {
+        op: Op,
+        name: String,
+        patch: PartitionPatch,
+    },
+    Priority(PriorityPatch),
+}

@@ -1,0 +1,69 @@
+//! The policy part of a pass's input: what the replicated state knows about
+//! accounts, QoS, partitions, weights and usage, and the running jobs that
+//! quotas count and preemption may pick from.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::model::{Allocation, JobId, Millis, Policy, UsageCell};
+
+/// Policy, usage and running jobs, as a pass sees them.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PolicyView {
+    pub policy: Policy,
+    /// Decayed usage per account, then per user.
+    #[serde(default)]
+    pub usage: BTreeMap<String, BTreeMap<String, UsageCell>>,
+    /// Jobs holding resources (RUNNING or COMPLETING).
+    #[serde(default)]
+    pub running: Vec<ActiveJob>,
+}
+
+impl Default for PolicyView {
+    /// No accounts or limits and all weights zero: plain FIFO.
+    fn default() -> Self {
+        PolicyView {
+            policy: Policy::fifo(),
+            usage: BTreeMap::new(),
+            running: Vec::new(),
+        }
+    }
+}
+
+/// A job that holds resources now, as priority, quotas and preemption see it
+/// (backfill's timeline has its own [`super::RunningJob`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ActiveJob {
+    pub id: JobId,
+    pub user: String,
+    /// Resolved at submit; empty: the built-ins.
+    pub account: String,
+    pub qos: String,
+    pub gpus: u64,
+    pub start_time: Millis,
+    pub allocation: Allocation,
+    /// COMPLETING: its ranks are stopping; it is no candidate for preemption.
+    pub completing: bool,
+    /// It is stopping because it was preempted for this job.
+    #[serde(default)]
+    pub preempted_for: Option<JobId>,
+}
+
+/// The account name a job is charged to (empty: the built-in).
+pub(super) fn account_of(name: &str) -> &str {
+    if name.is_empty() {
+        crate::model::policy::DEFAULT_ACCOUNT
+    } else {
+        name
+    }
+}
+
+/// The QoS name of a job (empty: the built-in).
+pub(super) fn qos_of(name: &str) -> &str {
+    if name.is_empty() {
+        crate::model::policy::DEFAULT_QOS
+    } else {
+        name
+    }
+}

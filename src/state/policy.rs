@@ -1,0 +1,464 @@
+//! Policy in the replicated state: the admin changes (`Command::Policy`),
+//! each validated whole before anything changes; preemption
+//! (`Command::Preempt`); and fair-share usage, accumulated when an attempt
+//! stops holding its GPUs, from the times the leader stamped into the
+//! commands, decayed by the half-life from those same times (never a clock).
+
+use std::collections::BTreeSet;
+
+use super::{CommandResult, Dirty, Rejection, State};
+use crate::model::policy::{DEFAULT_ACCOUNT, DEFAULT_PARTITION, DEFAULT_QOS};
+use crate::model::policy_change::{AccountPatch, Op, PartitionPatch, PolicyChange, QosPatch};
+use crate::model::{
+    Account, JobId, JobState, Millis, Partition, PreemptMode, PreemptionRecord, Qos, UsageCell,
+};
+use crate::sched::{ActiveJob, PolicyView, Preemption};
+
+fn refuse(msg: impl Into<String>) -> Rejection {
+    Rejection::Policy(msg.into())
+}
+
+fn check_name(kind: &str, name: &str) -> Result<(), Rejection> {
+    if name.is_empty()
+        || name.len() > 64
+        || !name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+    {
+        return Err(refuse(format!(
+            "{kind} name {name:?} is not valid; use 1-64 letters, digits, '-', '_' or '.'"
+        )));
+    }
+    Ok(())
+}
+
+/// `add` of something that exists, `modify`/`remove` of something that does not.
+fn check_op(kind: &str, name: &str, op: Op, exists: bool, builtin: bool) -> Result<(), Rejection> {
+    match op {
+        Op::Add if exists => Err(refuse(format!(
+            "{kind} {name} already exists; change it with `gpuq admin {kind} modify {name}`"
+        ))),
+        Op::Modify | Op::Remove if !exists => Err(refuse(format!(
+            "{kind} {name} does not exist (see `gpuq admin {kind} list`)"
+        ))),
+        Op::Remove if builtin => Err(refuse(format!(
+            "{kind} {name} is built in and cannot be removed; modify it instead"
+        ))),
+        _ => Ok(()),
+    }
+}
+
+impl State {
+    /// Jobs not yet ended for which `pred` holds, counted.
+    fn unfinished_jobs(&self, pred: impl Fn(&crate::model::Job) -> bool) -> usize {
+        let active = self
+            .index
+            .pending
+            .iter()
+            .copied()
+            .chain(self.index.holding());
+        active
+            .filter_map(|id| self.jobs.get(&id))
+            .filter(|j| matches!(j.state, JobState::Pending) || j.state.is_active())
+            .filter(|j| pred(j))
+            .count()
+    }
+
+    pub(super) fn apply_policy(
+        &mut self,
+        change: &PolicyChange,
+        dirty: &mut Dirty,
+    ) -> Result<CommandResult, Rejection> {
+        let what = match change {
+            PolicyChange::Account { op, name, patch } => self.change_account(*op, name, patch)?,
+            PolicyChange::Qos { op, name, patch } => self.change_qos(*op, name, patch)?,
+            PolicyChange::Partition { op, name, patch } => {
+                self.change_partition(*op, name, patch)?
+            }
+            PolicyChange::Priority(p) => {
+                if p.half_life_secs == Some(0) {
+                    return Err(refuse("the half-life must be positive, e.g. 7d"));
+                }
+                if p.max_age_secs == Some(0) {
+                    return Err(refuse("the maximum age must be positive, e.g. 7d"));
+                }
+                let w = &mut self.policy.weights;
+                let set = |slot: &mut u32, v: Option<u32>| {
+                    if let Some(v) = v {
+                        *slot = v;
+                    }
+                };
+                set(&mut w.age, p.age);
+                set(&mut w.fairshare, p.fairshare);
+                set(&mut w.job_size, p.job_size);
+                set(&mut w.qos, p.qos);
+                set(&mut w.partition, p.partition);
+                if let Some(v) = p.max_age_secs {
+                    w.max_age_secs = v;
+                }
+                if let Some(v) = p.half_life_secs {
+                    self.policy.half_life_secs = v;
+                }
+                "priority weights updated".to_string()
+            }
+        };
+        dirty.meta = true;
+        Ok(CommandResult::PolicyUpdated { what })
+    }
+
+    fn change_account(
+        &mut self,
+        op: Op,
+        name: &str,
+        p: &AccountPatch,
+    ) -> Result<String, Rejection> {
+        check_name("account", name)?;
+        let builtin = name == DEFAULT_ACCOUNT;
+        let current = self.policy.account(name);
+        check_op("account", name, op, current.is_some(), builtin)?;
+        if op == Op::Remove {
+            if let Some(child) = self
+                .policy
+                .accounts
+                .values()
+                .find(|a| a.parent.as_deref() == Some(name))
+            {
+                return Err(refuse(format!(
+                    "account {name} has a child account {}; remove or move it first",
+                    child.name
+                )));
+            }
+            let n = self.unfinished_jobs(|j| j.spec.account.as_deref() == Some(name));
+            if n > 0 {
+                return Err(refuse(format!(
+                    "account {name} has {n} pending or running jobs; wait for them or cancel them first"
+                )));
+            }
+            self.policy.accounts.remove(name);
+            self.policy.default_accounts.retain(|_, a| a != name);
+            return Ok(format!("account {name} removed"));
+        }
+        let mut a = current.unwrap_or_else(|| Account::new(name));
+        if let Some(parent) = &p.parent {
+            a.parent = (!parent.is_empty()).then(|| parent.clone());
+        }
+        if let Some(s) = p.shares {
+            if s == 0 {
+                return Err(refuse("--shares must be at least 1"));
+            }
+            a.shares = s;
+        }
+        for u in &p.add_users {
+            check_name("user", u)?;
+            a.users.insert(u.clone());
+        }
+        for u in &p.remove_users {
+            a.users.remove(u);
+        }
+        if let Some(l) = p.max_gpus {
+            a.max_gpus = l.get32();
+        }
+        if let Some(g) = p.guaranteed_gpus {
+            a.guaranteed_gpus = g;
+        }
+        if let Some(max) = a.max_gpus {
+            if a.guaranteed_gpus > max {
+                return Err(refuse(format!(
+                    "account {name}: the guarantee ({}) is over the cap (--max-gpus {max})",
+                    a.guaranteed_gpus
+                )));
+            }
+        }
+        if let Some(parent) = &a.parent {
+            if self.policy.account(parent).is_none() {
+                return Err(refuse(format!(
+                    "parent account {parent} does not exist; add it first"
+                )));
+            }
+            // Walk up from the parent: reaching this account is a cycle.
+            let mut seen = BTreeSet::new();
+            let mut cur = Some(parent.clone());
+            while let Some(c) = cur {
+                if c == name {
+                    return Err(refuse(format!(
+                        "account {name} cannot have parent {parent}: {parent} is below {name}"
+                    )));
+                }
+                if !seen.insert(c.clone()) {
+                    break;
+                }
+                cur = self.policy.account(&c).and_then(|x| x.parent);
+            }
+        }
+        for u in &p.default_for {
+            if !a.admits(u) {
+                return Err(refuse(format!(
+                    "user {u} is not in account {name}; add them with --add-user {u}"
+                )));
+            }
+        }
+        for u in &p.default_for {
+            self.policy
+                .default_accounts
+                .insert(u.clone(), name.to_string());
+        }
+        self.policy.accounts.insert(name.to_string(), a);
+        Ok(format!(
+            "account {name} {}",
+            if op == Op::Add { "added" } else { "modified" }
+        ))
+    }
+
+    fn change_qos(&mut self, op: Op, name: &str, p: &QosPatch) -> Result<String, Rejection> {
+        check_name("qos", name)?;
+        let current = self.policy.qos(name);
+        check_op("qos", name, op, current.is_some(), name == DEFAULT_QOS)?;
+        if op == Op::Remove {
+            let n = self.unfinished_jobs(|j| j.spec.qos.as_deref() == Some(name));
+            if n > 0 {
+                return Err(refuse(format!(
+                    "QoS {name} has {n} pending or running jobs; wait for them or cancel them first"
+                )));
+            }
+            self.policy.qos.remove(name);
+            for q in self.policy.qos.values_mut() {
+                q.preempts.remove(name);
+            }
+            return Ok(format!("qos {name} removed"));
+        }
+        let mut q = current.unwrap_or_else(|| Qos::new(name));
+        if let Some(v) = p.priority {
+            q.priority = v;
+        }
+        if let Some(list) = &p.preempts {
+            for other in list {
+                if other == name {
+                    return Err(refuse(format!("QoS {name} cannot preempt itself")));
+                }
+                if self.policy.qos(other).is_none() {
+                    return Err(refuse(format!(
+                        "QoS {other} (in --preempts) does not exist; add it first"
+                    )));
+                }
+            }
+            q.preempts = list.iter().cloned().collect();
+        }
+        if let Some(m) = p.preempt_mode {
+            q.preempt_mode = m;
+        }
+        if let Some(l) = p.grace_secs {
+            q.grace_secs = l.get();
+        }
+        if let Some(l) = p.max_gpus_per_user {
+            q.max_gpus_per_user = l.get32();
+        }
+        if let Some(l) = p.max_gpus_per_job {
+            q.max_gpus_per_job = l.get32();
+        }
+        self.policy.qos.insert(name.to_string(), q);
+        Ok(format!(
+            "qos {name} {}",
+            if op == Op::Add { "added" } else { "modified" }
+        ))
+    }
+
+    fn change_partition(
+        &mut self,
+        op: Op,
+        name: &str,
+        p: &PartitionPatch,
+    ) -> Result<String, Rejection> {
+        check_name("partition", name)?;
+        let current = self.policy.partition(name);
+        check_op(
+            "partition",
+            name,
+            op,
+            current.is_some(),
+            name == DEFAULT_PARTITION,
+        )?;
+        if op == Op::Remove {
+            let n = self.unfinished_jobs(|j| j.spec.partition.as_deref() == Some(name));
+            if n > 0 {
+                return Err(refuse(format!(
+                    "partition {name} has {n} pending or running jobs; wait for them or cancel them first"
+                )));
+            }
+            self.policy.partitions.remove(name);
+            return Ok(format!("partition {name} removed"));
+        }
+        let mut part = current.unwrap_or_else(|| Partition::new(name));
+        if let Some(nodes) = &p.nodes {
+            if nodes.is_empty() {
+                part.nodes = None;
+            } else {
+                crate::model::expand_hostlist(nodes)
+                    .map_err(|e| refuse(format!("--nodes {nodes:?}: {e}")))?;
+                part.nodes = Some(nodes.clone());
+            }
+        }
+        if let Some(l) = p.default_time_secs {
+            part.default_time_secs = l.get();
+        }
+        if let Some(l) = p.max_time_secs {
+            part.max_time_secs = l.get();
+        }
+        if let (Some(d), Some(m)) = (part.default_time_secs, part.max_time_secs) {
+            if d > m {
+                return Err(refuse(format!(
+                    "partition {name}: the default time is over the maximum time"
+                )));
+            }
+        }
+        if let Some(v) = p.priority {
+            part.priority = v;
+        }
+        if let Some(s) = p.state {
+            part.state = s;
+        }
+        if let Some(d) = p.default {
+            if d {
+                for other in self.policy.partitions.values_mut() {
+                    other.default = false;
+                }
+            }
+            part.default = d;
+        }
+        self.policy.partitions.insert(name.to_string(), part);
+        Ok(format!(
+            "partition {name} {}",
+            if op == Op::Add { "added" } else { "modified" }
+        ))
+    }
+
+    /// Charges an attempt's GPU time to its account and user, when the job
+    /// stops holding its resources.
+    pub(super) fn charge_usage(&mut self, id: JobId, now: Millis, dirty: &mut Dirty) {
+        let Some(job) = self.jobs.get(&id) else {
+            return;
+        };
+        let (Some(start), Some(run)) = (job.start_time, job.run.as_ref()) else {
+            return;
+        };
+        let gpus: u64 = run
+            .allocation
+            .nodes
+            .iter()
+            .map(|n| n.gpus.len() as u64)
+            .sum();
+        let gpu_ms = gpus.saturating_mul(now.saturating_sub(start));
+        let account = job
+            .spec
+            .account
+            .clone()
+            .unwrap_or_else(|| DEFAULT_ACCOUNT.to_string());
+        let user = job.user.clone();
+        let half_life = self.policy.half_life_secs;
+        self.usage
+            .entry(account)
+            .or_default()
+            .entry(user)
+            .or_insert(UsageCell { gpu_ms: 0, at: now })
+            .charge(gpu_ms, now, half_life);
+        dirty.meta = true;
+    }
+
+    /// What a pass needs of the policy: the policy, usage and the jobs that
+    /// hold resources.
+    pub fn policy_view(&self) -> PolicyView {
+        PolicyView {
+            policy: self.policy.clone(),
+            usage: self.usage.clone(),
+            running: self
+                .index
+                .holding()
+                .filter_map(|id| self.jobs.get(&id))
+                .filter(|j| j.state.is_active())
+                .filter_map(|j| {
+                    let run = j.run.as_ref()?;
+                    Some(ActiveJob {
+                        id: j.id,
+                        user: j.user.clone(),
+                        account: j.spec.account.clone().unwrap_or_default(),
+                        qos: j.spec.qos.clone().unwrap_or_default(),
+                        gpus: run
+                            .allocation
+                            .nodes
+                            .iter()
+                            .map(|n| n.gpus.len() as u64)
+                            .sum(),
+                        start_time: j.start_time.unwrap_or(0),
+                        allocation: run.allocation.clone(),
+                        completing: j.state == JobState::Completing,
+                        preempted_for: run.preempted_for,
+                    })
+                })
+                .collect(),
+        }
+    }
+
+    /// Stops the victims of each preemption: all of one preemption's or
+    /// none (one already ended or stopping voids it, and the next pass
+    /// decides again). Each victim goes COMPLETING: its ranks get SIGTERM
+    /// and their QoS grace; then it is requeued with the same id or ends
+    /// PREEMPTED, per its QoS's `preempt_mode`.
+    pub(super) fn apply_preempt(
+        &mut self,
+        preemptions: &[Preemption],
+        now: Millis,
+        dirty: &mut Dirty,
+    ) -> CommandResult {
+        let mut stopped = Vec::new();
+        let mut skipped = Vec::new();
+        for p in preemptions {
+            let ok_for = self
+                .jobs
+                .get(&p.job)
+                .is_some_and(|j| j.state == JobState::Pending);
+            let victims_ok = p.victims.iter().all(|v| {
+                self.jobs.get(v).is_some_and(|j| {
+                    j.state == JobState::Running
+                        && j.run.as_ref().is_some_and(|r| r.preempted_for.is_none())
+                })
+            });
+            if !ok_for || !victims_ok || p.victims.is_empty() {
+                skipped.push(p.job);
+                continue;
+            }
+            for (i, v) in p.victims.iter().enumerate() {
+                let why = p.why.get(i).cloned().unwrap_or_default();
+                let mode = self
+                    .jobs
+                    .get(v)
+                    .and_then(|j| {
+                        self.policy
+                            .qos(j.spec.qos.as_deref().unwrap_or(DEFAULT_QOS))
+                    })
+                    .map_or(PreemptMode::Requeue, |q| q.preempt_mode);
+                let Some(job) = self.jobs.get_mut(v) else {
+                    continue;
+                };
+                let attempt = job.restart_count;
+                job.preemptions.push(PreemptionRecord {
+                    at: now,
+                    attempt,
+                    by: p.job,
+                    mode,
+                    why: why.clone(),
+                });
+                job.reason = Some(format!("preempted by job {} ({why})", p.job));
+                if let Some(run) = job.run.as_mut() {
+                    run.final_state = Some(JobState::Preempted);
+                    // Preemption is not the job's failure: it requeues
+                    // whatever its restart count.
+                    run.requeue = mode == PreemptMode::Requeue;
+                    run.preempted_for = Some(p.job);
+                }
+                self.transition(*v, JobState::Completing, now, dirty);
+                self.finish_if_all_ended(*v, now, dirty);
+                stopped.push(*v);
+            }
+        }
+        CommandResult::Preempted { stopped, skipped }
+    }
+}
