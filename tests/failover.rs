@@ -413,8 +413,20 @@ fn all_three_servers_killed_at_once_come_back_with_all_state() {
         };
         running.push(id);
     }
+    // With a time limit: the big job below sorts first (job size counts in
+    // the default priority), and only jobs that end before its reservation
+    // may start ahead of it (backfill).
     for i in 0..30 {
-        let args = ["--gpus-per-node", "1", "-D", &w, "--", "true"];
+        let args = [
+            "--gpus-per-node",
+            "1",
+            "--time",
+            "5:00",
+            "-D",
+            &w,
+            "--",
+            "true",
+        ];
         let o = submit(&history, &sock, &format!("short-{i}"), &args);
         assert!(matches!(o, Outcome::Ok(_)), "{o:?}");
     }

@@ -9,15 +9,16 @@ use crate::config::ServerConfig;
 use crate::model::{JobRef, JobState, Role, TokenRecord};
 use crate::net::endpoint::{Endpoint, Peer, ALPN_API};
 use crate::net::pki::NodeIdentity;
-use crate::net::proto::{
-    ApiRequest, ApiResponse, Caller, ClusterStatus, ErrorKind, Member, TokenInfo, Vouched,
-};
+use crate::net::proto::{ApiRequest, ApiResponse, Caller, ErrorKind, TokenInfo, Vouched};
 use crate::net::token::JoinToken;
 use crate::net::{rpc, DEFAULT_MAX_FRAME};
 use crate::raft::RaftNode;
 use crate::state::{Command, CommandResult, Rejection, State};
 
 use super::now_ms;
+
+mod logs;
+mod status;
 
 /// Per pending job: why it waits, and its expected start if backfill knows it.
 pub type PendingReasons =
@@ -617,108 +618,6 @@ impl Api {
         }
     }
 
-    /// Reads part of a rank's output from the agent of the rank's node.
-    async fn logs(
-        &self,
-        caller: &Caller,
-        id: crate::model::JobId,
-        rank: u32,
-        offset: u64,
-    ) -> ApiResponse {
-        use crate::net::agent_proto::{LogReply, LogRequest};
-        let (req, node, state) = {
-            let s = self.state();
-            let Some(job) = s.job(id) else {
-                return ApiResponse::error(ErrorKind::NotFound, format!("job {id} does not exist"));
-            };
-            if !caller.admin && job.user != caller.user {
-                return ApiResponse::error(
-                    ErrorKind::Forbidden,
-                    format!(
-                        "job {id} belongs to {}; only its owner or an admin may read its output",
-                        job.user
-                    ),
-                );
-            }
-            if u64::from(rank) >= job.spec.total_tasks() {
-                return ApiResponse::error(
-                    ErrorKind::BadInput,
-                    format!(
-                        "job {id} has ranks 0-{}; --rank {rank} does not exist",
-                        job.spec.total_tasks() - 1
-                    ),
-                );
-            }
-            let Some(run) = &job.run else {
-                return ApiResponse::Logs {
-                    data: vec![],
-                    next_offset: offset,
-                    state: job.state,
-                    missing: true,
-                };
-            };
-            let per_node = job.spec.ntasks_per_node.max(1);
-            let node = run
-                .node_of_rank(rank, per_node)
-                .unwrap_or_default()
-                .to_string();
-            let req = LogRequest {
-                job: id,
-                job_name: job.spec.name.clone(),
-                rank,
-                node_rank: rank / per_node,
-                user: job.user.clone(),
-                workdir: job.spec.workdir.clone(),
-                output: job.spec.output.clone(),
-                offset,
-                max_bytes: crate::net::agent_proto::MAX_LOG_CHUNK,
-            };
-            (req, node, job.state)
-        };
-        let Some(conn) = self.hub.connection(&node) else {
-            return ApiResponse::error(
-                ErrorKind::Unavailable,
-                format!("node {node}, where rank {rank} ran, is not connected: its output cannot be read now"),
-            );
-        };
-        let ask = async {
-            let (mut send, mut recv) = conn.open_bi().await.map_err(|e| e.to_string())?;
-            crate::net::write_frame(&mut send, &req)
-                .await
-                .map_err(|e| e.to_string())?;
-            let _ = send.finish();
-            crate::net::read_frame::<_, LogReply>(&mut recv, DEFAULT_MAX_FRAME)
-                .await
-                .map_err(|e| e.to_string())?
-                .ok_or_else(|| "no answer".to_string())
-        };
-        match tokio::time::timeout(std::time::Duration::from_secs(10), ask).await {
-            Ok(Ok(LogReply::Chunk { data, .. })) => ApiResponse::Logs {
-                next_offset: offset + data.len() as u64,
-                data,
-                state,
-                missing: false,
-            },
-            Ok(Ok(LogReply::Missing { .. })) => ApiResponse::Logs {
-                data: vec![],
-                next_offset: offset,
-                state,
-                missing: true,
-            },
-            Ok(Ok(LogReply::Refused { reason })) => {
-                ApiResponse::error(ErrorKind::Forbidden, reason)
-            }
-            Ok(Err(e)) => ApiResponse::error(
-                ErrorKind::Unavailable,
-                format!("reading from node {node} failed: {e}"),
-            ),
-            Err(_) => ApiResponse::error(
-                ErrorKind::Unavailable,
-                format!("node {node} did not answer within 10 s"),
-            ),
-        }
-    }
-
     /// Refuses at submit a job no registered node set could ever hold. With no
     /// nodes registered yet, the job waits instead.
     fn feasible(&self, spec: &crate::model::JobSpec) -> Result<(), String> {
@@ -746,133 +645,5 @@ impl Api {
             preemptions: Vec::new(),
         };
         crate::sched::feasible(&inventories, &crate::sched::PendingJob::from(&probe))
-    }
-
-    fn nodes(&self) -> Vec<crate::net::proto::NodeInfo> {
-        let alive: std::collections::HashSet<String> = self.hub.alive().into_iter().collect();
-        let s = self.state();
-        let views = s.node_views();
-        // node_views is in the same (name) order as `nodes`.
-        s.nodes
-            .values()
-            .zip(views.iter())
-            .map(|(n, v)| {
-                let v = Some(v);
-                let reason = match &n.status {
-                    crate::state::NodeStatus::Up => None,
-                    crate::state::NodeStatus::Drained { reason, .. }
-                    | crate::state::NodeStatus::Down { reason } => Some(reason.clone()),
-                };
-                crate::net::proto::NodeInfo {
-                    name: n.inventory.name.clone(),
-                    state: n.status.word().to_string(),
-                    reason,
-                    addr: n.addr.clone(),
-                    connected: alive.contains(&n.inventory.name),
-                    gpus_used: v.map(|v| v.used.gpus.len() as u32).unwrap_or(0),
-                    cpus_used: v.map(|v| v.used.cpus).unwrap_or(0),
-                    memory_used_mb: v.map(|v| v.used.memory_mb).unwrap_or(0),
-                    running_jobs: super::agents::running_jobs_on(&s, &n.inventory.name) as u32,
-                    inventory: n.inventory.clone(),
-                }
-            })
-            .collect()
-    }
-
-    fn cluster_status(&self) -> ClusterStatus {
-        let m = self.node.raft.metrics().borrow().clone();
-        let membership = m.membership_config.membership();
-        let voters: std::collections::BTreeSet<u64> = membership.voter_ids().collect();
-        let matched = m.replication.clone().unwrap_or_default();
-        let leading = m.current_leader == Some(m.id);
-        let unreachable_ms = 2 * self.cfg.raft.election_timeout_max_ms;
-        let members = membership
-            .nodes()
-            .map(|(id, n)| {
-                let matched_index = matched
-                    .get(id)
-                    .and_then(|l| l.as_ref().map(|l| l.index))
-                    .or(if *id == m.id { m.last_log_index } else { None });
-                let me = *id == m.id;
-                let (lag, last_contact_ms, problem) = if !leading {
-                    (None, None, None)
-                } else if me {
-                    (Some(0), Some(0), None)
-                } else {
-                    let lag = m
-                        .last_log_index
-                        .map(|last| last.saturating_sub(matched_index.unwrap_or(0)));
-                    let contact = self.contacts.since_ms(*id);
-                    let problem = match contact {
-                        None => Some("unreachable: never answered".to_string()),
-                        Some(ms) if ms > unreachable_ms => Some(format!(
-                            "unreachable: no answer for {:.1} s",
-                            ms as f64 / 1000.0
-                        )),
-                        _ => match lag {
-                            Some(l) if l > LAGGING_ENTRIES => {
-                                Some(format!("lagging by {l} entries"))
-                            }
-                            _ => None,
-                        },
-                    };
-                    (lag, contact, problem)
-                };
-                Member {
-                    id: *id,
-                    name: n.name.clone(),
-                    addr: n.addr.clone(),
-                    voter: voters.contains(id),
-                    leader: m.current_leader == Some(*id),
-                    matched_index,
-                    lag,
-                    last_contact_ms,
-                    problem,
-                }
-            })
-            .collect();
-        let leader = m
-            .current_leader
-            .and_then(|l| membership.get_node(&l).map(|n| n.name.clone()));
-        let s = self.state();
-        let counts = s.count_by_state();
-        let stats = &self.node.stats;
-        ClusterStatus {
-            cluster_name: s
-                .cluster
-                .as_ref()
-                .map(|c| c.name.clone())
-                .unwrap_or_else(|| self.cfg.cluster_name.clone()),
-            answered_by: self.cfg.node_name.clone(),
-            leader,
-            term: m.current_term,
-            last_log_index: m.last_log_index,
-            applied_index: m.last_applied.map(|l| l.index),
-            snapshot_index: m.snapshot.map(|l| l.index),
-            purged_index: m.purged.map(|l| l.index),
-            members,
-            jobs: JobState::ALL
-                .iter()
-                .filter_map(|st| {
-                    counts
-                        .get(st.as_str())
-                        .map(|n| (st.as_str().to_string(), *n))
-                })
-                .collect(),
-            log_entries_written: stats.entries.load(std::sync::atomic::Ordering::Relaxed),
-            log_write_txns: stats
-                .appends_txns
-                .load(std::sync::atomic::Ordering::Relaxed),
-            proposed_commands: self
-                .proposer
-                .stats
-                .commands
-                .load(std::sync::atomic::Ordering::Relaxed),
-            proposed_entries: self
-                .proposer
-                .stats
-                .entries
-                .load(std::sync::atomic::Ordering::Relaxed),
-        }
     }
 }

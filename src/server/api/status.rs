@@ -1,0 +1,139 @@
+//! What `gpuq nodes` and `gpuq cluster` show: each node's usage, and the
+//! control plane's members with their health, from this server's applied
+//! state and Raft metrics.
+
+use crate::model::JobState;
+use crate::net::proto::{ClusterStatus, Member};
+
+use super::{Api, LAGGING_ENTRIES};
+
+impl Api {
+    pub(super) fn nodes(&self) -> Vec<crate::net::proto::NodeInfo> {
+        let alive: std::collections::HashSet<String> = self.hub.alive().into_iter().collect();
+        let s = self.state();
+        let views = s.node_views();
+        // node_views is in the same (name) order as `nodes`.
+        s.nodes
+            .values()
+            .zip(views.iter())
+            .map(|(n, v)| {
+                let v = Some(v);
+                let reason = match &n.status {
+                    crate::state::NodeStatus::Up => None,
+                    crate::state::NodeStatus::Drained { reason, .. }
+                    | crate::state::NodeStatus::Down { reason } => Some(reason.clone()),
+                };
+                crate::net::proto::NodeInfo {
+                    name: n.inventory.name.clone(),
+                    state: n.status.word().to_string(),
+                    reason,
+                    addr: n.addr.clone(),
+                    connected: alive.contains(&n.inventory.name),
+                    gpus_used: v.map(|v| v.used.gpus.len() as u32).unwrap_or(0),
+                    cpus_used: v.map(|v| v.used.cpus).unwrap_or(0),
+                    memory_used_mb: v.map(|v| v.used.memory_mb).unwrap_or(0),
+                    running_jobs: crate::server::agents::running_jobs_on(&s, &n.inventory.name)
+                        as u32,
+                    inventory: n.inventory.clone(),
+                }
+            })
+            .collect()
+    }
+
+    pub(super) fn cluster_status(&self) -> ClusterStatus {
+        let m = self.node.raft.metrics().borrow().clone();
+        let membership = m.membership_config.membership();
+        let voters: std::collections::BTreeSet<u64> = membership.voter_ids().collect();
+        let matched = m.replication.clone().unwrap_or_default();
+        let leading = m.current_leader == Some(m.id);
+        let unreachable_ms = 2 * self.cfg.raft.election_timeout_max_ms;
+        let members = membership
+            .nodes()
+            .map(|(id, n)| {
+                let matched_index = matched
+                    .get(id)
+                    .and_then(|l| l.as_ref().map(|l| l.index))
+                    .or(if *id == m.id { m.last_log_index } else { None });
+                let me = *id == m.id;
+                let (lag, last_contact_ms, problem) = if !leading {
+                    (None, None, None)
+                } else if me {
+                    (Some(0), Some(0), None)
+                } else {
+                    let lag = m
+                        .last_log_index
+                        .map(|last| last.saturating_sub(matched_index.unwrap_or(0)));
+                    let contact = self.contacts.since_ms(*id);
+                    let problem = match contact {
+                        None => Some("unreachable: never answered".to_string()),
+                        Some(ms) if ms > unreachable_ms => Some(format!(
+                            "unreachable: no answer for {:.1} s",
+                            ms as f64 / 1000.0
+                        )),
+                        _ => match lag {
+                            Some(l) if l > LAGGING_ENTRIES => {
+                                Some(format!("lagging by {l} entries"))
+                            }
+                            _ => None,
+                        },
+                    };
+                    (lag, contact, problem)
+                };
+                Member {
+                    id: *id,
+                    name: n.name.clone(),
+                    addr: n.addr.clone(),
+                    voter: voters.contains(id),
+                    leader: m.current_leader == Some(*id),
+                    matched_index,
+                    lag,
+                    last_contact_ms,
+                    problem,
+                }
+            })
+            .collect();
+        let leader = m
+            .current_leader
+            .and_then(|l| membership.get_node(&l).map(|n| n.name.clone()));
+        let s = self.state();
+        let counts = s.count_by_state();
+        let stats = &self.node.stats;
+        ClusterStatus {
+            cluster_name: s
+                .cluster
+                .as_ref()
+                .map(|c| c.name.clone())
+                .unwrap_or_else(|| self.cfg.cluster_name.clone()),
+            answered_by: self.cfg.node_name.clone(),
+            leader,
+            term: m.current_term,
+            last_log_index: m.last_log_index,
+            applied_index: m.last_applied.map(|l| l.index),
+            snapshot_index: m.snapshot.map(|l| l.index),
+            purged_index: m.purged.map(|l| l.index),
+            members,
+            jobs: JobState::ALL
+                .iter()
+                .filter_map(|st| {
+                    counts
+                        .get(st.as_str())
+                        .map(|n| (st.as_str().to_string(), *n))
+                })
+                .collect(),
+            log_entries_written: stats.entries.load(std::sync::atomic::Ordering::Relaxed),
+            log_write_txns: stats
+                .appends_txns
+                .load(std::sync::atomic::Ordering::Relaxed),
+            proposed_commands: self
+                .proposer
+                .stats
+                .commands
+                .load(std::sync::atomic::Ordering::Relaxed),
+            proposed_entries: self
+                .proposer
+                .stats
+                .entries
+                .load(std::sync::atomic::Ordering::Relaxed),
+        }
+    }
+}
