@@ -22,7 +22,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::{Agent, ServerSet};
-use gpuq::model::{JobId, JobSpec, JobState, Program};
+use gpuq::model::{JobId, JobSpec, JobState};
 use gpuq::net::local::LocalClient;
 use gpuq::net::proto::{ApiRequest, ApiResponse};
 
@@ -30,33 +30,7 @@ const RAFT_FAST: &str =
     "[server.raft]\nheartbeat_ms = 50\nelection_timeout_min_ms = 300\nelection_timeout_max_ms = 600\n";
 
 fn spec(name: &str) -> JobSpec {
-    JobSpec {
-        name: name.into(),
-        nodes: 1,
-        ntasks_per_node: 1,
-        gpus_per_node: 1,
-        cpus_per_task: 1,
-        mem_per_node_mb: None,
-        time_limit_secs: Some(600),
-        account: None,
-        partition: None,
-        output: None,
-        error: None,
-        workdir: "/tmp".into(),
-        env: vec![("PATH".into(), "/usr/bin:/bin".into())],
-        export: Default::default(),
-        requeue: Default::default(),
-        max_restarts: 3,
-        total_gpus: None,
-        placement: Default::default(),
-        queue: Default::default(),
-        signal: None,
-        qos: None,
-        nice: 0,
-        program: Program::Command {
-            argv: vec!["true".into()],
-        },
-    }
+    common::trivial_spec(name)
 }
 
 async fn call(socket: &Path, req: &ApiRequest) -> Option<ApiResponse> {

@@ -9,38 +9,12 @@ mod common;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use gpuq::model::{JobSpec, Program};
+use gpuq::model::JobSpec;
 use gpuq::net::local::LocalClient;
 use gpuq::net::proto::{ApiRequest, ApiResponse};
 
 fn spec() -> JobSpec {
-    JobSpec {
-        qos: None,
-        nice: 0,
-        name: "bench".into(),
-        nodes: 1,
-        ntasks_per_node: 1,
-        gpus_per_node: 1,
-        cpus_per_task: 1,
-        mem_per_node_mb: None,
-        time_limit_secs: Some(600),
-        account: None,
-        partition: None,
-        output: None,
-        error: None,
-        workdir: "/tmp".into(),
-        env: vec![("PATH".into(), "/usr/bin:/bin".into())],
-        export: Default::default(),
-        requeue: Default::default(),
-        max_restarts: 3,
-        total_gpus: None,
-        placement: Default::default(),
-        queue: Default::default(),
-        signal: None,
-        program: Program::Command {
-            argv: vec!["true".into()],
-        },
-    }
+    common::trivial_spec("bench")
 }
 
 async fn submit(c: &mut LocalClient) {

@@ -344,6 +344,39 @@ pub fn cli(socket: &Path, args: &[&str]) -> Output {
         .expect("run gpuq")
 }
 
+/// A one-GPU `true` job named `name` (10-minute limit, workdir /tmp): the
+/// spec the benchmarks submit through the API.
+#[allow(dead_code)]
+pub fn trivial_spec(name: &str) -> gpuq::model::JobSpec {
+    gpuq::model::JobSpec {
+        name: name.into(),
+        nodes: 1,
+        ntasks_per_node: 1,
+        gpus_per_node: 1,
+        cpus_per_task: 1,
+        mem_per_node_mb: None,
+        time_limit_secs: Some(600),
+        account: None,
+        partition: None,
+        output: None,
+        error: None,
+        workdir: "/tmp".into(),
+        env: vec![("PATH".into(), "/usr/bin:/bin".into())],
+        export: Default::default(),
+        requeue: Default::default(),
+        max_restarts: 3,
+        total_gpus: None,
+        placement: Default::default(),
+        queue: Default::default(),
+        signal: None,
+        qos: None,
+        nice: 0,
+        program: gpuq::model::Program::Command {
+            argv: vec!["true".into()],
+        },
+    }
+}
+
 /// Runs `gpuq ARGS` with GPUQ_SOCKET and `env` set.
 pub fn cli_env(socket: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
     Command::new(gpuq_bin())
