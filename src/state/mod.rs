@@ -234,6 +234,9 @@ mod tests;
 mod tests_run;
 
 #[cfg(test)]
+mod tests_alloc;
+
+#[cfg(test)]
 mod tests_history;
 
 #[cfg(test)]
