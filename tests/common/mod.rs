@@ -514,6 +514,26 @@ impl Drop for LoginAgent {
     }
 }
 
+/// What a test agent reports as its hardware (`cpus`, `memory_mb` and fake
+/// GPUs in its config).
+#[derive(Clone, Copy, Debug)]
+pub struct AgentHw {
+    pub gpus: u32,
+    pub cpus: u32,
+    pub memory_mb: u64,
+}
+
+impl Default for AgentHw {
+    /// Plenty of CPUs and memory, so that only GPUs bound what runs.
+    fn default() -> AgentHw {
+        AgentHw {
+            gpus: 8,
+            cpus: 64,
+            memory_mb: 524288,
+        }
+    }
+}
+
 /// A `gpuq agent` (compute) process with fake GPUs.
 pub struct Agent {
     pub name: String,
@@ -553,12 +573,32 @@ impl Agent {
         extra: &str,
         netns: Option<&str>,
     ) -> Agent {
+        let hw = AgentHw {
+            gpus,
+            ..AgentHw::default()
+        };
+        Agent::start_hw(server, dir, name, hw, token, extra, netns)
+    }
+
+    /// Like `start_in`, reporting the hardware `hw`.
+    pub fn start_hw(
+        server: &Server,
+        dir: &Path,
+        name: &str,
+        hw: AgentHw,
+        token: &str,
+        extra: &str,
+        netns: Option<&str>,
+    ) -> Agent {
         std::fs::create_dir_all(dir).unwrap();
         let cfg = format!(
             "[agent]\nnode_name = \"{name}\"\ndata_dir = \"{d}/data\"\nsocket = \"{d}/agent.sock\"\n\
-             allow_root = true\nkill_grace_secs = 1\ncpus = 64\nmemory_mb = 524288\n\
+             allow_root = true\nkill_grace_secs = 1\ncpus = {cpus}\nmemory_mb = {mem}\n\
              gpus = {{ fake = {{ count = {gpus}, fault_file = \"{d}/faults\" }} }}\n{extra}\n",
-            d = dir.display()
+            d = dir.display(),
+            cpus = hw.cpus,
+            mem = hw.memory_mb,
+            gpus = hw.gpus,
         );
         std::fs::write(dir.join("agent.toml"), cfg).unwrap();
         let mut a = Agent {
@@ -611,6 +651,11 @@ impl Agent {
             .spawn()
             .expect("spawn gpuq agent");
         self.child = Some(child);
+    }
+
+    /// The agent process's pid, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(|c| c.id())
     }
 
     /// SIGKILL the agent (its tasks keep running under their shims).

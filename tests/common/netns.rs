@@ -2,8 +2,9 @@
 //! namespace with one address on a bridge the test creates, so a link can be
 //! cut (`ip link set ... down` on the host side of its veth) and healed.
 //! Unix sockets live in the filesystem, so the CLI reaches a daemon's socket
-//! from the host as usual. Everything is named `gqf<tag>...` and removed in
-//! Drop (and before creating, in case an earlier run died).
+//! from the host as usual. Everything is named `gqf<tag>...` (or another
+//! prefix, see [`Net::with_prefix`]) and removed in Drop (and before creating,
+//! in case an earlier run died).
 
 use std::process::Command;
 
@@ -43,6 +44,7 @@ impl Host {
 
 /// A bridge `10.88.<subnet>.0/24` and the namespaces on it.
 pub struct Net {
+    prefix: String,
     tag: String,
     subnet: u8,
     bridge: String,
@@ -53,9 +55,20 @@ impl Net {
     /// Creates the bridge; `tag` (at most 8 characters) makes the names
     /// unique to a test, `subnet` its addresses.
     pub fn new(tag: &str, subnet: u8) -> Net {
+        Net::with_prefix("gqf", tag, subnet)
+    }
+
+    /// Like [`Net::new`], with names starting with `prefix` (3 characters)
+    /// instead of `gqf`: a benchmark keeps its names apart from the tests'.
+    pub fn with_prefix(prefix: &str, tag: &str, subnet: u8) -> Net {
         assert!(tag.len() <= 8, "netns tag {tag:?} is longer than 8");
-        let bridge = format!("gqf{tag}b");
+        assert!(
+            prefix.len() <= 3,
+            "netns prefix {prefix:?} is longer than 3"
+        );
+        let bridge = format!("{prefix}{tag}b");
         let net = Net {
+            prefix: prefix.to_string(),
             tag: tag.to_string(),
             subnet,
             bridge: bridge.clone(),
@@ -75,7 +88,7 @@ impl Net {
     }
 
     fn ns_name(&self, i: usize) -> String {
-        format!("gqf-{}-{i}", self.tag)
+        format!("{}-{}-{i}", self.prefix, self.tag)
     }
 
     fn remove_leftovers(&self) {
@@ -84,7 +97,7 @@ impl Net {
             if std::path::Path::new("/run/netns").join(&ns).exists() {
                 ip_quiet(&["netns", "del", &ns]);
             }
-            ip_quiet(&["link", "del", &format!("gqf{}{i}", self.tag)]);
+            ip_quiet(&["link", "del", &format!("{}{}{i}", self.prefix, self.tag)]);
         }
         ip_quiet(&["link", "del", &self.bridge]);
     }
@@ -93,8 +106,8 @@ impl Net {
     pub fn add_host(&mut self) -> Host {
         let i = self.hosts.len();
         let ns = self.ns_name(i);
-        let veth = format!("gqf{}{i}", self.tag);
-        let peer = format!("gqf{}{i}p", self.tag);
+        let veth = format!("{}{}{i}", self.prefix, self.tag);
+        let peer = format!("{}{}{i}p", self.prefix, self.tag);
         let addr = format!("10.88.{}.{}", self.subnet, 11 + i);
         ip(&["netns", "add", &ns]);
         ip(&["link", "add", &veth, "type", "veth", "peer", "name", &peer]);
@@ -188,4 +201,17 @@ pub fn agent(
     token: &str,
 ) -> super::Agent {
     super::Agent::start_in(server, dir, name, gpus, token, "", Some(&host.ns))
+}
+
+/// Like [`agent`], with the hardware it reports given in full (`hw.cpus`
+/// instead of the tests' 64).
+pub fn agent_hw(
+    server: &super::Server,
+    host: &Host,
+    dir: &std::path::Path,
+    name: &str,
+    hw: super::AgentHw,
+    token: &str,
+) -> super::Agent {
+    super::Agent::start_hw(server, dir, name, hw, token, "", Some(&host.ns))
 }
