@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # bench/run.sh: runs gpuq's benchmarks; each prints a table and writes JSON
-# under target/bench/ (submit.json, fleet.json).
+# under target/bench/ (submit.json, fleet.json, peer.json, ...).
 #
 #   bench/run.sh           full runs in the release profile:
 #                            benches/submit.rs  submit path: socket latency,
@@ -17,12 +17,21 @@
 #                            benches/ha.rs      3 servers vs 1 submit rate,
 #                                               redb size after 100,000 jobs,
 #                                               snapshot size/time, join+catch-up
-#                          About 15 minutes on 2 cores, plus the first release
+#                            bench/peer.sh      side by side with a real Slurm
+#                                               22.05 (../shared/peers/slurm,
+#                                               tuned and default profiles) on
+#                                               8 nodes x 8 GPUs in network
+#                                               namespaces: gpuq/Slurm ratios
+#                                               (about 25 minutes by itself)
+#                          About 40 minutes on 2 cores, plus the first release
 #                          build (about 4 minutes).
 #   bench/run.sh --smoke   tiny versions of each in the dev profile (the build
 #                          `cargo test` already made), to prove the benchmarks
 #                          still run: well under a minute once built. Its
-#                          figures mean nothing. CI runs this.
+#                          figures mean nothing. CI runs this. The peer bench
+#                          runs only its gpuq half here (bench/peer.sh --smoke,
+#                          ~25 s): installing and starting Slurm is left to
+#                          the full run.
 #
 # Knobs pass through the environment; each bench's header lists its own, e.g.
 #   GPUQ_BENCH_FLEETS=64,256 GPUQ_BENCH_RUNS=20 bench/run.sh
@@ -36,7 +45,7 @@ smoke=0
 case "${1:-}" in
   --smoke) smoke=1 ;;
   "") ;;
-  -h|--help) sed -n '2,31p' "$0"; exit 0 ;;
+  -h|--help) sed -n '2,42p' "$0"; exit 0 ;;
   *) echo "bench/run.sh: unknown argument $1 (use --smoke or nothing)" >&2; exit 1 ;;
 esac
 
@@ -48,11 +57,13 @@ if [ "$smoke" = 1 ]; then
   cargo bench --profile dev --bench scale
   cargo bench --profile dev --bench failover
   cargo bench --profile dev --bench ha
+  bench/peer.sh --smoke
 else
   cargo bench --bench submit
   cargo bench --bench fleet
   cargo bench --bench scale
   cargo bench --bench failover
   cargo bench --bench ha
+  bench/peer.sh
 fi
 echo "bench/run.sh: done in $(( $(date +%s) - start )) s; JSON in target/bench/"

@@ -469,7 +469,7 @@ fn throughput(p: &mut Peer, k: &Knobs, np: usize) -> (Vec<f64>, Vec<f64>, Vec<Co
         sub.push(tot as f64 / submitted);
         e2e.push(tot as f64 / (end - ph.t0).as_secs_f64());
         cost.push(p.cost(&ph, tot));
-        let bad = p.finished_not_completed() - bad0;
+        let bad = p.finished_not_completed().saturating_sub(bad0);
         if fails > 0 || bad > 0 {
             eprintln!("{np} submitter(s): {fails} submit failures, {bad} jobs not COMPLETED");
         }
