@@ -3,13 +3,18 @@
 //!
 //! - gang start: a 2-node x 8-GPU job, submit -> every rank reported started
 //!   (p50/p99 over 20 runs);
-//! - trivial throughput: 200 `true` jobs on one agent, first submit -> all
-//!   completed (jobs/s);
+//! - idle cluster: submit -> the rank reported running (p50/p99 over 30);
+//! - trivial throughput: `true` jobs on 2 agents, first submit -> all
+//!   completed (jobs/s), submitted through the socket (GPUQ_BENCH_JOBS, 400)
+//!   and with one `gpuq submit` process per job (half as many), with the
+//!   CPU-ms per job of the server, agents, shims and tasks (common::cpu) plus
+//!   the CLI processes;
 //! - failover of a node: agent SIGKILL -> the job running again on another
 //!   node (p50 over 10 runs, node TTL 3 s);
 //! - agent restart -> the node connected again with its task re-adopted.
 //!
-//! Run: `cargo bench --bench jobs`.
+//! Run: `cargo bench --bench jobs` (GPUQ_BENCH_FAILURES=0 skips the node
+//! failure and agent restart rows).
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -34,11 +39,29 @@ fn pct(v: &mut [f64], p: f64) -> f64 {
 }
 
 fn submit(cl: &Cluster, args: &[&str]) -> JobId {
-    JobId(cl.submit(args).parse().unwrap())
+    JobId(cl.submit(args).trim().parse().unwrap())
+}
+
+async fn submit_spec(c: &mut LocalClient, spec: &gpuq::model::JobSpec) -> JobId {
+    match c
+        .call(&ApiRequest::Submit {
+            spec: Box::new(spec.clone()),
+        })
+        .await
+        .unwrap()
+    {
+        ApiResponse::Submitted { id } => id,
+        other => panic!("{other:?}"),
+    }
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
+    let trivial_n: usize = std::env::var("GPUQ_BENCH_JOBS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(400);
+    let failures = std::env::var("GPUQ_BENCH_FAILURES").map_or(true, |v| v != "0");
     let dir = tempfile::tempdir().unwrap();
     let w = dir.path().to_str().unwrap().to_string();
     let mut rows = Vec::new();
@@ -88,41 +111,88 @@ async fn main() {
         "p50": pct(&mut lat, 0.5), "p99": pct(&mut lat, 0.99), "runs": lat.len()}),
     );
 
-    let trivial = spec_of(&["--", "true"]);
-    let t = Instant::now();
-    let mut ids = Vec::new();
-    for _ in 0..200 {
-        match c
-            .call(&ApiRequest::Submit {
-                spec: Box::new(trivial.clone()),
-            })
-            .await
-            .unwrap()
-        {
-            ApiResponse::Submitted { id } => ids.push(id),
-            other => panic!("{other:?}"),
+    // Idle cluster: submit -> the rank reported running (p50 over 30).
+    let short = spec_of(&["--", "sleep", "0.05"]);
+    let mut idle = Vec::new();
+    for _ in 0..30 {
+        let t = Instant::now();
+        let id = submit_spec(&mut c, &short).await;
+        loop {
+            let j = show(&mut c, id).await;
+            if j.run.as_ref().is_some_and(|r| !r.started.is_empty()) || j.state.is_final() {
+                idle.push(t.elapsed().as_secs_f64() * 1e3);
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
         }
-    }
-    let submitted = t.elapsed().as_secs_f64();
-    for id in &ids {
-        while !show(&mut c, *id).await.state.is_final() {
+        while !show(&mut c, id).await.state.is_final() {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
     }
-    let secs = t.elapsed().as_secs_f64();
-    let failed = {
-        let mut n = 0;
-        for id in &ids {
-            n += (show(&mut c, *id).await.state != JobState::Completed) as u32;
+    rows.push(serde_json::json!({"bench": "idle_submit_to_running_ms",
+        "p50": pct(&mut idle, 0.5), "p99": pct(&mut idle, 0.99), "runs": idle.len()}));
+
+    // Trivial `true` jobs, first submit -> all completed, with the CPU the
+    // cluster spent on them (server, agents, shims, tasks; and the CLI
+    // processes when each job is its own `gpuq submit`).
+    let mut meter = common::cpu::CpuMeter::new("jobs");
+    meter.add(cl.server.pid().unwrap());
+    for a in &cl.agents {
+        meter.add(a.pid().unwrap());
+    }
+    let trivial = spec_of(&["--", "true"]);
+    for via_cli in [false, true] {
+        let n = if via_cli { trivial_n / 2 } else { trivial_n };
+        let (cpu0, cli0) = (meter.ms(), common::cpu::children_ms());
+        let t = Instant::now();
+        let mut ids = Vec::new();
+        for _ in 0..n {
+            if via_cli {
+                ids.push(submit(&cl, &["-D", &w, "--", "true"]));
+            } else {
+                ids.push(submit_spec(&mut c, &trivial).await);
+            }
         }
-        n
-    };
-    rows.push(
-        serde_json::json!({"bench": "trivial_true_jobs_2_agents", "jobs": 200,
-        "jobs_per_s": 200.0 / secs, "submit_s": submitted, "not_completed": failed}),
-    );
+        let submitted = t.elapsed().as_secs_f64();
+        // One queue listing per poll: cheaper for the server than a show per job.
+        loop {
+            let open = match c
+                .call(&ApiRequest::Queue {
+                    all: false,
+                    user: None,
+                    states: vec![],
+                })
+                .await
+                .unwrap()
+            {
+                ApiResponse::Jobs { jobs } => jobs.iter().filter(|j| ids.contains(&j.id)).count(),
+                other => panic!("{other:?}"),
+            };
+            if open == 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let secs = t.elapsed().as_secs_f64();
+        let (cpu, cli_cpu) = (meter.ms() - cpu0, common::cpu::children_ms() - cli0);
+        let mut failed = 0;
+        for id in &ids {
+            failed += (show(&mut c, *id).await.state != JobState::Completed) as u32;
+        }
+        rows.push(serde_json::json!({
+            "bench": if via_cli { "trivial_true_jobs_2_agents_cli_each" } else { "trivial_true_jobs_2_agents" },
+            "jobs": n, "jobs_per_s": n as f64 / secs, "submit_s": submitted, "not_completed": failed,
+            "cpu_ms_per_job": (cpu + cli_cpu) / n as f64,
+            "cluster_cpu_ms_per_job": cpu / n as f64, "cli_cpu_ms_per_job": cli_cpu / n as f64,
+            "cpu_scope": meter.scope(),
+        }));
+    }
     drop(c);
+    drop(meter);
     drop(cl);
+    if !failures {
+        return write_rows(&rows);
+    }
 
     // Node failure: kill the agent running the job, time until it runs again elsewhere.
     let mut cl =
@@ -224,7 +294,11 @@ async fn main() {
         })
         .await;
 
-    for r in &rows {
+    write_rows(&rows);
+}
+
+fn write_rows(rows: &[serde_json::Value]) {
+    for r in rows {
         println!("{r}");
     }
     let out = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/bench");

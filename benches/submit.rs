@@ -1,6 +1,8 @@
-//! Submit path baseline: latency through the local socket (one client,
-//! sequential), the CLI process rate, and bulk throughput with 8 concurrent
-//! clients, against a real `gpuq server` process. Prints figures; asserts
+//! Submit path: latency through the local socket (one client, sequential),
+//! the CLI process rate (one process a job, sequential and 4 loops at once),
+//! 4 and 8 concurrent socket clients (group commit), and bulk submit (1,000
+//! specs a `SubmitMany` call through the socket, and `gpuq submit --from
+//! FILE`), against a real `gpuq server` process. Prints figures; asserts
 //! nothing. Run: `cargo bench --bench submit` (GPUQ_BENCH_N scales it).
 
 #[path = "../tests/common/mod.rs"]
@@ -139,13 +141,105 @@ async fn main() {
         }));
     }
 
+    // 4. Four concurrent CLI loops (four users' shells, each a process a job).
+    {
+        let clients = 4;
+        let per = (cli_n / clients).max(5);
+        let before = log_counters(&socket).await;
+        let t0 = Instant::now();
+        let threads: Vec<_> = (0..clients)
+            .map(|_| {
+                let socket = socket.clone();
+                std::thread::spawn(move || {
+                    (0..per)
+                        .map(|_| {
+                            let t = Instant::now();
+                            let out = common::cli(&socket, &["submit", "--parsable", "--", "true"]);
+                            assert!(out.status.success());
+                            t.elapsed()
+                        })
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        let mut lat: Vec<Duration> = threads
+            .into_iter()
+            .flat_map(|t| t.join().unwrap())
+            .collect();
+        let secs = t0.elapsed().as_secs_f64();
+        let after = log_counters(&socket).await;
+        lat.sort();
+        rows.push(serde_json::json!({
+            "bench": format!("submit_concurrent_{clients}_cli"), "jobs": per * clients,
+            "p50_ms": pct(&lat, 0.5), "p99_ms": pct(&lat, 0.99),
+            "jobs_per_s": (per * clients) as f64 / secs, "mean_commit_batch": batch(before, after),
+        }));
+    }
+
+    // 5. Bulk: SubmitMany calls of 1,000 specs through the socket (one log
+    //    entry each), and one `gpuq submit --from FILE` process.
+    // (A server without SubmitMany, measured through GPUQ_BIN, skips them.)
+    let bulk = matches!(
+        c.call(&ApiRequest::SubmitMany { specs: vec![spec()] }).await,
+        Ok(ApiResponse::SubmittedMany { .. })
+    );
+    if !bulk {
+        eprintln!("this server has no bulk submit (SubmitMany): bulk rows skipped");
+    } else {
+        let chunk = 1000.min(n);
+        let calls = (n / chunk).max(1);
+        let specs: Vec<JobSpec> = (0..chunk).map(|_| spec()).collect();
+        let before = log_counters(&socket).await;
+        let mut lat = Vec::with_capacity(calls);
+        let t0 = Instant::now();
+        for _ in 0..calls {
+            let t = Instant::now();
+            match c
+                .call(&ApiRequest::SubmitMany {
+                    specs: specs.clone(),
+                })
+                .await
+            {
+                Ok(ApiResponse::SubmittedMany { ids }) => assert_eq!(ids.len(), chunk),
+                other => panic!("bulk submit failed: {other:?}"),
+            }
+            lat.push(t.elapsed());
+        }
+        let secs = t0.elapsed().as_secs_f64();
+        let after = log_counters(&socket).await;
+        lat.sort();
+        rows.push(serde_json::json!({
+            "bench": format!("submit_bulk_{chunk}_socket"), "jobs": calls * chunk,
+            "p50_ms": pct(&lat, 0.5), "p99_ms": pct(&lat, 0.99),
+            "jobs_per_s": (calls * chunk) as f64 / secs, "mean_commit_batch": batch(before, after),
+        }));
+
+        let file = dir.path().join("jobs.txt");
+        std::fs::write(&file, "-- true\n".repeat(chunk)).unwrap();
+        let before = log_counters(&socket).await;
+        let t0 = Instant::now();
+        let out = common::cli(
+            &socket,
+            &["submit", "--parsable", "--from", file.to_str().unwrap()],
+        );
+        let took = t0.elapsed();
+        assert!(out.status.success(), "{}", common::stderr(&out));
+        assert_eq!(String::from_utf8_lossy(&out.stdout).lines().count(), chunk);
+        let after = log_counters(&socket).await;
+        rows.push(serde_json::json!({
+            "bench": format!("submit_bulk_{chunk}_cli_from_file"), "jobs": chunk,
+            "p50_ms": took.as_secs_f64() * 1e3, "p99_ms": took.as_secs_f64() * 1e3,
+            "jobs_per_s": chunk as f64 / took.as_secs_f64(), "mean_commit_batch": batch(before, after),
+        }));
+    }
+
     println!(
-        "{:<28} {:>7} {:>9} {:>9} {:>10} {:>7}",
+        "{:<32} {:>7} {:>9} {:>9} {:>10} {:>7}",
         "bench", "jobs", "p50 ms", "p99 ms", "jobs/s", "batch"
     );
     for r in &rows {
         println!(
-            "{:<28} {:>7} {:>9.3} {:>9.3} {:>10.0} {:>7.2}",
+            "{:<32} {:>7} {:>9.3} {:>9.3} {:>10.0} {:>7.2}",
             r["bench"].as_str().unwrap(),
             r["jobs"],
             r["p50_ms"].as_f64().unwrap(),

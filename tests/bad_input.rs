@@ -228,3 +228,81 @@ fn garbage_on_the_socket_does_not_hurt_others() {
     server.ok(&["submit", "--", "true"]);
     server.ok(&["queue"]);
 }
+
+#[test]
+fn a_bulk_submit_with_one_bad_job_submits_none_and_names_the_line() {
+    let dir = shared_tempdir();
+    let server = Server::bootstrap(dir.path());
+    let file = |name: &str, text: &str| {
+        let p = dir.path().join(name);
+        std::fs::write(&p, text).unwrap();
+        p.to_str().unwrap().to_string()
+    };
+    // Refused by the server's apply (an unknown dependency): line 4, after a
+    // comment and a blank line, so the index is mapped back to the line.
+    let dep = file(
+        "dep.txt",
+        "# two jobs, then a bad one\n-- true\n\n-d afterok:999999 -- true\n-- true\n",
+    );
+    refused(&server.cli(&["submit", "--from", &dep]), "dep.txt line 4");
+    refused(&server.cli(&["submit", "--from", &dep]), "999999");
+    // Refused by the CLI while reading the file.
+    let zero = file("zero.txt", "-- true\n--nodes 0 -- true\n");
+    refused(&server.cli(&["submit", "--from", &zero]), "zero.txt line 2");
+    let quote = file("quote.txt", "-J 'open -- true\n");
+    refused(&server.cli(&["submit", "--from", &quote]), "unterminated");
+    let typo = file("typo.txt", "--frobnicate -- true\n");
+    refused(&server.cli(&["submit", "--from", &typo]), "--frobnicate");
+    let empty = file("empty.txt", "# nothing here\n\n");
+    refused(&server.cli(&["submit", "--from", &empty]), "has no jobs");
+    refused(
+        &server.cli(&["submit", "--from", "/nonexistent/jobs.txt"]),
+        "/nonexistent/jobs.txt",
+    );
+    refused(
+        &server.cli(&["submit", "--from", &zero, "--", "true"]),
+        "--from",
+    );
+    assert_eq!(queue_len(&server), 0, "a refused batch queued something");
+
+    // The API refuses the same way without the CLI: index from 1, nothing queued.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let answer = |specs: Vec<gpuq::model::JobSpec>| {
+        rt.block_on(async {
+            let mut c = gpuq::net::local::LocalClient::connect(&server.socket)
+                .await
+                .unwrap();
+            c.call(&gpuq::net::proto::ApiRequest::SubmitMany { specs })
+                .await
+                .unwrap()
+        })
+    };
+    let mut bad = common::trivial_spec("bad");
+    bad.nodes = 0;
+    let good = common::trivial_spec("good");
+    match answer(vec![good.clone(), bad, good.clone()]) {
+        gpuq::net::proto::ApiResponse::Error { kind, message } => {
+            assert_eq!(kind, gpuq::net::proto::ErrorKind::BadInput);
+            assert!(message.starts_with("job 2 of the batch"), "{message}");
+            assert!(message.contains("nodes"), "{message}");
+        }
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    match answer(vec![]) {
+        gpuq::net::proto::ApiResponse::Error { message, .. } => {
+            assert!(message.contains("no jobs"), "{message}")
+        }
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    let too_many = vec![good; gpuq::net::proto::MAX_SUBMIT_MANY + 1];
+    match answer(too_many) {
+        gpuq::net::proto::ApiResponse::Error { message, .. } => {
+            assert!(message.contains("at most"), "{message}")
+        }
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    assert_eq!(queue_len(&server), 0, "a refused batch queued something");
+}

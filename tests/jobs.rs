@@ -401,3 +401,74 @@ fn an_agent_claiming_another_name_or_a_live_duplicate_is_refused() {
         "n1 kept its inventory"
     );
 }
+
+#[test]
+fn a_bulk_submit_from_a_file_or_stdin_queues_every_line_in_one_call() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = Cluster::start(dir.path(), 1, 8);
+    let out = dir.path().join("out");
+    std::fs::create_dir_all(&out).unwrap();
+    let chdir = out.to_str().unwrap();
+    let file = dir.path().join("jobs.txt");
+    std::fs::write(
+        &file,
+        "# a sweep\n-J first -- sh -c 'echo \"lr 1\" > lr1'\n\n\
+         -J second -- sh -c 'echo \"lr 2\" > lr2'\n--gpus-per-node 2 -- true\n",
+    )
+    .unwrap();
+    // Command-line flags apply to every line; a line's -J wins over this one.
+    let ids: Vec<String> = c
+        .server
+        .ok(&[
+            "submit",
+            "--parsable",
+            "-J",
+            "sweep",
+            "-D",
+            chdir,
+            "--from",
+            file.to_str().unwrap(),
+        ])
+        .lines()
+        .map(str::to_string)
+        .collect();
+    assert_eq!(ids.len(), 3, "{ids:?}");
+    let n: Vec<u64> = ids.iter().map(|i| i.parse().unwrap()).collect();
+    assert_eq!(
+        n,
+        vec![n[0], n[0] + 1, n[0] + 2],
+        "one entry, consecutive ids"
+    );
+    for id in &ids {
+        c.wait_state(id, "COMPLETED", LONG);
+    }
+    assert_eq!(c.job(&ids[0])["spec"]["name"], "first");
+    assert_eq!(c.job(&ids[2])["spec"]["name"], "sweep");
+    assert_eq!(read(&out.join("lr1")), "lr 1\n");
+    assert_eq!(read(&out.join("lr2")), "lr 2\n");
+
+    // From stdin, with --json.
+    use std::io::Write;
+    let mut child = std::process::Command::new(common::gpuq_bin())
+        .args(["submit", "--json", "-D", chdir, "--from", "-"])
+        .env("GPUQ_SOCKET", &c.server.socket)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"-- true\n-- true\n")
+        .unwrap();
+    let done = child.wait_with_output().unwrap();
+    assert!(done.status.success(), "{}", stderr(&done));
+    let v: serde_json::Value = serde_json::from_slice(&done.stdout).unwrap();
+    let ids = v["ids"].as_array().unwrap();
+    assert_eq!(ids.len(), 2, "{v}");
+    for id in ids {
+        c.wait_state(&id.to_string(), "COMPLETED", LONG);
+    }
+}

@@ -11,6 +11,7 @@ pub mod cluster;
 mod hold;
 mod queue;
 mod show;
+mod submit;
 pub mod table;
 
 use std::path::PathBuf;
@@ -97,10 +98,19 @@ pub struct JsonFlag {
 /// The client commands.
 #[derive(Subcommand, Debug)]
 pub enum ClientCommand {
-    /// Queue a batch job (a script with #GPUQ/#SBATCH directives, or a command).
+    /// Queue a batch job (a script with #GPUQ/#SBATCH directives, or a command),
+    /// or many at once with --from.
     Submit {
         #[command(flatten)]
         args: Box<SubmitArgs>,
+        /// Submit many jobs in one call, all or none: each line of FILE (- for
+        /// stdin) is one job, written as you would after `gpuq submit` (flags,
+        /// then a script or command; quote as in a shell). Blank lines and #
+        /// comments are skipped; flags given here apply to every line, a
+        /// line's own flags win. One bad line submits nothing and names the
+        /// line. Prints one id per line (--json: {"ids": [...]}).
+        #[arg(long, value_name = "FILE")]
+        from: Option<PathBuf>,
         /// Print only the job id.
         #[arg(long)]
         parsable: bool,
@@ -300,32 +310,10 @@ pub async fn run(cmd: ClientCommand) -> Result<(), CliError> {
     match cmd {
         ClientCommand::Submit {
             args,
+            from,
             parsable,
             json,
-        } => {
-            let env: Vec<(String, String)> = std::env::vars().collect();
-            let cwd = std::env::current_dir()
-                .map_err(|e| CliError::input(format!("cannot read the current directory: {e}")))?;
-            let spec = crate::spec::build_spec(&args, &env, &cwd)
-                .map_err(|e| CliError::input(e.to_string()))?;
-            match call(ApiRequest::Submit {
-                spec: Box::new(spec),
-            })
-            .await?
-            {
-                ApiResponse::Submitted { id } => {
-                    if json.json {
-                        print_json(&serde_json::json!({ "id": id.0 }))?;
-                    } else if parsable {
-                        println!("{id}");
-                    } else {
-                        println!("Submitted job {id}");
-                    }
-                    Ok(())
-                }
-                other => Err(unexpected(other)),
-            }
-        }
+        } => submit::run(&args, from, parsable, json.json).await,
         ClientCommand::Queue {
             priority: true,
             user,

@@ -92,6 +92,11 @@ pub enum ApiRequest {
         #[serde(default)]
         ids: Vec<JobId>,
     },
+    /// Queue many jobs in one call and one log entry, all or none: the
+    /// first spec that would be refused refuses the batch, and the error
+    /// names its index (see [`batch_entry_error`]). Answered with
+    /// `SubmittedMany` after commit. At most [`MAX_SUBMIT_MANY`] specs.
+    SubmitMany { specs: Vec<JobSpec> },
 }
 
 /// Who a daemon vouches the request comes from.
@@ -329,6 +334,11 @@ pub enum ApiResponse {
         kind: ErrorKind,
         message: String,
     },
+    /// The job ids of a `SubmitMany`, in the order of its specs (an array's
+    /// id for an array).
+    SubmittedMany {
+        ids: Vec<JobId>,
+    },
 }
 
 impl ApiResponse {
@@ -339,4 +349,31 @@ impl ApiResponse {
             message: message.into(),
         }
     }
+}
+
+/// The most specs one `SubmitMany` may carry.
+pub const MAX_SUBMIT_MANY: usize = 10_000;
+
+/// The most bytes (MessagePack) the specs of one `SubmitMany` may take: the
+/// batch is one Raft log entry, which must fit a replication frame with room
+/// to spare.
+pub const MAX_SUBMIT_MANY_BYTES: usize = 4 << 20;
+
+/// How a refusal of one job of a `SubmitMany` reads: `job N of the batch
+/// (from 1): why`. [`parse_batch_entry_error`] reads the index back, so the
+/// CLI can name the line of its input file.
+pub fn batch_entry_error(index: usize, why: &impl std::fmt::Display) -> String {
+    format!(
+        "job {} of the batch (from 1): {why}; nothing was submitted",
+        index + 1
+    )
+}
+
+/// The 0-based index and the reason of a [`batch_entry_error`] message.
+pub fn parse_batch_entry_error(message: &str) -> Option<(usize, &str)> {
+    let rest = message.strip_prefix("job ")?;
+    let (n, rest) = rest.split_once(" of the batch (from 1): ")?;
+    let why = rest.strip_suffix("; nothing was submitted")?;
+    let n: usize = n.parse().ok()?;
+    Some((n.checked_sub(1)?, why))
 }

@@ -19,6 +19,7 @@ use super::now_ms;
 
 mod logs;
 mod status;
+mod submit;
 
 /// Per pending job: why it waits, and its expected start if backfill knows it.
 pub type PendingReasons =
@@ -59,17 +60,36 @@ fn token_info(t: &TokenRecord) -> TokenInfo {
 }
 
 fn rejection(r: Rejection) -> ApiResponse {
-    let kind = match r {
+    let kind = match &r {
+        Rejection::InBatch { why, .. } => rejection_kind(why),
+        r => rejection_kind(r),
+    };
+    ApiResponse::error(kind, r.to_string())
+}
+
+fn rejection_kind(r: &Rejection) -> ErrorKind {
+    match r {
         Rejection::NoSuchJob(_) | Rejection::NoSuchToken(_) => ErrorKind::NotFound,
         Rejection::NotOwner { .. } => ErrorKind::Forbidden,
         _ => ErrorKind::BadInput,
-    };
-    ApiResponse::error(kind, r.to_string())
+    }
 }
 
 /// The longest a write waits for its commit before the caller is told the
 /// outcome is unknown.
 pub const WRITE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+fn write_timed_out() -> ApiResponse {
+    ApiResponse::error(
+        ErrorKind::Unavailable,
+        format!(
+            "the write was not confirmed within {} s (this server may have lost \
+             contact with the other servers); it may still take effect: check \
+             with `gpuq queue` before retrying",
+            WRITE_TIMEOUT.as_secs()
+        ),
+    )
+}
 
 fn forbidden(what: &str) -> ApiResponse {
     ApiResponse::error(
@@ -293,6 +313,7 @@ impl Api {
         let needs_leader = matches!(
             req,
             ApiRequest::Submit { .. }
+                | ApiRequest::SubmitMany { .. }
                 | ApiRequest::Cancel { .. }
                 | ApiRequest::Hold { .. }
                 | ApiRequest::TokenCreate { .. }
@@ -312,33 +333,8 @@ impl Api {
             }
         }
         match req {
-            ApiRequest::Submit { spec } => {
-                if let Err(why) = spec.check_invariants() {
-                    return ApiResponse::error(ErrorKind::BadInput, why);
-                }
-                if spec.nice < 0 && !caller.admin {
-                    return ApiResponse::error(
-                        ErrorKind::Forbidden,
-                        format!(
-                            "--nice {} raises priority, which needs an admin; use 0 or more",
-                            spec.nice
-                        ),
-                    );
-                }
-                if let Err(why) = self.feasible(&spec) {
-                    return ApiResponse::error(ErrorKind::BadInput, why);
-                }
-                let cmd = Command::Submit {
-                    user: caller.user,
-                    spec,
-                    now: now_ms(),
-                };
-                match self.write(cmd).await {
-                    Ok(CommandResult::Submitted { id }) => ApiResponse::Submitted { id },
-                    Ok(other) => self.unexpected(other),
-                    Err(resp) => resp,
-                }
-            }
+            ApiRequest::Submit { spec } => self.submit(caller, spec).await,
+            ApiRequest::SubmitMany { specs } => self.submit_many(caller, specs).await,
             ApiRequest::Cancel { ids, tasks } => {
                 // `12` of an array is every unfinished task; `12_3` one task.
                 let refs = ids.iter().map(|&id| JobRef { id, task: None }).chain(tasks);
@@ -519,15 +515,15 @@ impl Api {
     pub async fn write(&self, cmd: Command) -> Result<CommandResult, ApiResponse> {
         match tokio::time::timeout(WRITE_TIMEOUT, self.proposer.propose(cmd)).await {
             Ok(r) => r,
-            Err(_) => Err(ApiResponse::error(
-                ErrorKind::Unavailable,
-                format!(
-                    "the write was not confirmed within {} s (this server may have lost \
-                     contact with the other servers); it may still take effect: check \
-                     with `gpuq queue` before retrying",
-                    WRITE_TIMEOUT.as_secs()
-                ),
-            )),
+            Err(_) => Err(write_timed_out()),
+        }
+    }
+
+    /// [`Api::write`] for a command that must be a log entry of its own.
+    pub async fn write_alone(&self, cmd: Command) -> Result<CommandResult, ApiResponse> {
+        match tokio::time::timeout(WRITE_TIMEOUT, self.proposer.propose_alone(cmd)).await {
+            Ok(r) => r,
+            Err(_) => Err(write_timed_out()),
         }
     }
 
@@ -616,34 +612,5 @@ impl Api {
             Ok(other) => self.unexpected(other),
             Err(resp) => resp,
         }
-    }
-
-    /// Refuses at submit a job no registered node set could ever hold. With no
-    /// nodes registered yet, the job waits instead.
-    fn feasible(&self, spec: &crate::model::JobSpec) -> Result<(), String> {
-        let s = self.state();
-        if s.nodes.is_empty() {
-            return Ok(());
-        }
-        let inventories: Vec<_> = s.nodes.values().map(|n| n.inventory.clone()).collect();
-        let probe = crate::model::Job {
-            id: crate::model::JobId(0),
-            user: String::new(),
-            spec: spec.clone(),
-            state: JobState::Pending,
-            submit_time: 0,
-            start_time: None,
-            end_time: None,
-            restart_count: 0,
-            reason: None,
-            exit_code: None,
-            cancelled_by: None,
-            run: None,
-            held: false,
-            array: None,
-            expected_start: None,
-            preemptions: Vec::new(),
-        };
-        crate::sched::feasible(&inventories, &crate::sched::PendingJob::from(&probe))
     }
 }

@@ -3,7 +3,9 @@
 //! proposer instead queues writes while one proposal is in flight and sends
 //! everything queued as one `Command::Batch` entry: a burst of N concurrent
 //! submits costs one log write, and each caller still gets its own answer
-//! only after commit.
+//! only after commit. A command proposed `alone` (a bulk submit, already
+//! one large entry) is never folded into a batch, so one entry stays within
+//! what a replication frame carries.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -19,10 +21,18 @@ const MAX_BATCH: usize = 512;
 
 type Reply = oneshot::Sender<Result<CommandResult, ApiResponse>>;
 
+/// A queued proposal: the command, who waits for it, and whether it must be
+/// its own log entry.
+struct Proposal {
+    cmd: Command,
+    reply: Reply,
+    alone: bool,
+}
+
 /// A handle for proposing commands through the batching task.
 #[derive(Clone)]
 pub struct Proposer {
-    tx: mpsc::Sender<(Command, Reply)>,
+    tx: mpsc::Sender<Proposal>,
     /// Log entries proposed and the commands they carried: the ratio is the
     /// mean group-commit batch.
     pub stats: Arc<ProposalStats>,
@@ -46,18 +56,43 @@ impl Proposer {
 
     /// Proposes `cmd` and waits until it is committed and applied.
     pub async fn propose(&self, cmd: Command) -> Result<CommandResult, ApiResponse> {
+        self.send(cmd, false).await
+    }
+
+    /// Proposes `cmd` as a log entry of its own (never batched with others).
+    pub async fn propose_alone(&self, cmd: Command) -> Result<CommandResult, ApiResponse> {
+        self.send(cmd, true).await
+    }
+
+    async fn send(&self, cmd: Command, alone: bool) -> Result<CommandResult, ApiResponse> {
         let (reply, answer) = oneshot::channel();
         let stopped = || ApiResponse::error(ErrorKind::Unavailable, "the server is shutting down");
-        self.tx.send((cmd, reply)).await.map_err(|_| stopped())?;
+        self.tx
+            .send(Proposal { cmd, reply, alone })
+            .await
+            .map_err(|_| stopped())?;
         answer.await.map_err(|_| stopped())?
     }
 }
 
-async fn run(raft: GpuqRaft, mut rx: mpsc::Receiver<(Command, Reply)>, stats: Arc<ProposalStats>) {
-    while let Some(first) = rx.recv().await {
+async fn run(raft: GpuqRaft, mut rx: mpsc::Receiver<Proposal>, stats: Arc<ProposalStats>) {
+    // A proposal taken off the queue that must wait for the next entry.
+    let mut held: Option<Proposal> = None;
+    loop {
+        let first = match held.take() {
+            Some(p) => p,
+            None => match rx.recv().await {
+                Some(p) => p,
+                None => return,
+            },
+        };
         let mut batch = vec![first];
-        while batch.len() < MAX_BATCH {
+        while !batch[0].alone && batch.len() < MAX_BATCH {
             match rx.try_recv() {
+                Ok(next) if next.alone => {
+                    held = Some(next);
+                    break;
+                }
                 Ok(next) => batch.push(next),
                 Err(_) => break,
             }
@@ -65,7 +100,7 @@ async fn run(raft: GpuqRaft, mut rx: mpsc::Receiver<(Command, Reply)>, stats: Ar
         // A caller that gave up waiting (its write timed out behind a
         // proposal that could not commit) was told the outcome is unknown;
         // proposing it now would only surprise it later.
-        batch.retain(|(_, reply)| !reply.is_closed());
+        batch.retain(|p| !p.reply.is_closed());
         if batch.is_empty() {
             continue;
         }
@@ -74,11 +109,12 @@ async fn run(raft: GpuqRaft, mut rx: mpsc::Receiver<(Command, Reply)>, stats: Ar
             .commands
             .fetch_add(batch.len() as u64, Ordering::Relaxed);
         if batch.len() == 1 {
-            let (cmd, reply) = batch.pop().expect("one command");
-            let _ = reply.send(write(&raft, cmd).await);
+            let p = batch.pop().expect("one command");
+            let _ = p.reply.send(write(&raft, p.cmd).await);
             continue;
         }
-        let (cmds, replies): (Vec<Command>, Vec<Reply>) = batch.into_iter().unzip();
+        let (cmds, replies): (Vec<Command>, Vec<Reply>) =
+            batch.into_iter().map(|p| (p.cmd, p.reply)).unzip();
         match write(&raft, Command::Batch(cmds)).await {
             Ok(CommandResult::Batch(results)) if results.len() == replies.len() => {
                 for (reply, r) in replies.into_iter().zip(results) {

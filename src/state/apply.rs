@@ -48,6 +48,9 @@ impl State {
                 let id = self.submit(user, spec, *now, dirty)?;
                 Ok(CommandResult::Submitted { id })
             }
+            Command::SubmitMany { user, specs, now } => Ok(CommandResult::SubmittedMany {
+                ids: self.submit_many(user, specs, *now, dirty)?,
+            }),
             Command::Hold {
                 by,
                 admin,

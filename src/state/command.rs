@@ -115,6 +115,13 @@ pub enum Command {
         events: Vec<TaskEvent>,
         now: Millis,
     },
+    /// Queues many jobs for `user` as one log entry, all or none: one spec
+    /// apply refuses refuses the whole batch, naming its index.
+    SubmitMany {
+        user: String,
+        specs: Vec<JobSpec>,
+        now: Millis,
+    },
 }
 
 /// What applying a command answered. Returned to the proposer after commit.
@@ -165,6 +172,10 @@ pub enum CommandResult {
     /// The answers of a `Batch`, in order.
     Batch(Vec<CommandResult>),
     Rejected(Rejection),
+    /// The ids a `SubmitMany` queued, in the order of its specs.
+    SubmittedMany {
+        ids: Vec<JobId>,
+    },
 }
 
 /// Why apply refused a command. Nothing of a rejected command is applied.
@@ -202,4 +213,9 @@ pub enum Rejection {
     /// the input and the fix.
     #[error("{0}")]
     Policy(String),
+    #[error("nothing to submit: the batch has no jobs")]
+    EmptyBatch,
+    /// One job of a `SubmitMany` was refused, so none was queued.
+    #[error("{}", crate::net::proto::batch_entry_error(*index, why))]
+    InBatch { index: usize, why: Box<Rejection> },
 }

@@ -21,14 +21,71 @@ impl State {
         now: Millis,
         dirty: &mut Dirty,
     ) -> Result<JobId, Rejection> {
+        let spec = self.admit(user, spec)?;
+        Ok(self.queue_admitted(user, &spec, now, dirty))
+    }
+
+    /// Queues many jobs for `user`, all or none: every spec is checked
+    /// before any is queued, and the first refused one refuses the batch,
+    /// naming its index. Returns the job ids in order (array job ids for
+    /// arrays).
+    pub(super) fn submit_many(
+        &mut self,
+        user: &str,
+        specs: &[JobSpec],
+        now: Millis,
+        dirty: &mut Dirty,
+    ) -> Result<Vec<JobId>, Rejection> {
+        if specs.is_empty() {
+            return Err(Rejection::EmptyBatch);
+        }
+        let admitted = specs
+            .iter()
+            .enumerate()
+            .map(|(index, spec)| {
+                self.admit(user, spec).map_err(|why| Rejection::InBatch {
+                    index,
+                    why: Box::new(why),
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(admitted
+            .iter()
+            .map(|spec| self.queue_admitted(user, spec, now, dirty))
+            .collect())
+    }
+
+    /// Everything that may refuse a submission, changing nothing: the spec's
+    /// invariants, its dependencies and the policy. Returns the spec with the
+    /// policy's defaults (account, QoS, partition) filled in.
+    fn admit(&self, user: &str, spec: &JobSpec) -> Result<JobSpec, Rejection> {
         spec.check_invariants().map_err(Rejection::InvalidSpec)?;
         self.check_dependencies(&spec.queue.dependency)
             .map_err(Rejection::UnknownDependency)?;
+        if spec
+            .queue
+            .array
+            .as_ref()
+            .is_some_and(|a| a.indices.is_empty())
+        {
+            return Err(Rejection::InvalidSpec("the array has no indices".into()));
+        }
         let mut spec = spec.clone();
         self.policy
             .resolve(user, &mut spec)
             .map_err(Rejection::Policy)?;
-        let spec = &spec;
+        Ok(spec)
+    }
+
+    /// Queues an admitted spec: one job, or one per array index. Cannot fail,
+    /// so a batch that was admitted whole is queued whole.
+    fn queue_admitted(
+        &mut self,
+        user: &str,
+        spec: &JobSpec,
+        now: Millis,
+        dirty: &mut Dirty,
+    ) -> JobId {
         let base = JobId(self.counters.next_job_id);
         let new_job = |id: JobId, spec: JobSpec, array: Option<ArrayTask>| Job {
             id,
@@ -55,9 +112,6 @@ impl State {
                 self.counters.next_job_id += 1;
             }
             Some(array) => {
-                if array.indices.is_empty() {
-                    return Err(Rejection::InvalidSpec("the array has no indices".into()));
-                }
                 // Each task carries its index, not the whole list.
                 let mut task_spec = spec.clone();
                 task_spec.queue.array = None;
@@ -76,7 +130,7 @@ impl State {
             }
         }
         dirty.meta = true;
-        Ok(base)
+        base
     }
 
     /// The job ids `r` names: `12_3` the task with index 3 of array 12; `12`

@@ -3,6 +3,7 @@
 
 #![allow(dead_code)]
 
+pub mod cpu;
 pub mod history;
 pub mod netns;
 mod servers;
@@ -14,9 +15,12 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-/// The gpuq binary under test.
+/// The gpuq binary under test: this build's, or `GPUQ_BIN` (benchmarks use
+/// it to measure another build with the same driver).
 pub fn gpuq_bin() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_gpuq"))
+    std::env::var_os("GPUQ_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_gpuq")))
 }
 
 /// A free UDP port on 127.0.0.1 (bound and released; good enough for tests).
@@ -659,6 +663,11 @@ impl Agent {
     }
 
     /// SIGKILL the agent (its tasks keep running under their shims).
+    /// The agent process's id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(|c| c.id())
+    }
+
     pub fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();

@@ -1,0 +1,133 @@
+//! Submitting jobs: one (`Submit`) or many in one call and one log entry
+//! (`SubmitMany`, all or none). The checks that need no log entry run here
+//! (the spec's invariants, who may lower `--nice`, whether any node set could
+//! ever hold the job); apply re-checks the spec and resolves the policy.
+
+use crate::model::{JobId, JobSpec, JobState, NodeInventory};
+use crate::net::proto::{
+    batch_entry_error, ApiResponse, Caller, ErrorKind, MAX_SUBMIT_MANY, MAX_SUBMIT_MANY_BYTES,
+};
+use crate::server::now_ms;
+use crate::state::{Command, CommandResult};
+
+use super::Api;
+
+impl Api {
+    pub(super) async fn submit(&self, caller: Caller, spec: Box<JobSpec>) -> ApiResponse {
+        let inventories = self.inventories();
+        if let Err((kind, why)) = check(&caller, &spec, &inventories) {
+            return ApiResponse::error(kind, why);
+        }
+        let cmd = Command::Submit {
+            user: caller.user,
+            spec,
+            now: now_ms(),
+        };
+        match self.write(cmd).await {
+            Ok(CommandResult::Submitted { id }) => ApiResponse::Submitted { id },
+            Ok(other) => self.unexpected(other),
+            Err(resp) => resp,
+        }
+    }
+
+    pub(super) async fn submit_many(&self, caller: Caller, specs: Vec<JobSpec>) -> ApiResponse {
+        if specs.is_empty() {
+            return ApiResponse::error(ErrorKind::BadInput, "nothing to submit: no jobs given");
+        }
+        if specs.len() > MAX_SUBMIT_MANY {
+            return ApiResponse::error(
+                ErrorKind::BadInput,
+                format!(
+                    "{} jobs in one bulk submit; at most {MAX_SUBMIT_MANY} fit one call: \
+                     split the input, or use --array for many runs of one script",
+                    specs.len()
+                ),
+            );
+        }
+        let bytes = rmp_serde::to_vec_named(&specs).map_or(usize::MAX, |b| b.len());
+        if bytes > MAX_SUBMIT_MANY_BYTES {
+            return ApiResponse::error(
+                ErrorKind::BadInput,
+                format!(
+                    "the {} jobs take {} KiB, more than the {} KiB one bulk submit may carry: \
+                     split the input (an exported environment is copied into every job)",
+                    specs.len(),
+                    bytes >> 10,
+                    MAX_SUBMIT_MANY_BYTES >> 10
+                ),
+            );
+        }
+        let inventories = self.inventories();
+        for (i, spec) in specs.iter().enumerate() {
+            if let Err((kind, why)) = check(&caller, spec, &inventories) {
+                return ApiResponse::error(kind, batch_entry_error(i, &why));
+            }
+        }
+        let n = specs.len();
+        let cmd = Command::SubmitMany {
+            user: caller.user,
+            specs,
+            now: now_ms(),
+        };
+        match self.write_alone(cmd).await {
+            Ok(CommandResult::SubmittedMany { ids }) if ids.len() == n => {
+                ApiResponse::SubmittedMany { ids }
+            }
+            Ok(other) => self.unexpected(other),
+            Err(resp) => resp,
+        }
+    }
+
+    /// The registered nodes' inventories, for the feasibility check.
+    fn inventories(&self) -> Vec<NodeInventory> {
+        let s = self.state();
+        s.nodes.values().map(|n| n.inventory.clone()).collect()
+    }
+}
+
+/// The checks of one spec before it is proposed.
+fn check(
+    caller: &Caller,
+    spec: &JobSpec,
+    inventories: &[NodeInventory],
+) -> Result<(), (ErrorKind, String)> {
+    spec.check_invariants()
+        .map_err(|why| (ErrorKind::BadInput, why))?;
+    if spec.nice < 0 && !caller.admin {
+        return Err((
+            ErrorKind::Forbidden,
+            format!(
+                "--nice {} raises priority, which needs an admin; use 0 or more",
+                spec.nice
+            ),
+        ));
+    }
+    feasible(inventories, spec).map_err(|why| (ErrorKind::BadInput, why))
+}
+
+/// Refuses at submit a job no registered node set could ever hold. With no
+/// nodes registered yet, the job waits instead.
+fn feasible(inventories: &[NodeInventory], spec: &JobSpec) -> Result<(), String> {
+    if inventories.is_empty() {
+        return Ok(());
+    }
+    let probe = crate::model::Job {
+        id: JobId(0),
+        user: String::new(),
+        spec: spec.clone(),
+        state: JobState::Pending,
+        submit_time: 0,
+        start_time: None,
+        end_time: None,
+        restart_count: 0,
+        reason: None,
+        exit_code: None,
+        cancelled_by: None,
+        run: None,
+        held: false,
+        array: None,
+        expected_start: None,
+        preemptions: Vec::new(),
+    };
+    crate::sched::feasible(inventories, &crate::sched::PendingJob::from(&probe))
+}
