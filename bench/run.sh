@@ -6,11 +6,14 @@
 #                            benches/submit.rs  submit path: socket latency,
 #                                               CLI rate, 4 and 8 clients
 #                            benches/fleet.rs   simulated fleet: 64x8 gang start
-#                                               on 64/256/1000 nodes, ITP replay,
+#                                               on 64/256/1000 nodes, ITP replay
+#                                               FIFO+backfill vs full policy,
 #                                               synthetic mix
 #                            benches/scale.rs   leader state at 1k/5k/10k nodes
 #                                               with 100k and 1M jobs: pass
-#                                               p50/p99, peak RSS, acct query
+#                                               p50/p99, CPU, peak RSS, acct
+#                                               query; idle agents' heartbeat
+#                                               load at 1k/2k/5k agents
 #                            benches/failover.rs leader SIGKILL -> writes and
 #                                               scheduling on the new leader
 #                                               (3 servers, 20 kills)

@@ -10,10 +10,14 @@
 //!   their RSS. GPUQ_BENCH_SIM_FLAGS adds flags to `gpuq sim agents` (e.g.
 //!   `--reconcile-ms 20`).
 //! - replay: GPUQ_BENCH_REPLAY_JOBS jobs (default 2000) of ITP
-//!   GPUQ_BENCH_REPLAY_CLUSTER (default cluster04) at
-//!   GPUQ_BENCH_REPLAY_COMPRESSION (default 5000) on
-//!   GPUQ_BENCH_REPLAY_NODES nodes (default 64: cluster04 keeps ~495 GPUs
-//!   busy on average, so 512 GPUs is high load); 0 jobs skips it.
+//!   GPUQ_BENCH_REPLAY_CLUSTER (default cluster04; `all` replays every
+//!   cluster, each its own account) at GPUQ_BENCH_REPLAY_COMPRESSION
+//!   (default 5000) on GPUQ_BENCH_REPLAY_NODES nodes (default 64: the first
+//!   2,000 jobs of cluster04 ask for ~630 GPUs busy on average, so 512 GPUs
+//!   is an overload and the queue builds), once under FIFO+backfill and once
+//!   under the full policy, then one table of both and their ratios
+//!   (benches/fleet/replay.rs has the policies and the other knobs); 0 jobs
+//!   skips it.
 //! - mix: a synthetic mix (trivial, 1-GPU, 8-GPU, 64x8 gangs) of
 //!   GPUQ_BENCH_MIX_JOBS jobs (default 500; 0 skips) arriving at
 //!   GPUQ_BENCH_MIX_RATE per second (default 20) on 64 nodes, at
@@ -24,6 +28,8 @@
 
 #[path = "../tests/common/mod.rs"]
 mod common;
+#[path = "fleet/replay.rs"]
+mod replay;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -34,7 +40,7 @@ use gpuq::net::proto::{ApiRequest, ApiResponse};
 use gpuq::sim::workload::{self, DriveOptions, JobClass, Mix};
 use serde_json::json;
 
-fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
+pub(crate) fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
     std::env::var(name)
         .ok()
         .and_then(|v| v.parse().ok())
@@ -62,7 +68,7 @@ fn cpu_s(pid: u32) -> f64 {
     (ticks(11) + ticks(12)) / 100.0
 }
 
-fn pct(v: &[f64], p: f64) -> f64 {
+pub(crate) fn pct(v: &[f64], p: f64) -> f64 {
     workload::quantile(v, p)
 }
 
@@ -209,7 +215,34 @@ async fn drive_on(
     items: Vec<workload::WorkItem>,
 ) -> serde_json::Value {
     let comp = compression.to_string();
-    let b = tokio::task::block_in_place(|| bed(nodes, &["--compression", &comp]));
+    drive_with(
+        label,
+        nodes,
+        compression,
+        &["--compression", &comp],
+        &[],
+        items,
+    )
+    .await
+}
+
+/// A fresh server and fleet, configured by the `gpuq admin ...` commands in
+/// `setup` (the CLI an admin would use), then `items` driven through it.
+pub(crate) async fn drive_with(
+    label: &str,
+    nodes: u32,
+    compression: f64,
+    sim_flags: &[&str],
+    setup: &[Vec<String>],
+    items: Vec<workload::WorkItem>,
+) -> serde_json::Value {
+    let b = tokio::task::block_in_place(|| bed(nodes, sim_flags));
+    for args in setup {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        tokio::task::block_in_place(|| b.server.ok(&args));
+    }
+    let policy =
+        tokio::task::block_in_place(|| b.server.ok(&["admin", "priority", "show", "--json"]));
     let gpus = workload::fleet_gpus(&b.socket).await.unwrap();
     let opts = DriveOptions {
         drain_timeout: Duration::from_secs(env_or("GPUQ_BENCH_DRAIN_S", 900)),
@@ -227,6 +260,8 @@ async fn drive_on(
     v["wall_s"] = json!(wall);
     v["server_rss_mb"] = json!(rss_mb(spid));
     v["sim_rss_mb"] = json!(rss_mb(b.sim.pid().unwrap()));
+    v["priority"] = serde_json::from_str(&policy).unwrap_or(json!(policy));
+    v["setup"] = json!(setup);
     v
 }
 
@@ -247,7 +282,7 @@ async fn main() {
         rows.push(row);
     }
 
-    let replay_jobs: usize = env_or("GPUQ_BENCH_REPLAY_JOBS", if smoke { 150 } else { 2000 });
+    let replay_jobs: usize = env_or("GPUQ_BENCH_REPLAY_JOBS", if smoke { 100 } else { 2000 });
     let mut reports = Vec::new();
     if replay_jobs > 0 {
         let cluster: String = env_or("GPUQ_BENCH_REPLAY_CLUSTER", "cluster04".to_string());
@@ -255,15 +290,15 @@ async fn main() {
             "GPUQ_BENCH_REPLAY_COMPRESSION",
             if smoke { 200_000.0 } else { 5000.0 },
         );
-        let nodes: u32 = env_or("GPUQ_BENCH_REPLAY_NODES", 64);
+        let nodes: u32 = env_or("GPUQ_BENCH_REPLAY_NODES", if smoke { 16 } else { 64 });
         let trace =
             Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/traces/itp/itp_all_clusters.csv");
         let trace = std::env::var_os("GPUQ_BENCH_TRACE").map_or(trace, PathBuf::from);
-        match gpuq::sim::trace::read_itp(&trace, Some(&cluster), Some(replay_jobs)) {
+        let only = (cluster != "all").then_some(cluster.as_str());
+        match gpuq::sim::trace::read_itp(&trace, only, Some(replay_jobs)) {
             Ok(jobs) => {
-                let items = workload::itp_items(&jobs, compression);
-                let label = format!("itp_replay_{cluster}");
-                reports.push(drive_on(&label, nodes, compression, items).await);
+                let r = replay::compare(&cluster, &jobs, nodes, compression, smoke).await;
+                reports.extend(r);
             }
             Err(e) => eprintln!("replay skipped: {e}"),
         }

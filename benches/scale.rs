@@ -11,6 +11,15 @@
 //! its own child process so the peaks do not mix), and an `acct` query over
 //! the archive. Asserts nothing. Results go to target/bench/scale.json.
 //!
+//! The "cpu%" column is the server CPU the pass costs at the leader's
+//! periodic rate of one pass a second (CPU ms per pass / 10); event-driven
+//! passes come on top, one per burst of state changes.
+//!
+//! Then agent heartbeat load (benches/scale/heartbeat.rs): a real server and
+//! GPUQ_BENCH_SCALE_AGENTS (1000,2000,5000) simulated agents over QUIC,
+//! connected and idle for GPUQ_BENCH_SCALE_AGENT_WINDOW_S (10) seconds:
+//! server and fleet CPU, RSS, datagrams/s and the cost per agent.
+//!
 //! Run: `cargo bench --bench scale`. Knobs: GPUQ_BENCH_SCALE_NODES
 //! (1000,5000,10000), GPUQ_BENCH_SCALE_JOBS (100000,1000000),
 //! GPUQ_BENCH_SCALE_PENDING (100000), GPUQ_BENCH_N (passes, 20);
@@ -19,6 +28,11 @@
 use std::path::Path;
 use std::process::Command as Process;
 use std::time::Instant;
+
+#[path = "../tests/common/mod.rs"]
+mod common;
+#[path = "scale/heartbeat.rs"]
+mod heartbeat;
 
 use gpuq::model::acct::AcctFilter;
 use gpuq::model::policy_change::{AccountPatch, Op, PolicyChange};
@@ -283,7 +297,7 @@ fn main() {
     };
     let me = std::env::current_exe().unwrap();
     println!(
-        "{:>6} {:>8} {:>8} {:>9} {:>9} {:>9} {:>8} {:>7} {:>9} {:>8} {:>8}",
+        "{:>6} {:>8} {:>8} {:>9} {:>9} {:>9} {:>8} {:>7} {:>9} {:>8} {:>8} {:>6}",
         "nodes",
         "jobs",
         "pending",
@@ -294,7 +308,8 @@ fn main() {
         "cpu_ms",
         "hwm_MiB",
         "acct_ms",
-        "build_s"
+        "build_s",
+        "cpu%"
     );
     let mut rows = Vec::new();
     for &n in &nodes {
@@ -318,7 +333,7 @@ fn main() {
             };
             let f = |k: &str| row[k].as_f64().unwrap_or(f64::NAN);
             println!(
-                "{:>6} {:>8} {:>8} {:>9} {:>9} {:>9.1} {:>8.1} {:>7.1} {:>9.0} {:>8.1} {:>8.1}",
+                "{:>6} {:>8} {:>8} {:>9} {:>9} {:>9.1} {:>8.1} {:>7.1} {:>9.0} {:>8.1} {:>8.1} {:>6.1}",
                 n,
                 j,
                 row["pending"],
@@ -330,10 +345,23 @@ fn main() {
                 f("vm_hwm_mib"),
                 f("acct_user_ms"),
                 f("build_s"),
+                f("pass_cpu_ms") / 10.0,
             );
             rows.push(row);
         }
     }
+    let (agents, window) = if smoke {
+        (vec![20], 1)
+    } else {
+        (
+            env_list("GPUQ_BENCH_SCALE_AGENTS", &[1000, 2000, 5000]),
+            env_list("GPUQ_BENCH_SCALE_AGENT_WINDOW_S", &[10])[0],
+        )
+    };
+    rows.extend(heartbeat::run(
+        &agents,
+        std::time::Duration::from_secs(window),
+    ));
     let out = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/bench");
     std::fs::create_dir_all(&out).unwrap();
     let path = out.join("scale.json");

@@ -173,7 +173,8 @@ struct SimAgentsArgs {
     /// Leaf switches per spine.
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..))]
     leaves_per_spine: u32,
-    /// Time compression: tasks run their declared duration divided by this.
+    /// Time compression: tasks run their declared duration divided by this
+    /// (a job's time limit is wall time and is not divided).
     #[arg(long, default_value_t = 1.0)]
     compression: f64,
     /// Node names: this prefix and a zero-padded number.

@@ -167,19 +167,23 @@ impl SimRunner {
 impl TaskRunner for SimRunner {
     fn start(&self, task: &DesiredTask) -> Result<(), String> {
         let declared = declared(&task.env)?;
+        // The declared duration is trace time and is compressed; the time
+        // limit is the server's, on the wall clock (its backfill timeline
+        // counts `start + limit` in wall ms), so it is not.
         let limit = task.time_limit_secs.map(Duration::from_secs);
+        let runs_for = self.compressed(declared.duration);
         let (runs_for, natural_end) = match limit {
-            Some(l) if l < declared.duration => (l, TaskEnd::Timeout),
-            _ if declared.exit_code == 0 => (declared.duration, TaskEnd::Completed),
+            Some(l) if l < runs_for => (l, TaskEnd::Timeout),
+            _ if declared.exit_code == 0 => (runs_for, TaskEnd::Completed),
             _ => (
-                declared.duration,
+                runs_for,
                 TaskEnd::Failed {
                     exit_code: Some(declared.exit_code),
                     signal: None,
                 },
             ),
         };
-        let deadline = self.clock.now() + self.compressed(runs_for);
+        let deadline = self.clock.now() + runs_for;
         let key = (task.job.0, task.attempt, task.rank);
         // A repeated start of a known task changes nothing (the ledger never
         // asks, but a runner must not run a rank twice).
@@ -339,7 +343,10 @@ mod tests {
             Some(Observed::Ended(TaskEnd::Completed))
         );
         assert_eq!(state(&r, (3, 0, 0)), Some(Observed::Running));
+        // The limit is wall time: 60 s, not 60 s / 10.
         clock.advance(Duration::from_secs(6));
+        assert_eq!(state(&r, (3, 0, 0)), Some(Observed::Running));
+        clock.advance(Duration::from_secs(54));
         assert_eq!(
             state(&r, (3, 0, 0)),
             Some(Observed::Ended(TaskEnd::Timeout))

@@ -78,23 +78,74 @@ pub fn sim_spec(
     }
 }
 
+/// How trace jobs become submissions (see [`itp_items_with`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct ItpReplay {
+    /// Trace seconds per wall second.
+    pub compression: f64,
+    /// Give each job a time limit (wall seconds, as the server counts them):
+    /// its compressed runtime plus this margin, rounded up to whole seconds.
+    /// `None`: no limit, so backfill never lets the job pass a reservation.
+    pub limit_margin: Option<Duration>,
+    /// Jobs of at least this many GPUs ask for [`ItpReplay::large_qos`].
+    pub large_gpus: u32,
+    /// The QoS large jobs ask for (`None`: every job gets the default).
+    pub large_qos: Option<String>,
+    /// Charge each job to the account named after its trace cluster (the
+    /// trace records no users; its cluster is the one tenant-like column).
+    pub account_per_cluster: bool,
+}
+
+impl ItpReplay {
+    /// Plain replay: no limits, no QoS, the default account.
+    pub fn plain(compression: f64) -> ItpReplay {
+        ItpReplay {
+            compression,
+            limit_margin: None,
+            large_gpus: 32,
+            large_qos: None,
+            account_per_cluster: false,
+        }
+    }
+}
+
 /// The trace replayed at `compression`: submit offsets from the first job,
 /// shapes by [`shape_for`], durations as declared.
 pub fn itp_items(jobs: &[TraceJob], compression: f64) -> Vec<WorkItem> {
+    itp_items_with(jobs, &ItpReplay::plain(compression))
+}
+
+/// The trace replayed as `how` says. Durations are declared uncompressed
+/// (the simulated agents divide them); time limits are wall seconds, since
+/// the server's timeline and the agents' enforcement both run on the wall
+/// clock.
+pub fn itp_items_with(jobs: &[TraceJob], how: &ItpReplay) -> Vec<WorkItem> {
+    let compression = how.compression;
     let first = jobs.iter().map(|j| j.submit_s).min().unwrap_or(0);
     let mut items: Vec<WorkItem> = jobs
         .iter()
         .map(|j| {
             let (nodes, per_node) = shape_for(j.gpus);
+            let mut spec = sim_spec(
+                &format!("itp-{}-{}g", j.cluster, j.gpus),
+                nodes,
+                per_node,
+                Duration::from_secs(j.runtime_s),
+                0,
+            );
+            spec.time_limit_secs = how.limit_margin.map(|m| {
+                let wall = j.runtime_s as f64 / compression + m.as_secs_f64();
+                (wall.ceil() as u64).max(1)
+            });
+            if j.gpus >= how.large_gpus {
+                spec.qos.clone_from(&how.large_qos);
+            }
+            if how.account_per_cluster {
+                spec.account = Some(j.cluster.clone());
+            }
             WorkItem {
                 at: Duration::from_secs_f64((j.submit_s - first) as f64 / compression),
-                spec: sim_spec(
-                    &format!("itp-{}-{}g", j.cluster, j.gpus),
-                    nodes,
-                    per_node,
-                    Duration::from_secs(j.runtime_s),
-                    0,
-                ),
+                spec,
             }
         })
         .collect();
@@ -353,6 +404,11 @@ pub struct Report {
     pub makespan_s: f64,
     /// GPU-time held by jobs over fleet GPU-time in the makespan.
     pub gpu_utilisation: f64,
+    /// The same within the arrival window (first to last submit), where the
+    /// load is the trace's and not the drain's tail of long jobs.
+    pub window_utilisation: f64,
+    /// The arrival window, wall seconds.
+    pub window_s: f64,
     pub queue_delay_mean_ms: f64,
     pub queue_delay_p99_ms: f64,
     pub jct_mean_ms: f64,
@@ -413,6 +469,15 @@ pub fn report(records: &[JobRecord], fleet_gpus: u64, compression: f64) -> Repor
         .iter()
         .filter_map(|r| Some(r.gpus as f64 * ms(r.start_time?, r.end_time?)))
         .sum();
+    let last_submit = records.iter().map(|r| r.submit_time).max().unwrap_or(first);
+    let window_ms = ms(first, last_submit);
+    let window_busy: f64 = records
+        .iter()
+        .filter_map(|r| {
+            let (s, e) = (r.start_time?, r.end_time.unwrap_or(last_submit));
+            Some(r.gpus as f64 * ms(s, e.min(last_submit)))
+        })
+        .sum();
     let acks: Vec<f64> = records.iter().map(|r| r.ack.as_secs_f64() * 1e3).collect();
     let mut by_name: BTreeMap<String, Vec<f64>> = BTreeMap::new();
     for r in records {
@@ -438,6 +503,12 @@ pub fn report(records: &[JobRecord], fleet_gpus: u64, compression: f64) -> Repor
         } else {
             busy / (fleet_gpus as f64 * makespan_ms)
         },
+        window_utilisation: if fleet_gpus == 0 || window_ms == 0.0 {
+            0.0
+        } else {
+            window_busy / (fleet_gpus as f64 * window_ms)
+        },
+        window_s: window_ms / 1e3,
         queue_delay_mean_ms: mean(&waits),
         queue_delay_p99_ms: quantile(&waits, 0.99),
         jct_mean_ms: mean(&jcts),
@@ -467,9 +538,11 @@ impl std::fmt::Display for Report {
         )?;
         writeln!(
             f,
-            "makespan {:.1} s wall; GPU utilisation {:.1}%",
+            "makespan {:.1} s wall; GPU utilisation {:.1}% (arrival window {:.1} s: {:.1}%)",
             self.makespan_s,
-            self.gpu_utilisation * 100.0
+            self.gpu_utilisation * 100.0,
+            self.window_s,
+            self.window_utilisation * 100.0
         )?;
         writeln!(f, "{:<26} {:>12} {:>14}", "figure", "wall ms", "trace s")?;
         for (name, v) in [
@@ -534,6 +607,37 @@ mod tests {
     }
 
     #[test]
+    fn replay_options_set_wall_time_limits_qos_and_accounts() {
+        let job = |g, r| TraceJob {
+            job_id: "x".into(),
+            cluster: "cluster04".into(),
+            submit_s: 0,
+            gpus: g,
+            runtime_s: r,
+        };
+        let how = ItpReplay {
+            limit_margin: Some(Duration::from_millis(500)),
+            large_qos: Some("large".into()),
+            account_per_cluster: true,
+            ..ItpReplay::plain(1000.0)
+        };
+        let items = itp_items_with(&[job(64, 7200), job(1, 10)], &how);
+        let (big, small) = (&items[0].spec, &items[1].spec);
+        // 7.2 s of wall time plus 0.5 s, rounded up; a tiny job gets 1 s.
+        assert_eq!(big.time_limit_secs, Some(8));
+        assert_eq!(small.time_limit_secs, Some(1));
+        assert_eq!(big.qos.as_deref(), Some("large"));
+        assert_eq!(small.qos, None);
+        assert_eq!(small.account.as_deref(), Some("cluster04"));
+        let plain = itp_items(&[job(64, 7200)], 1000.0);
+        assert_eq!(
+            (plain[0].spec.time_limit_secs, &plain[0].spec.qos),
+            (None, &None)
+        );
+        assert_eq!(plain[0].spec.account, None);
+    }
+
+    #[test]
     fn synthetic_mixes_follow_weights_and_rate_reproducibly() {
         let mix = Mix {
             weights: vec![
@@ -577,6 +681,11 @@ mod tests {
         assert_eq!(r.makespan_s, 10.0);
         let busy = 8.0 * 5000.0 * 2.0 + 32.0 * 1000.0;
         assert!((r.gpu_utilisation - busy / (64.0 * 10000.0)).abs() < 1e-9);
+        // The window ends at the last submit (9 s): the second 8-GPU job
+        // counts 4 s of its 5.
+        let window_busy = 8.0 * 5000.0 + 8.0 * 4000.0 + 32.0 * 1000.0;
+        assert!((r.window_utilisation - window_busy / (64.0 * 9000.0)).abs() < 1e-9);
+        assert_eq!(r.window_s, 9.0);
         assert_eq!(r.queue_delay_mean_ms, (0.0 + 5000.0 + 1000.0) / 3.0);
         assert_eq!(r.queue_delay_p99_ms, 5000.0);
         assert_eq!(r.jct_mean_ms, (5000.0 + 10000.0 + 2000.0) / 3.0);

@@ -796,7 +796,8 @@ pub struct SimAgents {
 }
 
 impl SimAgents {
-    /// Starts the process with `extra` flags; returns at once (see
+    /// Starts the process with `extra` flags, in the server's network
+    /// namespace if it has one; returns at once (see
     /// [`SimAgents::wait_connected`]).
     pub fn spawn(
         server: &Server,
@@ -807,7 +808,7 @@ impl SimAgents {
     ) -> SimAgents {
         std::fs::create_dir_all(dir).unwrap();
         let log = std::fs::File::create(dir.join("sim.log")).expect("sim log");
-        let child = Command::new(gpuq_bin())
+        let child = in_netns(server.netns.as_deref())
             .args(["sim", "agents", "--count", &count.to_string()])
             .args(["--join", &server.addr(), "--token", token])
             .args(extra)
