@@ -1,4 +1,4 @@
-//! `gpuq admin account|qos|partition|priority ...` (admins: root or
+//! `gpuq admin account|qos|partition|priority|ports ...` (admins: root or
 //! admin_group), `gpuq share`, and the priority factors `gpuq queue
 //! --priority` and `gpuq show` print.
 
@@ -35,6 +35,11 @@ pub enum AdminCommand {
     Priority {
         #[command(subcommand)]
         cmd: PriorityCommand,
+    },
+    /// The cluster's MASTER_PORT range (`master_port_range`).
+    Ports {
+        #[command(subcommand)]
+        cmd: super::ports::PortsCommand,
     },
 }
 
@@ -296,7 +301,7 @@ fn partition_change(op: Op, p: PartitionArgs) -> PolicyChange {
     }
 }
 
-async fn change(change: PolicyChange) -> Result<(), CliError> {
+pub(super) async fn change(change: PolicyChange) -> Result<(), CliError> {
     match call(ApiRequest::Admin { change }).await? {
         ApiResponse::PolicyUpdated { what } => {
             println!("{}", capitalise(&what));
@@ -320,7 +325,7 @@ fn opt<T: ToString>(v: Option<T>) -> String {
 
 async fn policy() -> Result<crate::model::Policy, CliError> {
     match call(ApiRequest::PolicyShow).await? {
-        ApiResponse::Policy { policy } => Ok(*policy),
+        ApiResponse::Policy { policy, .. } => Ok(*policy),
         other => Err(unexpected(other)),
     }
 }
@@ -328,6 +333,7 @@ async fn policy() -> Result<crate::model::Policy, CliError> {
 /// Runs `gpuq admin ...`.
 pub async fn run(cmd: AdminCommand) -> Result<(), CliError> {
     match cmd {
+        AdminCommand::Ports { cmd } => super::ports::run(cmd).await,
         AdminCommand::Account { cmd } => match cmd {
             AccountCommand::Add(a) => change(account_change(Op::Add, a)).await,
             AccountCommand::Modify(a) => change(account_change(Op::Modify, a)).await,

@@ -9,6 +9,7 @@ mod acct;
 pub mod admin;
 pub mod cluster;
 mod hold;
+mod ports;
 mod queue;
 mod show;
 mod submit;

@@ -132,4 +132,10 @@ pub enum PolicyChange {
         patch: PartitionPatch,
     },
     Priority(PriorityPatch),
+    /// `gpuq admin ports set FIRST-LAST`: the cluster's MASTER_PORT range
+    /// (`master_port_range`), as the admin typed it; apply parses it, so a
+    /// bad one is refused with what a good one looks like.
+    MasterPorts {
+        range: String,
+    },
 }

@@ -321,6 +321,9 @@ pub enum ApiResponse {
     /// Every account, QoS and partition in force (built-ins included).
     Policy {
         policy: Box<crate::model::Policy>,
+        /// The cluster's MASTER_PORT range (`gpuq admin ports show`).
+        #[serde(default)]
+        master_ports: crate::model::PortRange,
     },
     Share {
         rows: Vec<crate::model::ShareRow>,

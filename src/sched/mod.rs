@@ -31,9 +31,12 @@
 //!   `--nodelist`, `--exclude`) are candidates for a job.
 //! - A job gets `nodes` distinct up nodes, each with its per-node share free,
 //!   or nothing (gang). One node: the fullest that fits (fewest free GPUs left
-//!   after it, then CPUs, then memory, then name), which keeps whole nodes free
-//!   for whole-node jobs. Several: the fewest topology domains at the lowest
-//!   level, best fit among domains and then among nodes ([`topology`]).
+//!   after it, then CPUs, then memory), which keeps whole nodes free for
+//!   whole-node jobs; of nodes that tie, the one busy longest (the latest
+//!   expected end of what runs there, [`RunningJob::expected_end`]), so a node
+//!   about to drain is left to become whole; then the name. Several: the
+//!   fewest topology domains at the lowest level, best fit among domains and
+//!   then among nodes, in the same order ([`topology`]).
 //!   Ranks go in topology-path then name order, so neighbours in a leaf
 //!   are neighbouring ranks.
 //! - A restarting job (requeued, [`PendingJob::previous`]) goes first among
@@ -118,7 +121,7 @@ pub fn plan_with(view: &ClusterView, now: Millis, packing: Packing) -> Plan {
             cap: n.capacity(),
         })
         .collect();
-    let pool = Pool::new(&up, view.master_ports);
+    let pool = Pool::new(&up, view.master_ports, &view.running);
     let queue: Vec<&PendingJob> = priority::order(view, now)
         .into_iter()
         .map(|(j, _)| j)
@@ -256,6 +259,11 @@ struct FreeNode<'v> {
     memory_mb: u64,
     /// MASTER_PORTs still free for a job with its rank 0 here.
     ports: u32,
+    /// The latest expected end of the jobs running here when the pass began
+    /// (0: none; `Millis::MAX`: one never known to end). Of nodes a job fits
+    /// equally well, it goes to the one busy longest, so the nodes about to
+    /// drain get no new work and become whole sooner for whole-node jobs.
+    busy_until: Millis,
 }
 
 impl FreeNode<'_> {
@@ -269,7 +277,19 @@ impl FreeNode<'_> {
 }
 
 impl<'v> Pool<'v> {
-    fn new(up: &[&'v NodeView], master_ports: Option<u32>) -> Pool<'v> {
+    fn new(
+        up: &[&'v NodeView],
+        master_ports: Option<u32>,
+        running: &[view::RunningJob],
+    ) -> Pool<'v> {
+        let mut busy: BTreeMap<&str, Millis> = BTreeMap::new();
+        for r in running {
+            let end = r.expected_end.unwrap_or(Millis::MAX);
+            for na in r.allocation.nodes.iter().filter(|na| !na.gpus.is_empty()) {
+                let b = busy.entry(na.node.as_str()).or_default();
+                *b = (*b).max(end);
+            }
+        }
         let nodes: Vec<FreeNode> = up
             .iter()
             .map(|&view| FreeNode {
@@ -280,6 +300,7 @@ impl<'v> Pool<'v> {
                 cpu_ids_freed: BTreeSet::new(),
                 memory_mb: view.free_memory_mb(),
                 ports: master_ports.map_or(u32::MAX, |m| m.saturating_sub(view.used.master_ports)),
+                busy_until: busy.get(view.name.as_str()).copied().unwrap_or(0),
             })
             .collect();
         let free_gpus = nodes.iter().map(|n| n.gpus.len() as u64).sum();
@@ -354,6 +375,7 @@ impl<'v> Pool<'v> {
                         free.cpus - shape.cpus,
                         free.memory_mb - shape.memory_mb,
                     ),
+                    busy_until: n.busy_until,
                 }
             })
             .collect();
@@ -450,8 +472,9 @@ impl<'v> Pool<'v> {
         let chosen: Vec<usize> = match (packing, strict) {
             (_, _) if want == 1 && packing == Packing::FirstFit => vec![0],
             (_, _) if want == 1 => {
-                // Best fit: least left free; names are unique, so the order is total.
-                let best = (0..fits.len()).min_by_key(|&f| (fits[f].left, fits[f].name));
+                // Best fit: least left free, then busy longest; names are
+                // unique, so the order is total.
+                let best = (0..fits.len()).min_by_key(|&f| fits[f].best_fit_key());
                 best.into_iter().collect()
             }
             (Packing::FirstFit, None) => (0..want).collect(),

@@ -79,6 +79,17 @@ pub(super) struct Fit<'a> {
     pub topology: &'a str,
     /// Free GPUs, CPUs and memory left after the share: lower is a better fit.
     pub left: (u64, u64, u64),
+    /// The latest expected end of the jobs running there (0: none).
+    pub busy_until: crate::model::Millis,
+}
+
+impl Fit<'_> {
+    /// Best fit among nodes: least left free; of nodes that tie, the one
+    /// busy longest (its drain is far off anyway, while one whose jobs end
+    /// soon is left to drain into a whole free node); then the name.
+    pub(super) fn best_fit_key(&self) -> ((u64, u64, u64), Reverse<crate::model::Millis>, &str) {
+        (self.left, Reverse(self.busy_until), self.name)
+    }
 }
 
 /// Picks `want` of `fits` (positions into it) as described in the module
@@ -220,10 +231,10 @@ impl<'a> Tree<'_, 'a> {
         out
     }
 
-    /// The `want` best-fitting nodes of `members`: least left free, then name.
+    /// The `want` best-fitting nodes of `members` ([`Fit::best_fit_key`]).
     fn best_nodes(&self, members: &[usize], want: usize) -> Vec<usize> {
         let mut m = members.to_vec();
-        m.sort_by_key(|&i| (self.fits[i].left, self.fits[i].name));
+        m.sort_by_key(|&i| self.fits[i].best_fit_key());
         m.truncate(want);
         m
     }

@@ -26,7 +26,8 @@ impl Api {
                 if !caller.admin {
                     return ApiResponse::error(
                         ErrorKind::Forbidden,
-                        "changing accounts, QoS, partitions or priority weights needs an admin \
+                        "changing accounts, QoS, partitions, priority weights or the MASTER_PORT \
+                         range needs an admin \
                          (root, or a member of admin_group)",
                     );
                 }
@@ -43,9 +44,13 @@ impl Api {
                     Err(resp) => resp,
                 }
             }
-            ApiRequest::PolicyShow => ApiResponse::Policy {
-                policy: Box::new(effective(&self.state().policy)),
-            },
+            ApiRequest::PolicyShow => {
+                let s = self.state();
+                ApiResponse::Policy {
+                    policy: Box::new(effective(&s.policy)),
+                    master_ports: s.master_ports(),
+                }
+            }
             ApiRequest::Share => {
                 let s = self.state();
                 let fs = crate::sched::fairshare::compute(&s.policy_view(), now_ms());

@@ -49,6 +49,26 @@ fn check_op(kind: &str, name: &str, op: Op, exists: bool, builtin: bool) -> Resu
 }
 
 impl State {
+    /// `gpuq admin ports set`: a new MASTER_PORT range for jobs started from
+    /// now on. Ports running jobs hold stay theirs until those jobs end, in
+    /// the new range or not; a port is never given twice on a node, since
+    /// apply skips every port in use there whatever the range.
+    fn set_master_ports(&mut self, range: &str) -> Result<String, Rejection> {
+        let new: crate::model::PortRange = range.parse().map_err(|e| {
+            refuse(format!(
+                "master port range {range:?} refused: {e}; nothing was changed"
+            ))
+        })?;
+        let cluster = self.cluster.as_mut().ok_or_else(|| {
+            refuse("the cluster is not initialised yet; bootstrap it first (`gpuq server --bootstrap`)")
+        })?;
+        let old = std::mem::replace(&mut cluster.master_ports, new);
+        Ok(format!(
+            "MASTER_PORT range set to {new} ({} ports; was {old}); jobs running on ports              outside it keep them until they end",
+            new.len()
+        ))
+    }
+
     /// Jobs not yet ended for which `pred` holds, counted.
     fn unfinished_jobs(&self, pred: impl Fn(&crate::model::Job) -> bool) -> usize {
         let active = self
@@ -101,6 +121,7 @@ impl State {
                 }
                 "priority weights updated".to_string()
             }
+            PolicyChange::MasterPorts { range } => self.set_master_ports(range)?,
         };
         dirty.meta = true;
         Ok(CommandResult::PolicyUpdated { what })

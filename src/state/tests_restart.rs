@@ -149,3 +149,70 @@ fn master_ports_come_from_the_cluster_range_and_running_out_waits() {
         vec![(jobs[2], crate::sched::PendingReason::NoMasterPort)]
     );
 }
+
+fn set_ports(s: &mut State, d: &mut Dirty, range: &str) -> CommandResult {
+    s.apply(
+        &Command::Policy {
+            change: PolicyChange::MasterPorts {
+                range: range.into(),
+            },
+            by: "root".into(),
+            now: 8,
+        },
+        d,
+    )
+}
+
+#[test]
+fn an_admin_changes_the_range_and_running_jobs_keep_their_ports() {
+    let (mut s, mut d) = cluster();
+    let r = set_ports(&mut s, &mut d, "40000-40009");
+    assert!(
+        matches!(&r, CommandResult::Rejected(Rejection::Policy(m)) if m.contains("not initialised")),
+        "{r:?}"
+    );
+    init(&mut s, &mut d, "40000-40001");
+    let jobs: Vec<JobId> = (0..3).map(|_| submit(&mut s, &mut d, 1, 1)).collect();
+    for (i, &j) in jobs.iter().take(2).enumerate() {
+        start(&mut s, &mut d, j, &[("n1", &[i as u32])]);
+    }
+    let port = |s: &State, j: &JobId| s.jobs[j].run.as_ref().unwrap().master_port;
+
+    // A bad range is refused naming it and the fix; nothing changes.
+    for (bad, says) in [
+        (
+            "30000-29500",
+            "backwards; write the lower port first (29500-30000)",
+        ),
+        ("80-90", "privileged"),
+        ("29500", "write FIRST-LAST"),
+    ] {
+        let mut dirty = Dirty::default();
+        let r = set_ports(&mut s, &mut dirty, bad);
+        let CommandResult::Rejected(Rejection::Policy(m)) = &r else {
+            panic!("{bad}: {r:?}")
+        };
+        assert!(m.contains(&format!("{bad:?}")) && m.contains(says), "{m}");
+        assert!(dirty.is_empty(), "{bad}: {dirty:?}");
+        assert_eq!(s.master_ports().to_string(), "40000-40001");
+    }
+
+    // A range without one of the ports in use: the running jobs keep theirs,
+    // and the next job on the node gets a port of the new range not in use.
+    let r = set_ports(&mut s, &mut d, "40001-40002");
+    let CommandResult::PolicyUpdated { what } = &r else {
+        panic!("{r:?}")
+    };
+    assert!(
+        what.contains("40001-40002") && what.contains("was 40000-40001"),
+        "{what}"
+    );
+    assert!(d.meta);
+    assert_eq!(s.master_ports().len(), 2);
+    assert_eq!(s.cluster_view().master_ports, Some(2));
+    start(&mut s, &mut d, jobs[2], &[("n1", &[2])]);
+    assert_eq!(
+        jobs.iter().map(|j| port(&s, j)).collect::<Vec<_>>(),
+        [40000, 40001, 40002]
+    );
+}
