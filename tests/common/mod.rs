@@ -663,11 +663,6 @@ impl Agent {
     }
 
     /// SIGKILL the agent (its tasks keep running under their shims).
-    /// The agent process's id, while it runs.
-    pub fn pid(&self) -> Option<u32> {
-        self.child.as_ref().map(|c| c.id())
-    }
-
     pub fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();
