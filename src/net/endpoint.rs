@@ -259,6 +259,17 @@ fn transport_config() -> Arc<TransportConfig> {
     Arc::new(t)
 }
 
+/// [`transport_config`] with keep-alives every third of `idle` and `idle`
+/// as the idle timeout.
+fn idle_transport(idle: Duration) -> Arc<TransportConfig> {
+    let mut t = TransportConfig::default();
+    t.keep_alive_interval(Some(idle / 3));
+    t.max_idle_timeout(IdleTimeout::try_from(idle).ok());
+    t.max_concurrent_bidi_streams(VarInt::from_u32(1024));
+    t.max_concurrent_uni_streams(VarInt::from_u32(64));
+    Arc::new(t)
+}
+
 type Slot = Arc<tokio::sync::Mutex<Option<Peer>>>;
 
 /// A QUIC endpoint: accepts authenticated peers (when built with
@@ -271,6 +282,9 @@ pub struct Endpoint {
     accepted: Option<tokio::sync::Mutex<mpsc::Receiver<Peer>>>,
     accept_task: Option<JoinHandle<()>>,
     pool: Mutex<HashMap<(SocketAddr, Vec<u8>), Slot>>,
+    /// Transport settings for connections this endpoint dials on some ALPNs
+    /// ([`Endpoint::with_dial_idle_timeout`]); `transport` for the others.
+    dial_transports: Vec<(Vec<u8>, Arc<TransportConfig>)>,
     protocol: u32,
 }
 
@@ -312,6 +326,7 @@ impl Endpoint {
             accepted: Some(tokio::sync::Mutex::new(rx)),
             accept_task: Some(accept_task),
             pool: Mutex::default(),
+            dial_transports: Vec::new(),
             protocol: PROTOCOL_VERSION,
         })
     }
@@ -335,6 +350,7 @@ impl Endpoint {
             accepted: None,
             accept_task: None,
             pool: Mutex::default(),
+            dial_transports: Vec::new(),
             protocol: PROTOCOL_VERSION,
         })
     }
@@ -344,12 +360,21 @@ impl Endpoint {
     /// both sides', so an agent can notice a dead leader in seconds without
     /// changing how servers talk among themselves.
     pub fn with_idle_timeout(mut self, idle: Duration) -> Endpoint {
-        let mut t = TransportConfig::default();
-        t.keep_alive_interval(Some(idle / 3));
-        t.max_idle_timeout(IdleTimeout::try_from(idle).ok());
-        t.max_concurrent_bidi_streams(VarInt::from_u32(1024));
-        t.max_concurrent_uni_streams(VarInt::from_u32(64));
-        self.transport = Arc::new(t);
+        self.transport = idle_transport(idle);
+        self
+    }
+
+    /// Like [`Endpoint::with_idle_timeout`], for the connections this
+    /// endpoint dials on `alpn` only. Servers use it for Raft: a peer's
+    /// connection is cached, and a peer that was SIGKILLed and restarted is a
+    /// new process that cannot reset the old connection (its stateless-reset
+    /// key is new), so without it the old connection would swallow Raft RPCs
+    /// for the whole default idle timeout (10 s), and an election that needs
+    /// that peer's vote would wait as long.
+    pub fn with_dial_idle_timeout(mut self, alpn: &[u8], idle: Duration) -> Endpoint {
+        self.dial_transports.retain(|(a, _)| a != alpn);
+        self.dial_transports
+            .push((alpn.to_vec(), idle_transport(idle)));
         self
     }
 
@@ -441,11 +466,17 @@ impl Endpoint {
     fn quinn_client_config(
         &self,
         tls: rustls::ClientConfig,
+        alpn: &[u8],
     ) -> Result<quinn::ClientConfig, EndpointError> {
         let crypto =
             QuicClientConfig::try_from(tls).map_err(|e| EndpointError::Config(e.to_string()))?;
         let mut config = quinn::ClientConfig::new(Arc::new(crypto));
-        config.transport_config(self.transport.clone());
+        let transport = self
+            .dial_transports
+            .iter()
+            .find(|(a, _)| a == alpn)
+            .map_or(&self.transport, |(_, t)| t);
+        config.transport_config(transport.clone());
         Ok(config)
     }
 
@@ -458,7 +489,7 @@ impl Endpoint {
         addr: SocketAddr,
         alpn: &[u8],
     ) -> Result<Peer, EndpointError> {
-        let config = self.quinn_client_config(tls)?;
+        let config = self.quinn_client_config(tls, alpn)?;
         let connecting = self
             .quic
             .connect_with(config, addr, SERVER_NAME)

@@ -146,7 +146,14 @@ pub async fn start(
             Service::agent(),
         ],
     )
-    .with_context(|| format!("cannot listen on {} (UDP)", cfg.listen))?;
+    .with_context(|| format!("cannot listen on {} (UDP)", cfg.listen))?
+    // A Raft peer silent for two election timeouts is gone: its cached
+    // connection closes and the next RPC dials afresh (a restarted peer
+    // answers at once), instead of waiting out QUIC's 10 s idle timeout.
+    .with_dial_idle_timeout(
+        crate::net::endpoint::ALPN_RAFT,
+        std::time::Duration::from_millis(2 * cfg.raft.election_timeout_max_ms),
+    );
     let quic_addr = endpoint.local_addr()?;
     let endpoint = Arc::new(endpoint);
 
