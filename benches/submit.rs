@@ -180,7 +180,10 @@ async fn main() {
     //    entry each), and one `gpuq submit --from FILE` process.
     // (A server without SubmitMany, measured through GPUQ_BIN, skips them.)
     let bulk = matches!(
-        c.call(&ApiRequest::SubmitMany { specs: vec![spec()] }).await,
+        c.call(&ApiRequest::SubmitMany {
+            specs: vec![spec()]
+        })
+        .await,
         Ok(ApiResponse::SubmittedMany { .. })
     );
     if !bulk {
