@@ -105,7 +105,7 @@ impl State {
         }
         // Only jobs flagged in the index depend on others; the sets they
         // are checked against are built only when there is one.
-        let mut others: Option<(BTreeSet<(&str, &str)>, BTreeMap<JobId, u32>)> = None;
+        let mut others: Option<HoldingSets> = None;
         let mut fixed = Vec::new();
         let mut pending = Vec::with_capacity(self.index.queued.len());
         for (p, derived) in self.index.queued.values() {
@@ -153,7 +153,7 @@ impl State {
 
     /// The (user, name) pairs of jobs holding resources (for singletons)
     /// and the running tasks per array (for throttles).
-    fn holding_sets(&self) -> (BTreeSet<(&str, &str)>, BTreeMap<JobId, u32>) {
+    fn holding_sets(&self) -> HoldingSets<'_> {
         let mut names = BTreeSet::new();
         let mut array_running: BTreeMap<JobId, u32> = BTreeMap::new();
         for job in self.index.holding().filter_map(|id| self.jobs.get(&id)) {
@@ -199,6 +199,10 @@ impl State {
             .collect()
     }
 }
+
+/// The (user, name) pairs of jobs holding resources, and running tasks per
+/// array (see `State::holding_sets`).
+type HoldingSets<'s> = (BTreeSet<(&'s str, &'s str)>, BTreeMap<JobId, u32>);
 
 /// What [`State::sched_input`] gives a pass: the nodes and pending jobs
 /// borrowed from the state, the rest built for this pass.
