@@ -5,7 +5,7 @@
 //! as a server builds it. The nodes are busy: all but one in 100 run an
 //! 8-GPU job, so a pass decides for every pending job and places a few.
 //!
-//! Prints per configuration: the scheduling pass (`cluster_view` + `plan`,
+//! Prints per configuration: the scheduling pass (`sched_input` + `plan_ref`,
 //! what the leader's loop does per pass) p50/p99, CPU ms per pass, the
 //! process's peak RSS (VmHWM: state + redb cache; each configuration runs in
 //! its own child process so the peaks do not mix), and an `acct` query over
@@ -235,8 +235,8 @@ fn one(nodes: u64, jobs: u64, pending: u64, passes: usize) {
     let ticks0 = cpu_ticks();
     for _ in 0..passes {
         let t = Instant::now();
-        let view = s.cluster_view();
-        let plan = gpuq::sched::plan(&view, 7);
+        let input = s.sched_input();
+        let plan = gpuq::sched::plan_ref(&input.view(), 7, gpuq::sched::Packing::BestFit);
         times.push(t.elapsed().as_secs_f64() * 1e3);
         placed = plan.allocations.len();
     }

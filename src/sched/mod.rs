@@ -112,6 +112,35 @@ pub fn plan(view: &ClusterView, now: Millis) -> Plan {
 
 /// [`plan`] with a choice of [`Packing`].
 pub fn plan_with(view: &ClusterView, now: Millis, packing: Packing) -> Plan {
+    plan_ref(&view.by_ref(), now, packing)
+}
+
+/// A pass's input with its nodes and pending jobs borrowed rather than owned:
+/// the leader keeps both between passes in its state (`state::view`) and
+/// hands them over by reference, so a pass over 100,000 pending jobs copies
+/// none of them. `rest` gives everything else (running jobs, backfill's
+/// knobs, ports, policy); its own `nodes` and `pending` are not read.
+pub struct ViewRef<'v> {
+    /// Every known node, whatever its state. Names are unique.
+    pub nodes: Vec<&'v NodeView>,
+    /// Jobs waiting to start. Ids are unique; order does not matter.
+    pub pending: Vec<&'v PendingJob>,
+    pub rest: &'v ClusterView,
+}
+
+impl ClusterView {
+    /// The view as a [`ViewRef`] of its own nodes and pending jobs.
+    pub fn by_ref(&self) -> ViewRef<'_> {
+        ViewRef {
+            nodes: self.nodes.iter().collect(),
+            pending: self.pending.iter().collect(),
+            rest: self,
+        }
+    }
+}
+
+/// [`plan_with`] over a [`ViewRef`]: the same pure function of its input.
+pub fn plan_ref(view: &ViewRef, now: Millis, packing: Packing) -> Plan {
     let up = up_nodes(&view.nodes);
     let cands: Vec<Candidate> = up
         .iter()
@@ -121,12 +150,12 @@ pub fn plan_with(view: &ClusterView, now: Millis, packing: Packing) -> Plan {
             cap: n.capacity(),
         })
         .collect();
-    let pool = Pool::new(&up, view.master_ports, &view.running);
-    let queue: Vec<&PendingJob> = priority::order(view, now)
+    let pool = Pool::new(&up, view.rest.master_ports, &view.rest.running);
+    let queue: Vec<&PendingJob> = priority::order_ref(view, now)
         .into_iter()
         .map(|(j, _)| j)
         .collect();
-    backfill::run(view, &queue, &cands, pool, now, packing)
+    backfill::run(view.rest, &queue, &cands, pool, now, packing)
 }
 
 /// Preemption attempts (each simulates on copies of the pool) per pass.
@@ -228,8 +257,12 @@ impl Partitions {
 }
 
 /// Up nodes, sorted by name (a repeated name keeps its first entry).
-fn up_nodes(views: &[NodeView]) -> Vec<&NodeView> {
-    let mut up: Vec<&NodeView> = views.iter().filter(|n| n.state == NodeState::Up).collect();
+fn up_nodes<'v>(views: &[&'v NodeView]) -> Vec<&'v NodeView> {
+    let mut up: Vec<&NodeView> = views
+        .iter()
+        .copied()
+        .filter(|n| n.state == NodeState::Up)
+        .collect();
     up.sort_by(|a, b| a.name.cmp(&b.name));
     up.dedup_by(|later, first| later.name == first.name);
     up

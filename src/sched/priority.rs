@@ -15,93 +15,153 @@ use std::collections::BTreeMap;
 use super::fairshare::FairShare;
 use super::policy::qos_of;
 use super::view::{ClusterView, NodeState, PendingJob};
+use super::ViewRef;
 use crate::model::{JobId, Millis, PriorityFactors as Factors};
 
 /// Priorities of every pending job at `now`.
 pub fn priorities(view: &ClusterView, now: Millis) -> BTreeMap<JobId, Factors> {
-    let fs = super::fairshare::compute(&view.policy, now);
+    let ranker = Ranker::new(&view.by_ref(), now);
     view.pending
         .iter()
-        .map(|j| (j.id, factors(view, &fs, j, now)))
+        .map(|j| (j.id, ranker.factors(j, now)))
         .collect()
 }
 
 /// The pending jobs in queue order, with their priorities.
+///
+/// The sort key is computed once per job and the keys sorted in one flat
+/// vector; ids are unique, so the order is total and the same as a stable
+/// sort of the jobs would give (the view's order breaks a tie of ids).
 pub fn order(view: &ClusterView, now: Millis) -> Vec<(&PendingJob, i64)> {
-    let prios = priorities(view, now);
-    let mut queue: Vec<(&PendingJob, i64)> = view
-        .pending
-        .iter()
-        .map(|j| (j, prios.get(&j.id).map_or(j.priority, |f| f.total)))
-        .collect();
-    // A restarting gang (requeued after a failure, `PendingJob::previous`)
-    // goes ahead of others of its priority: back to the head of the queue.
-    queue.sort_by_key(|(j, p)| {
-        (
-            std::cmp::Reverse(*p),
-            j.previous.is_empty(),
-            j.submit_time,
-            j.id,
-        )
-    });
-    queue
+    order_ref(&view.by_ref(), now)
 }
 
-fn factors(view: &ClusterView, fs: &FairShare, job: &PendingJob, now: Millis) -> Factors {
-    let policy = &view.policy.policy;
-    let w = &policy.weights;
-    let age = if w.max_age_secs == 0 {
-        1.0
-    } else {
-        (now.saturating_sub(job.submit_time) as f64 / (w.max_age_secs as f64 * 1000.0)).min(1.0)
-    };
-    let cluster_gpus: u64 = view
-        .nodes
+/// [`order`] over a [`ViewRef`].
+pub fn order_ref<'v>(view: &ViewRef<'v>, now: Millis) -> Vec<(&'v PendingJob, i64)> {
+    let ranker = Ranker::new(view, now);
+    // A restarting gang (requeued after a failure, `PendingJob::previous`)
+    // goes ahead of others of its priority: back to the head of the queue.
+    let mut keys: Vec<(std::cmp::Reverse<i64>, bool, Millis, JobId, usize)> = view
+        .pending
         .iter()
-        .filter(|n| n.state == NodeState::Up)
-        .map(|n| n.capacity().gpus)
-        .sum();
-    let job_gpus = match job.total_gpus {
-        Some(n) => u64::from(n),
-        None => u64::from(job.nodes) * u64::from(job.gpus_per_node),
-    };
-    let job_size = if cluster_gpus == 0 {
-        0.0
-    } else {
-        (job_gpus as f64 / cluster_gpus as f64).min(1.0)
-    };
-    let all_qos = policy.all_qos();
-    let max_qos = all_qos.values().map(|q| q.priority).max().unwrap_or(0);
-    let qos = match all_qos.get(qos_of(&job.qos)) {
-        Some(q) if max_qos > 0 => f64::from(q.priority) / f64::from(max_qos),
-        _ => 0.0,
-    };
-    let parts = policy.all_partitions();
-    let max_part = parts.values().map(|p| p.priority).max().unwrap_or(0);
-    let part_name = if job.partition.is_empty() {
-        policy.default_partition()
-    } else {
-        job.partition.clone()
-    };
-    let partition = match parts.get(&part_name) {
-        Some(p) if max_part > 0 => f64::from(p.priority) / f64::from(max_part),
-        _ => 0.0,
-    };
-    let fairshare = fs.of(&job.account);
-    let weighted = f64::from(w.age) * age
-        + f64::from(w.fairshare) * fairshare
-        + f64::from(w.job_size) * job_size
-        + f64::from(w.qos) * qos
-        + f64::from(w.partition) * partition;
-    Factors {
-        total: (weighted.round() as i64)
-            .saturating_sub(i64::from(job.nice))
-            .saturating_add(job.priority),
-        age,
-        fairshare,
-        job_size,
-        qos,
-        partition,
-        nice: job.nice,
+        .enumerate()
+        .map(|(i, j)| {
+            let p = ranker.factors(j, now).total;
+            (
+                std::cmp::Reverse(p),
+                j.previous.is_empty(),
+                j.submit_time,
+                j.id,
+                i,
+            )
+        })
+        .collect();
+    keys.sort_unstable();
+    keys.into_iter()
+        .map(|(p, _, _, _, i)| (view.pending[i], p.0))
+        .collect()
+}
+
+/// What every job's factors share in one pass, worked out once: the
+/// fair-share of each account, the up nodes' GPUs, the QoS and partition
+/// factors by name. Computing them per job made ordering a large queue
+/// O(jobs × nodes) with a clone of the policy's maps per job.
+pub struct Ranker<'v> {
+    weights: &'v crate::model::PriorityWeights,
+    fs: FairShare,
+    cluster_gpus: u64,
+    /// Factor by QoS name (only the configured and built-in ones).
+    qos: BTreeMap<String, f64>,
+    /// Factor by partition name, and the partition of a job naming none.
+    partitions: BTreeMap<String, f64>,
+    default_partition: String,
+}
+
+impl<'v> Ranker<'v> {
+    pub fn new(view: &ViewRef<'v>, now: Millis) -> Ranker<'v> {
+        let policy = &view.rest.policy.policy;
+        let cluster_gpus: u64 = view
+            .nodes
+            .iter()
+            .filter(|n| n.state == NodeState::Up)
+            .map(|n| n.capacity().gpus)
+            .sum();
+        let all_qos = policy.all_qos();
+        let max_qos = all_qos.values().map(|q| q.priority).max().unwrap_or(0);
+        let qos = all_qos
+            .into_iter()
+            .map(|(name, q)| {
+                let f = if max_qos > 0 {
+                    f64::from(q.priority) / f64::from(max_qos)
+                } else {
+                    0.0
+                };
+                (name, f)
+            })
+            .collect();
+        let parts = policy.all_partitions();
+        let max_part = parts.values().map(|p| p.priority).max().unwrap_or(0);
+        let partitions = parts
+            .into_iter()
+            .map(|(name, p)| {
+                let f = if max_part > 0 {
+                    f64::from(p.priority) / f64::from(max_part)
+                } else {
+                    0.0
+                };
+                (name, f)
+            })
+            .collect();
+        Ranker {
+            weights: &policy.weights,
+            fs: super::fairshare::compute(&view.rest.policy, now),
+            cluster_gpus,
+            qos,
+            partitions,
+            default_partition: policy.default_partition(),
+        }
+    }
+
+    /// The job's factors at `now`.
+    pub fn factors(&self, job: &PendingJob, now: Millis) -> Factors {
+        let w = self.weights;
+        let age = if w.max_age_secs == 0 {
+            1.0
+        } else {
+            (now.saturating_sub(job.submit_time) as f64 / (w.max_age_secs as f64 * 1000.0)).min(1.0)
+        };
+        let job_gpus = match job.total_gpus {
+            Some(n) => u64::from(n),
+            None => u64::from(job.nodes) * u64::from(job.gpus_per_node),
+        };
+        let job_size = if self.cluster_gpus == 0 {
+            0.0
+        } else {
+            (job_gpus as f64 / self.cluster_gpus as f64).min(1.0)
+        };
+        let qos = self.qos.get(qos_of(&job.qos)).copied().unwrap_or(0.0);
+        let part_name = if job.partition.is_empty() {
+            self.default_partition.as_str()
+        } else {
+            job.partition.as_str()
+        };
+        let partition = self.partitions.get(part_name).copied().unwrap_or(0.0);
+        let fairshare = self.fs.of(&job.account);
+        let weighted = f64::from(w.age) * age
+            + f64::from(w.fairshare) * fairshare
+            + f64::from(w.job_size) * job_size
+            + f64::from(w.qos) * qos
+            + f64::from(w.partition) * partition;
+        Factors {
+            total: (weighted.round() as i64)
+                .saturating_sub(i64::from(job.nice))
+                .saturating_add(job.priority),
+            age,
+            fairshare,
+            job_size,
+            qos,
+            partition,
+            nice: job.nice,
+        }
     }
 }

@@ -14,7 +14,8 @@ use crate::model::Policy;
 pub(super) struct Quotas<'v> {
     policy: &'v Policy,
     by_account: BTreeMap<String, u64>,
-    by_qos_user: BTreeMap<(String, String), u64>,
+    /// By QoS, then user: looked up by borrowed names, no key built per job.
+    by_qos_user: BTreeMap<String, BTreeMap<String, u64>>,
 }
 
 impl<'v> Quotas<'v> {
@@ -37,7 +38,9 @@ impl<'v> Quotas<'v> {
             .or_default() += gpus;
         *self
             .by_qos_user
-            .entry((qos_of(qos).to_string(), user.to_string()))
+            .entry(qos_of(qos).to_string())
+            .or_default()
+            .entry(user.to_string())
             .or_default() += gpus;
     }
 
@@ -52,16 +55,18 @@ impl<'v> Quotas<'v> {
     /// Whether `job`, holding `gpus`, may start now as far as quotas go.
     pub fn gate(&self, job: &PendingJob, gpus: u64) -> Result<(), PendingReason> {
         let account = account_of(&job.account);
-        if let Some(max) = self.policy.account(account).and_then(|a| a.max_gpus) {
+        // The built-in account and QoS (absent from the maps) have no caps.
+        if let Some(max) = self.policy.accounts.get(account).and_then(|a| a.max_gpus) {
             if self.account_gpus(account) + gpus > u64::from(max) {
                 return Err(PendingReason::QuotaExceeded);
             }
         }
         let qos = qos_of(&job.qos);
-        if let Some(max) = self.policy.qos(qos).and_then(|q| q.max_gpus_per_user) {
+        if let Some(max) = self.policy.qos.get(qos).and_then(|q| q.max_gpus_per_user) {
             let held = self
                 .by_qos_user
-                .get(&(qos.to_string(), job.user.clone()))
+                .get(qos)
+                .and_then(|users| users.get(job.user.as_str()))
                 .copied()
                 .unwrap_or(0);
             if held + gpus > u64::from(max) {

@@ -36,13 +36,17 @@ pub async fn run(api: Arc<Api>, mut shutdown: watch::Receiver<bool>) {
         let plan = {
             let state = api.state();
             // Most applied entries (task events, heartbeats of progress) leave
-            // nothing pending: skip building the view (it clones inventories).
+            // nothing pending: skip the pass.
             if !state.has_pending() {
                 drop(state);
                 api.set_pending_reasons(Default::default());
                 continue;
             }
-            crate::sched::plan(&state.cluster_view(), now_ms())
+            // The nodes and pending jobs are borrowed from the state's index,
+            // which keeps them between passes; the read lock is held for the
+            // pass, so it must stay short.
+            let input = state.sched_input();
+            crate::sched::plan_ref(&input.view(), now_ms(), crate::sched::Packing::BestFit)
         };
         let starts: std::collections::HashMap<_, _> =
             plan.reservations.iter().map(|r| (r.job, r.start)).collect();

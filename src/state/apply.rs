@@ -17,6 +17,9 @@ impl State {
             for id in &mine.jobs {
                 self.reindex_job(*id);
             }
+            for n in &mine.nodes {
+                self.refresh_node_view(n);
+            }
         }
         dirty.merge(mine);
         r

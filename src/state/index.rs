@@ -6,13 +6,20 @@
 //! whenever a job on the node changes, so the desired state is recomputed
 //! and pushed only to the agents whose tasks changed.
 //!
+//! They also keep what a scheduling pass reads of the active jobs and nodes
+//! (`ClusterView`'s nodes and pending jobs) between passes, rebuilt per job
+//! and per node as apply touches them, so a pass borrows them instead of
+//! building 100,000 pending jobs and 10,000 node inventories from the whole
+//! state each time (see `State::sched_input`).
+//!
 //! Derived data, never persisted or replicated: `load` and snapshot install
 //! rebuild it, and it takes no part in comparing states.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use super::State;
-use crate::model::{JobId, JobState};
+use super::{NodeStatus, State};
+use crate::model::{DependencyKind, Job, JobId, JobState};
+use crate::sched::{NodeState, NodeView, PendingJob, Usage};
 
 /// Active-job indexes (see the module comment).
 #[derive(Clone, Debug, Default)]
@@ -26,6 +33,13 @@ pub struct ActiveIndex {
     nodes_of: BTreeMap<JobId, Vec<String>>,
     /// Bumped whenever a job with ranks on the node changes.
     version: HashMap<String, u64>,
+    /// Each job in `pending` as a pass sees it, less what depends on other
+    /// jobs (holds and dependencies, array throttles), which a pass fills
+    /// in for the jobs whose flag is set.
+    pub(super) queued: BTreeMap<JobId, (PendingJob, bool)>,
+    /// Every node as a pass sees it (inventory, state, what active jobs use
+    /// there), by name: rebuilt when its record or a job on it changes.
+    pub(super) node_views: BTreeMap<String, NodeView>,
 }
 
 impl PartialEq for ActiveIndex {
@@ -57,8 +71,19 @@ impl ActiveIndex {
 impl State {
     /// Brings the indexes in step with job `id` as it is now.
     pub(super) fn reindex_job(&mut self, id: JobId) {
+        let touched = self.reindex_job_only(id);
+        for n in touched {
+            self.refresh_node_view(&n);
+        }
+    }
+
+    /// [`State::reindex_job`] but for the node views: returns the nodes
+    /// whose usage may have changed.
+    fn reindex_job_only(&mut self, id: JobId) -> Vec<String> {
         let index = &mut self.index;
+        let mut touched = Vec::new();
         if let Some(old) = index.nodes_of.remove(&id) {
+            touched.extend(old.iter().cloned());
             for n in old {
                 *index.version.entry(n.clone()).or_insert(0) += 1;
                 if let Some(set) = index.on_node.get_mut(&n) {
@@ -71,12 +96,15 @@ impl State {
         }
         let Some(job) = self.jobs.get(&id) else {
             index.pending.remove(&id);
-            return;
+            index.queued.remove(&id);
+            return touched;
         };
         if job.state == JobState::Pending {
             index.pending.insert(id);
+            index.queued.insert(id, queued(job));
         } else {
             index.pending.remove(&id);
+            index.queued.remove(&id);
         }
         if matches!(job.state, JobState::Running | JobState::Completing) {
             let nodes: Vec<String> = job
@@ -88,8 +116,56 @@ impl State {
                 *index.version.entry(n.clone()).or_insert(0) += 1;
                 index.on_node.entry(n.clone()).or_default().insert(id);
             }
+            touched.extend(nodes.iter().cloned());
             index.nodes_of.insert(id, nodes);
         }
+        touched.sort();
+        touched.dedup();
+        touched
+    }
+
+    /// Brings the view of node `name` in step with its record and the jobs
+    /// on it (or drops it, if the node is gone).
+    pub(super) fn refresh_node_view(&mut self, name: &str) {
+        match self.build_node_view(name) {
+            Some(v) => {
+                self.index.node_views.insert(name.to_string(), v);
+            }
+            None => {
+                self.index.node_views.remove(name);
+            }
+        }
+    }
+
+    /// Node `name` as a pass sees it, from its record and the active jobs
+    /// with ranks there.
+    fn build_node_view(&self, name: &str) -> Option<NodeView> {
+        let n = self.nodes.get(name)?;
+        let mut used = Usage::default();
+        for id in self.index.jobs_on(name) {
+            let Some(run) = self.jobs.get(&id).and_then(|j| j.run.as_ref()) else {
+                continue;
+            };
+            for (rank, na) in run.allocation.nodes.iter().enumerate() {
+                if na.node == name {
+                    used.charge(na);
+                    // Rank 0 holds one of the node's MASTER_PORTs.
+                    if rank == 0 {
+                        used.master_ports += 1;
+                    }
+                }
+            }
+        }
+        Some(NodeView {
+            name: n.inventory.name.clone(),
+            inventory: n.inventory.clone(),
+            state: match n.status {
+                NodeStatus::Up => NodeState::Up,
+                NodeStatus::Drained { .. } => NodeState::Drained,
+                NodeStatus::Down { .. } => NodeState::Down,
+            },
+            used,
+        })
     }
 
     /// Rebuilds every index from `jobs` (after loading or installing).
@@ -108,7 +184,11 @@ impl State {
         self.index = ActiveIndex::default();
         let ids: Vec<JobId> = self.jobs.keys().copied().collect();
         for id in ids {
-            self.reindex_job(id);
+            self.reindex_job_only(id);
+        }
+        let names: Vec<String> = self.nodes.keys().cloned().collect();
+        for n in names {
+            self.refresh_node_view(&n);
         }
         // Versions only grow, so an agent loop never mistakes a rebuilt
         // index for one it has seen.
@@ -116,4 +196,17 @@ impl State {
             *self.index.version.entry(n).or_insert(0) += v + 1;
         }
     }
+}
+
+/// A pending job as a pass sees it, and whether a pass must fill in what
+/// depends on other jobs: its hold or dependencies, its array's throttle.
+pub(super) fn queued(job: &Job) -> (PendingJob, bool) {
+    let mut p = PendingJob::from(job);
+    let deps = &job.spec.queue.dependency;
+    p.singleton = deps
+        .iter()
+        .any(|d| d.kind == DependencyKind::Singleton)
+        .then(|| job.spec.name.clone());
+    let derived = job.held || !deps.is_empty() || job.array.is_some_and(|a| a.throttle.is_some());
+    (p, derived)
 }

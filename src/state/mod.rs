@@ -25,6 +25,7 @@ pub use crate::model::policy_change::{
 pub use command::{Command, CommandResult, Rejection};
 pub use deps::DepStatus;
 pub use index::ActiveIndex;
+pub use view::SchedInput;
 
 use crate::model::{Job, JobId, JobState, Millis, NodeInventory, PortRange, TokenRecord};
 

@@ -1,14 +1,16 @@
 //! Read views of the state for the scheduler and for dispatch: node capacity
 //! and usage, pending jobs, and the tasks each node should be running. Each
 //! reads the active-job indexes (`index`), so its cost follows what is
-//! pending or running, not every job the state holds.
+//! pending or running, not every job the state holds; a scheduling pass
+//! borrows the nodes and pending jobs the index keeps (`sched_input`).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use super::{NodeStatus, State};
-use crate::model::{Allocation, DependencyKind, Job, JobId, JobState};
+use crate::model::{Allocation, Job, JobId, JobState};
 use crate::sched::{
     ArrayThrottle, BackfillConfig, ClusterView, NodeState, NodeView, PendingJob, RunningJob, Usage,
+    ViewRef,
 };
 
 /// Adds an allocation's resources to the usage of the nodes it names.
@@ -66,17 +68,29 @@ impl State {
     /// What the scheduler needs for one pass: nodes, pending jobs with what
     /// keeps them back outside the scheduler (holds, dependencies, array
     /// throttles, singletons), and running jobs with their expected ends.
+    /// An owned copy of [`State::sched_input`], for readers that keep or
+    /// change it.
     pub fn cluster_view(&self) -> ClusterView {
+        let input = self.sched_input();
+        let v = input.view();
+        ClusterView {
+            nodes: v.nodes.into_iter().cloned().collect(),
+            pending: v.pending.into_iter().cloned().collect(),
+            ..input.rest.clone()
+        }
+    }
+
+    /// The input of a scheduling pass, with the nodes and pending jobs
+    /// borrowed from the index (which keeps them between passes) instead of
+    /// built: per pass only the running jobs, the policy, and the pending
+    /// jobs that a hold, a dependency or an array throttle keeps back are
+    /// worked out. `sched::plan_ref(&input.view(), ..)` runs the pass.
+    pub fn sched_input(&self) -> SchedInput<'_> {
+        #[cfg(any(test, debug_assertions))]
+        self.check_view_cache();
         let backfill = BackfillConfig::default();
         let mut running = Vec::new();
-        let mut names: BTreeSet<(&str, &str)> = BTreeSet::new();
-        let mut array_running: BTreeMap<JobId, u32> = BTreeMap::new();
-        // Jobs holding resources: RUNNING or COMPLETING.
         for job in self.index.holding().filter_map(|id| self.jobs.get(&id)) {
-            names.insert((job.user.as_str(), job.spec.name.as_str()));
-            if let Some(a) = job.array {
-                *array_running.entry(a.array_job).or_default() += 1;
-            }
             if let (Some(run), Some(start)) = (&job.run, job.start_time) {
                 let limit = job
                     .spec
@@ -89,39 +103,86 @@ impl State {
                 });
             }
         }
-        let pending = self
-            .index
-            .pending
-            .iter()
-            .filter_map(|id| self.jobs.get(id))
-            .map(|j| {
-                let mut p = PendingJob::from(j);
-                p.blocked = self.blocked_reason(j, &names);
-                p.array_throttle = j.array.and_then(|a| {
-                    let limit = a.throttle?;
-                    let used = array_running.get(&a.array_job).copied().unwrap_or(0);
-                    Some(ArrayThrottle {
-                        array: a.array_job,
-                        slots: limit.saturating_sub(used),
-                    })
-                });
-                p.singleton = j
-                    .spec
-                    .queue
-                    .dependency
-                    .iter()
-                    .any(|d| d.kind == DependencyKind::Singleton)
-                    .then(|| j.spec.name.clone());
-                p
-            })
-            .collect();
-        ClusterView {
-            nodes: self.node_views(),
+        // Only jobs flagged in the index depend on others; the sets they
+        // are checked against are built only when there is one.
+        let mut others: Option<HoldingSets> = None;
+        let mut fixed = Vec::new();
+        let mut pending = Vec::with_capacity(self.index.queued.len());
+        for (p, derived) in self.index.queued.values() {
+            let job = match self.jobs.get(&p.id) {
+                Some(j) if *derived => j,
+                _ => {
+                    pending.push((p, None));
+                    continue;
+                }
+            };
+            let (names, array_running) = others.get_or_insert_with(|| self.holding_sets());
+            let blocked = self.blocked_reason(job, names);
+            let array_throttle = job.array.and_then(|a| {
+                let limit = a.throttle?;
+                let used = array_running.get(&a.array_job).copied().unwrap_or(0);
+                Some(ArrayThrottle {
+                    array: a.array_job,
+                    slots: limit.saturating_sub(used),
+                })
+            });
+            if blocked.is_none() && array_throttle.is_none() {
+                pending.push((p, None));
+                continue;
+            }
+            let mut copy = p.clone();
+            copy.blocked = blocked;
+            copy.array_throttle = array_throttle;
+            pending.push((p, Some(fixed.len())));
+            fixed.push(copy);
+        }
+        SchedInput {
+            rest: ClusterView {
+                nodes: Vec::new(),
+                pending: Vec::new(),
+                running,
+                backfill,
+                master_ports: Some(self.master_ports().len()),
+                policy: self.policy_view(),
+            },
+            nodes: self.index.node_views.values().collect(),
             pending,
-            running,
-            backfill,
-            master_ports: Some(self.master_ports().len()),
-            policy: self.policy_view(),
+            fixed,
+        }
+    }
+
+    /// The (user, name) pairs of jobs holding resources (for singletons)
+    /// and the running tasks per array (for throttles).
+    fn holding_sets(&self) -> HoldingSets<'_> {
+        let mut names = BTreeSet::new();
+        let mut array_running: BTreeMap<JobId, u32> = BTreeMap::new();
+        for job in self.index.holding().filter_map(|id| self.jobs.get(&id)) {
+            names.insert((job.user.as_str(), job.spec.name.as_str()));
+            if let Some(a) = job.array {
+                *array_running.entry(a.array_job).or_default() += 1;
+            }
+        }
+        (names, array_running)
+    }
+
+    /// Debug and test builds check on every pass that the views the index
+    /// keeps are what building them from the whole state gives, so every
+    /// test that schedules checks the incremental upkeep.
+    #[cfg(any(test, debug_assertions))]
+    fn check_view_cache(&self) {
+        let kept: Vec<&NodeView> = self.index.node_views.values().collect();
+        let built = self.node_views();
+        assert!(
+            kept.len() == built.len() && kept.iter().zip(&built).all(|(a, b)| *a == b),
+            "the index's node views are out of step with the state"
+        );
+        assert!(
+            self.index.queued.keys().eq(self.index.pending.iter()),
+            "the index's queued jobs are not the pending ones"
+        );
+        for (p, _) in self.index.queued.values() {
+            let (fresh, _) = super::index::queued(&self.jobs[&p.id]);
+            assert!(*p == fresh, "the index's view of job {} is stale", p.id);
         }
     }
 
@@ -136,5 +197,37 @@ impl State {
                 Some((j, rank as u32))
             })
             .collect()
+    }
+}
+
+/// The (user, name) pairs of jobs holding resources, and running tasks per
+/// array (see `State::holding_sets`).
+type HoldingSets<'s> = (BTreeSet<(&'s str, &'s str)>, BTreeMap<JobId, u32>);
+
+/// What [`State::sched_input`] gives a pass: the nodes and pending jobs
+/// borrowed from the state, the rest built for this pass.
+pub struct SchedInput<'s> {
+    /// Running jobs, backfill's knobs, ports and policy (no nodes or
+    /// pending jobs: those are borrowed).
+    pub rest: ClusterView,
+    nodes: Vec<&'s NodeView>,
+    /// In id order; `Some(i)`: this pass's copy `fixed[i]` stands in for
+    /// it (it is held, waits on dependencies or has an array throttle).
+    pending: Vec<(&'s PendingJob, Option<usize>)>,
+    fixed: Vec<PendingJob>,
+}
+
+impl SchedInput<'_> {
+    /// The pass's input as the scheduler reads it.
+    pub fn view(&self) -> ViewRef<'_> {
+        ViewRef {
+            nodes: self.nodes.clone(),
+            pending: self
+                .pending
+                .iter()
+                .map(|&(p, f)| f.map_or(p, |i| &self.fixed[i]))
+                .collect(),
+            rest: &self.rest,
+        }
     }
 }
