@@ -48,31 +48,15 @@ fn env_list(key: &str, default: &[u64]) -> Vec<u64> {
 
 fn spec(gpus: u32, user: u64) -> JobSpec {
     JobSpec {
-        name: "train".into(),
-        nodes: 1,
-        ntasks_per_node: 1,
         gpus_per_node: gpus,
         cpus_per_task: 4,
         mem_per_node_mb: Some(16 * 1024),
         time_limit_secs: Some(3600),
         account: Some(format!("acct{}", user % 10)),
-        partition: None,
-        output: None,
-        error: None,
-        workdir: "/tmp".into(),
-        env: vec![("PATH".into(), "/usr/bin:/bin".into())],
-        export: Default::default(),
-        requeue: Default::default(),
-        max_restarts: 3,
-        total_gpus: None,
-        placement: Default::default(),
-        queue: Default::default(),
-        signal: None,
-        qos: None,
-        nice: 0,
         program: Program::Command {
             argv: vec!["python".into(), "train.py".into()],
         },
+        ..common::trivial_spec("train")
     }
 }
 
