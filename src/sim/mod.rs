@@ -9,9 +9,10 @@
 //! - [`fleet`]: `gpuq sim agents`, N agents in one process.
 //! - [`trace`]: the ITP trace and the job shapes it maps to.
 //! - [`workload`]: trace replay and synthetic mixes through the real API,
-//!   with the figures they produce.
+//!   with the figures they produce ([`report`]).
 
 pub mod fleet;
+pub mod report;
 pub mod runner;
 pub mod trace;
 pub mod workload;
