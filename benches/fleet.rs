@@ -47,27 +47,6 @@ pub(crate) fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
         .unwrap_or(default)
 }
 
-/// Resident memory of a process, MiB.
-fn rss_mb(pid: u32) -> f64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
-        .map_or(0.0, |kb| kb / 1024.0)
-}
-
-/// CPU seconds a process has used (user + system).
-fn cpu_s(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    // Fields after the command name, which is in parentheses.
-    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
-    // utime and stime are fields 14 and 15; here 0-based after the name: 11, 12.
-    (ticks(11) + ticks(12)) / 100.0
-}
-
 pub(crate) fn pct(v: &[f64], p: f64) -> f64 {
     workload::quantile(v, p)
 }
@@ -176,12 +155,12 @@ async fn gang(fleet: u32, runs: usize, idle_window: Duration) -> serde_json::Val
     let b = tokio::task::block_in_place(|| bed(fleet, &flags));
     let (spid, gpid) = (b.server.pid().unwrap(), b.sim.pid().unwrap());
     // Idle load: heartbeats and keep-alives only.
-    let (s0, g0) = (cpu_s(spid), cpu_s(gpid));
+    let (s0, g0) = (common::cpu::own_cpu_s(spid), common::cpu::own_cpu_s(gpid));
     tokio::time::sleep(idle_window).await;
     let secs = idle_window.as_secs_f64();
-    let idle_server_cpu = (cpu_s(spid) - s0) / secs * 100.0;
-    let idle_sim_cpu = (cpu_s(gpid) - g0) / secs * 100.0;
-    let (idle_server_rss, idle_sim_rss) = (rss_mb(spid), rss_mb(gpid));
+    let idle_server_cpu = (common::cpu::own_cpu_s(spid) - s0) / secs * 100.0;
+    let idle_sim_cpu = (common::cpu::own_cpu_s(gpid) - g0) / secs * 100.0;
+    let (idle_server_rss, idle_sim_rss) = (common::cpu::rss_mib(spid), common::cpu::rss_mib(gpid));
 
     let mut c = LocalClient::connect(&b.socket).await.unwrap();
     let (mut acks, mut scheds, mut alls) = (vec![], vec![], vec![]);
@@ -191,8 +170,8 @@ async fn gang(fleet: u32, runs: usize, idle_window: Duration) -> serde_json::Val
         acks.push(a);
         scheds.push(s);
         alls.push(all);
-        server_rss = server_rss.max(rss_mb(spid));
-        sim_rss = sim_rss.max(rss_mb(gpid));
+        server_rss = server_rss.max(common::cpu::rss_mib(spid));
+        sim_rss = sim_rss.max(common::cpu::rss_mib(gpid));
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
     json!({
@@ -258,8 +237,8 @@ pub(crate) async fn drive_with(
     v["bench"] = json!(label);
     v["fleet_nodes"] = json!(nodes);
     v["wall_s"] = json!(wall);
-    v["server_rss_mb"] = json!(rss_mb(spid));
-    v["sim_rss_mb"] = json!(rss_mb(b.sim.pid().unwrap()));
+    v["server_rss_mb"] = json!(common::cpu::rss_mib(spid));
+    v["sim_rss_mb"] = json!(common::cpu::rss_mib(b.sim.pid().unwrap()));
     v["priority"] = serde_json::from_str(&policy).unwrap_or(json!(policy));
     v["setup"] = json!(setup);
     v

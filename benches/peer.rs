@@ -132,15 +132,6 @@ fn machine_ticks() -> (u64, u64) {
     (busy, busy + at(3) + at(4))
 }
 
-fn status_kb(pid: u32, key: &str) -> f64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix(key))
-        .and_then(|r| r.split_whitespace().next()?.parse().ok())
-        .unwrap_or(0.0)
-}
-
 /// The gpuq cluster under test and what the phases need of it.
 struct Peer {
     dir: PathBuf,
@@ -558,7 +549,7 @@ fn main() {
         }
         eprintln!("gpuq: {test} done in {:.1} s", t.elapsed().as_secs_f64());
     }
-    f.gpuq_peak_rss_mb = status_kb(p.server_pid, "VmHWM:") / 1024.0;
+    f.gpuq_peak_rss_mb = common::cpu::status_kb(p.server_pid, "VmHWM:") / 1024.0;
     f.shape = format!(
         "{} nodes x {} fake GPUs, {} CPUs/node; N={} REPS={} PAR={} LAT_REPS={} MN_REPS={}",
         k.nodes, k.gpus, p.cores, k.n, k.reps, k.par, k.lat_reps, k.mn_reps

@@ -14,24 +14,6 @@ use std::time::{Duration, Instant};
 
 use crate::common;
 
-/// utime + stime of `pid`, seconds.
-fn cpu_s(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
-    (ticks(11) + ticks(12)) / 100.0
-}
-
-fn rss_mib(pid: u32) -> f64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
-        .map_or(0.0, |kb| kb / 1024.0)
-}
-
 /// UDP datagrams received in `pid`'s network namespace (InDatagrams).
 fn udp_in(pid: u32) -> Option<u64> {
     let snmp = std::fs::read_to_string(format!("/proc/{pid}/net/snmp")).ok()?;
@@ -65,11 +47,19 @@ pub fn one(agents: u32, window: Duration) -> serde_json::Value {
     // Let the joins' aftermath (inventory, first reconciles) settle.
     std::thread::sleep(Duration::from_secs(3).min(window));
     let (spid, gpid) = (server.pid().unwrap(), sim.pid().unwrap());
-    let (s0, g0, d0) = (cpu_s(spid), cpu_s(gpid), udp_in(spid));
+    let (s0, g0, d0) = (
+        common::cpu::own_cpu_s(spid),
+        common::cpu::own_cpu_s(gpid),
+        udp_in(spid),
+    );
     let t = Instant::now();
     std::thread::sleep(window);
     let secs = t.elapsed().as_secs_f64();
-    let (s1, g1, d1) = (cpu_s(spid), cpu_s(gpid), udp_in(spid));
+    let (s1, g1, d1) = (
+        common::cpu::own_cpu_s(spid),
+        common::cpu::own_cpu_s(gpid),
+        udp_in(spid),
+    );
     let server_cpu = (s1 - s0) / secs * 100.0;
     let datagrams = match (root, d0, d1) {
         (true, Some(a), Some(b)) => Some((b - a) as f64 / secs),
@@ -84,8 +74,8 @@ pub fn one(agents: u32, window: Duration) -> serde_json::Value {
         "server_cpu_pct": server_cpu,
         "server_cpu_pct_per_1000_agents": server_cpu / n * 1000.0,
         "sim_cpu_pct": (g1 - g0) / secs * 100.0,
-        "server_rss_mib": rss_mib(spid),
-        "sim_rss_mib": rss_mib(gpid),
+        "server_rss_mib": common::cpu::rss_mib(spid),
+        "sim_rss_mib": common::cpu::rss_mib(gpid),
         "heartbeats_per_s": n,
         "udp_datagrams_per_s": datagrams,
         "udp_datagrams_per_s_per_agent": datagrams.map(|d| d / n),

@@ -93,6 +93,18 @@ pub fn children_ms() -> f64 {
 
 /// utime + stime (+ reaped children) of a live process, in ms.
 pub fn proc_cpu_ms(pid: u32) -> f64 {
+    stat_ms(pid, 11..15)
+}
+
+/// utime + stime of a live process itself (no children), in seconds.
+pub fn own_cpu_s(pid: u32) -> f64 {
+    stat_ms(pid, 11..13) / 1e3
+}
+
+/// The sum of some `/proc/PID/stat` clock-tick fields, in ms; `fields`
+/// count from 0 after the command name (0 is field 3, the state; 11..15
+/// are utime, stime, cutime, cstime). 0 once the process is gone.
+fn stat_ms(pid: u32, fields: std::ops::Range<usize>) -> f64 {
     let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
         return 0.0;
     };
@@ -101,8 +113,7 @@ pub fn proc_cpu_ms(pid: u32) -> f64 {
         return 0.0;
     };
     let f: Vec<&str> = rest.split_whitespace().collect();
-    // rest[0] is field 3 (state); utime..cstime are fields 14..17.
-    let ticks: f64 = (11..15)
+    let ticks: f64 = fields
         .filter_map(|i| f.get(i).and_then(|v| v.parse::<f64>().ok()))
         .sum();
     let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
@@ -110,6 +121,21 @@ pub fn proc_cpu_ms(pid: u32) -> f64 {
         .flatten()
         .unwrap_or(100) as f64;
     ticks * 1e3 / hz
+}
+
+/// A `/proc/PID/status` value in kB (`key` like "VmRSS:"); 0 if absent.
+pub fn status_kb(pid: u32, key: &str) -> f64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix(key))
+        .and_then(|r| r.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// Resident memory of a live process, MiB.
+pub fn rss_mib(pid: u32) -> f64 {
+    status_kb(pid, "VmRSS:") / 1024.0
 }
 
 fn cpuacct_mount() -> Option<PathBuf> {
