@@ -3,7 +3,8 @@
 //!
 //! Each task has a directory `<root>/<job>.<attempt>.<rank>/` (see `task` for
 //! its files). The agent writes `task.json` and starts a shim, detached in its
-//! own session (a double fork, so the shim is nobody's zombie); the shim runs
+//! own session (spawned, then forked by itself: the shim is nobody's zombie
+//! and the agent never copies its own memory, see `spawn`); the shim runs
 //! the task as the user, in a cgroup where the node has cgroup v2, and writes
 //! `status.json` when it is over. Because all state lives in those
 //! directories, an agent that restarts calls `scan()` and re-adopts what runs:
@@ -18,19 +19,16 @@ pub mod env;
 mod launch;
 mod process;
 mod shim;
+mod spawn;
 pub mod task;
 
 use std::fs;
-use std::io::{self, Read};
-use std::os::fd::AsRawFd;
+use std::io;
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 
-use nix::fcntl::OFlag;
 use nix::sys::signal::{kill, killpg, Signal};
-use nix::unistd::{pipe2, Pid};
+use nix::unistd::Pid;
 
 pub use cgroup::CgroupMode;
 pub use shim::shim_main;
@@ -141,61 +139,13 @@ impl Executor {
         write_json(&task_file, spec).map_err(io_err("write", &task_file))?;
         let log_path = dir.join(SHIM_LOG_FILE);
         let log = fs::File::create(&log_path).map_err(io_err("create", &log_path))?;
-        let log_err = log.try_clone().map_err(io_err("open", &log_path))?;
-
-        let spawn_err = |source| ExecError::SpawnShim {
-            program: self.shim_program.clone(),
-            source,
-        };
-        let (pid_read, pid_write) = pipe2(OFlag::O_CLOEXEC).map_err(|e| spawn_err(e.into()))?;
-        let pid_fd = pid_write.as_raw_fd();
-        let mut command = Command::new(&self.shim_program);
-        command
-            .arg("shim")
-            .arg("--task-dir")
-            .arg(dir)
-            .stdin(Stdio::null())
-            .stdout(log)
-            .stderr(log_err);
-        // SAFETY: between fork and exec the closure only makes
-        // async-signal-safe calls (setsid, fork, sigprocmask, write, _exit)
-        // on values copied into it.
-        unsafe {
-            command.pre_exec(move || {
-                if libc::setsid() < 0 {
-                    return Err(io::Error::last_os_error());
-                }
-                match libc::fork() {
-                    -1 => Err(io::Error::last_os_error()),
-                    // The shim takes these with sigtimedwait; blocked from
-                    // before exec, a stop sent while it starts is queued
-                    // instead of killing it before it can record anything.
-                    0 => {
-                        let mut set: libc::sigset_t = std::mem::zeroed();
-                        libc::sigemptyset(&mut set);
-                        for sig in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGCHLD] {
-                            libc::sigaddset(&mut set, sig);
-                        }
-                        libc::sigprocmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
-                        Ok(())
-                    }
-                    shim => {
-                        let bytes = shim.to_ne_bytes();
-                        libc::write(pid_fd, bytes.as_ptr().cast(), bytes.len());
-                        libc::_exit(0)
-                    }
-                }
-            });
-        }
-        let mut intermediate = command.spawn().map_err(spawn_err)?;
-        drop(command);
-        drop(pid_write);
-        let _ = intermediate.wait();
-        let mut bytes = [0u8; 4];
-        let shim_pid = fs::File::from(pid_read)
-            .read_exact(&mut bytes)
-            .map(|()| i32::from_ne_bytes(bytes));
-        match shim_pid.ok().and_then(|pid| process::identify(pid as u32)) {
+        let shim_pid = spawn::spawn_shim(&self.shim_program, dir, log).map_err(|source| {
+            ExecError::SpawnShim {
+                program: self.shim_program.clone(),
+                source,
+            }
+        })?;
+        match process::identify(shim_pid) {
             // The shim writes this too, first thing; whichever comes first
             // lets `scan` tell a starting shim from a dead one.
             Some(shim) => {
