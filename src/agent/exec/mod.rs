@@ -220,6 +220,14 @@ impl Executor {
     /// Every task directory under the root and what is known about it; how an
     /// agent that restarted finds its running tasks again.
     pub fn scan(&self) -> Vec<(TaskKey, TaskObserved)> {
+        self.task_keys()
+            .into_iter()
+            .map(|k| (k, self.observe(k)))
+            .collect()
+    }
+
+    /// The keys of every task directory under the root, sorted.
+    pub fn task_keys(&self) -> Vec<TaskKey> {
         let Ok(entries) = fs::read_dir(&self.root) else {
             return Vec::new();
         };
@@ -231,7 +239,7 @@ impl Executor {
             })
             .collect();
         keys.sort();
-        keys.into_iter().map(|k| (k, self.observe(k))).collect()
+        keys
     }
 
     /// Removes a task's directory once its outcome was reported. A task whose
