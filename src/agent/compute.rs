@@ -44,6 +44,13 @@ pub trait TaskRunner: Send + Sync + 'static {
     fn scan(&self) -> Vec<(TaskKey, Observed)>;
     /// Drops an ended task whose end was committed.
     fn forget(&self, key: TaskKey);
+    /// How many starts may run at once in one reconcile step. Real tasks
+    /// start in parallel, so the ranks of a gang on one node start together
+    /// rather than one after another (each start writes files and waits for
+    /// its shim to detach); in-memory runners gain nothing from threads.
+    fn parallel_starts(&self) -> usize {
+        1
+    }
     /// Where the task's stdout goes, for `gpuq logs`.
     fn output_path(&self, _key: TaskKey) -> Option<std::path::PathBuf> {
         None
@@ -61,6 +68,37 @@ fn event(key: TaskKey, kind: TaskEventKind) -> TaskEvent {
         rank: key.2,
         kind,
     }
+}
+
+/// Starts the tasks, up to the runner's `parallel_starts` at a time;
+/// results in order.
+fn start_all(
+    runner: &dyn TaskRunner,
+    tasks: Vec<(TaskKey, &DesiredTask)>,
+) -> Vec<(TaskKey, Result<(), String>)> {
+    let parallel = runner.parallel_starts().max(1);
+    if tasks.len() <= 1 || parallel == 1 {
+        return tasks
+            .into_iter()
+            .map(|(key, task)| (key, runner.start(task)))
+            .collect();
+    }
+    let mut results = Vec::with_capacity(tasks.len());
+    for chunk in tasks.chunks(parallel) {
+        std::thread::scope(|scope| {
+            let handles: Vec<_> = chunk
+                .iter()
+                .map(|&(key, task)| (key, scope.spawn(move || runner.start(task))))
+                .collect();
+            for (key, handle) in handles {
+                let started = handle
+                    .join()
+                    .unwrap_or_else(|_| Err("the task's start panicked".to_string()));
+                results.push((key, started));
+            }
+        });
+    }
+    results
 }
 
 /// The agent's memory of what it reported and what it was told.
@@ -120,27 +158,30 @@ impl Ledger {
                 }
             }
         }
-        if let Some(desired) = self.desired.as_ref().filter(|_| !stopping) {
-            for (key, task) in desired {
-                if seen.contains(key) || self.ended_reported.contains(key) {
-                    continue;
+        let to_start: Vec<(TaskKey, &DesiredTask)> = match &self.desired {
+            Some(desired) if !stopping => desired
+                .iter()
+                .filter(|(key, _)| !seen.contains(*key) && !self.ended_reported.contains(*key))
+                .map(|(key, task)| (*key, task))
+                .collect(),
+            _ => Vec::new(),
+        };
+        for (key, started) in start_all(runner, to_start) {
+            match started {
+                // Launched: report it now rather than at the next scan.
+                Ok(()) => {
+                    if self.started_reported.insert(key) {
+                        events.push(event(key, TaskEventKind::Started));
+                    }
                 }
-                match runner.start(task) {
-                    // Launched: report it now rather than at the next scan.
-                    Ok(()) => {
-                        if self.started_reported.insert(*key) {
-                            events.push(event(*key, TaskEventKind::Started));
-                        }
-                    }
-                    Err(reason) => {
-                        tracing::warn!(job = key.0, rank = key.2, %reason, "task could not start");
-                        self.started_reported.insert(*key);
-                        self.ended_reported.insert(*key);
-                        events.push(event(
-                            *key,
-                            TaskEventKind::Ended(TaskEnd::LaunchFailed { reason }),
-                        ));
-                    }
+                Err(reason) => {
+                    tracing::warn!(job = key.0, rank = key.2, %reason, "task could not start");
+                    self.started_reported.insert(key);
+                    self.ended_reported.insert(key);
+                    events.push(event(
+                        key,
+                        TaskEventKind::Ended(TaskEnd::LaunchFailed { reason }),
+                    ));
                 }
             }
         }
@@ -484,9 +525,13 @@ mod tests {
         started: Mutex<Vec<TaskKey>>,
         stopped: Mutex<Vec<TaskKey>>,
         refuse: Mutex<bool>,
+        parallel: usize,
     }
 
     impl TaskRunner for FakeRunner {
+        fn parallel_starts(&self) -> usize {
+            self.parallel
+        }
         fn start(&self, task: &DesiredTask) -> Result<(), String> {
             if *self.refuse.lock().unwrap() {
                 return Err("no shim".into());
@@ -580,6 +625,44 @@ mod tests {
         ledger.reconcile(&runner);
         assert_eq!(runner.started.lock().unwrap().len(), 2);
         assert!(runner.tasks.lock().unwrap().contains_key(&(1, 0, 0)));
+    }
+
+    #[test]
+    fn parallel_starts_start_each_task_once_and_report_each_start() {
+        let runner = FakeRunner {
+            parallel: 3,
+            ..FakeRunner::default()
+        };
+        let mut ledger = Ledger::default();
+        let tasks: Vec<DesiredTask> = (0..7).map(|rank| task(5, rank)).collect();
+        desire(&mut ledger, &tasks);
+        let ev = ledger.reconcile(&runner);
+        let mut started = runner.started.lock().unwrap().clone();
+        started.sort();
+        let want: Vec<TaskKey> = (0..7).map(|rank| (5, 0, rank)).collect();
+        assert_eq!(started, want, "every rank started exactly once");
+        let mut reported: Vec<TaskKey> = ev
+            .iter()
+            .filter(|e| e.kind == TaskEventKind::Started)
+            .map(|e| (e.job.0, e.attempt, e.rank))
+            .collect();
+        reported.sort();
+        assert_eq!(reported, want, "each start reported once");
+        assert!(ledger.reconcile(&runner).is_empty());
+
+        // Refused starts, in parallel too, are each one launch failure.
+        let runner = FakeRunner {
+            parallel: 3,
+            ..FakeRunner::default()
+        };
+        *runner.refuse.lock().unwrap() = true;
+        let mut ledger = Ledger::default();
+        desire(&mut ledger, &tasks[..4]);
+        let ev = ledger.reconcile(&runner);
+        assert_eq!(ev.len(), 4);
+        assert!(ev
+            .iter()
+            .all(|e| matches!(e.kind, TaskEventKind::Ended(TaskEnd::LaunchFailed { .. }))));
     }
 
     #[test]

@@ -153,6 +153,10 @@ impl TaskRunner for ExecRunner {
             .collect()
     }
 
+    fn parallel_starts(&self) -> usize {
+        8
+    }
+
     fn forget(&self, key: TaskKey) {
         match self.executor.forget(exec_key(key)) {
             Ok(()) => {
