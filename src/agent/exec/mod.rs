@@ -2,8 +2,10 @@
 //! that parents each task.
 //!
 //! Each task has a directory `<root>/<job>.<attempt>.<rank>/` (see `task` for
-//! its files). The agent writes `task.json` and starts a shim, detached in its
-//! own session (a double fork, so the shim is nobody's zombie); the shim runs
+//! its files). The agent writes `task.json` and starts a shim in its own
+//! session (`spawn`: a vfork, not a fork of the agent; the agent reaps it when
+//! it forgets the task, and an agent that restarts leaves it to the system's
+//! reaper); the shim runs
 //! the task as the user, in a cgroup where the node has cgroup v2, and writes
 //! `status.json` when it is over. Because all state lives in those
 //! directories, an agent that restarts calls `scan()` and re-adopts what runs:
@@ -18,19 +20,18 @@ pub mod env;
 mod launch;
 mod process;
 mod shim;
+mod spawn;
 pub mod task;
 
+use std::ffi::OsStr;
 use std::fs;
-use std::io::{self, Read};
-use std::os::fd::AsRawFd;
+use std::io;
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 
-use nix::fcntl::OFlag;
 use nix::sys::signal::{kill, killpg, Signal};
-use nix::unistd::{pipe2, Pid};
+use nix::sys::wait::{waitpid, WaitPidFlag};
+use nix::unistd::Pid;
 
 pub use cgroup::CgroupMode;
 pub use shim::shim_main;
@@ -40,8 +41,8 @@ pub use task::{
 
 use cgroup::TaskCgroup;
 use task::{
-    read_json, write_atomic, write_json, PID_FILE, SHIM_LOG_FILE, SHIM_PID_FILE, STATUS_FILE,
-    STOP_FILE, TASK_FILE,
+    read_json, write_atomic, write_json, Durability, PID_FILE, SHIM_LOG_FILE, SHIM_PID_FILE,
+    STATUS_FILE, STOP_FILE, TASK_FILE,
 };
 
 /// What the executor can see of a task.
@@ -138,68 +139,27 @@ impl Executor {
         fs::set_permissions(dir, fs::Permissions::from_mode(0o711))
             .map_err(io_err("set the mode of", dir))?;
         let task_file = dir.join(TASK_FILE);
-        write_json(&task_file, spec).map_err(io_err("write", &task_file))?;
+        write_json(&task_file, spec, Durability::PowerLoss).map_err(io_err("write", &task_file))?;
         let log_path = dir.join(SHIM_LOG_FILE);
         let log = fs::File::create(&log_path).map_err(io_err("create", &log_path))?;
-        let log_err = log.try_clone().map_err(io_err("open", &log_path))?;
-
-        let spawn_err = |source| ExecError::SpawnShim {
-            program: self.shim_program.clone(),
-            source,
-        };
-        let (pid_read, pid_write) = pipe2(OFlag::O_CLOEXEC).map_err(|e| spawn_err(e.into()))?;
-        let pid_fd = pid_write.as_raw_fd();
-        let mut command = Command::new(&self.shim_program);
-        command
-            .arg("shim")
-            .arg("--task-dir")
-            .arg(dir)
-            .stdin(Stdio::null())
-            .stdout(log)
-            .stderr(log_err);
-        // SAFETY: between fork and exec the closure only makes
-        // async-signal-safe calls (setsid, fork, sigprocmask, write, _exit)
-        // on values copied into it.
-        unsafe {
-            command.pre_exec(move || {
-                if libc::setsid() < 0 {
-                    return Err(io::Error::last_os_error());
+        let args = [
+            OsStr::new("shim"),
+            OsStr::new("--task-dir"),
+            dir.as_os_str(),
+        ];
+        let shim_pid =
+            spawn::spawn_shim(self.shim_program.as_os_str(), &args, &log).map_err(|source| {
+                ExecError::SpawnShim {
+                    program: self.shim_program.clone(),
+                    source,
                 }
-                match libc::fork() {
-                    -1 => Err(io::Error::last_os_error()),
-                    // The shim takes these with sigtimedwait; blocked from
-                    // before exec, a stop sent while it starts is queued
-                    // instead of killing it before it can record anything.
-                    0 => {
-                        let mut set: libc::sigset_t = std::mem::zeroed();
-                        libc::sigemptyset(&mut set);
-                        for sig in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP, libc::SIGCHLD] {
-                            libc::sigaddset(&mut set, sig);
-                        }
-                        libc::sigprocmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
-                        Ok(())
-                    }
-                    shim => {
-                        let bytes = shim.to_ne_bytes();
-                        libc::write(pid_fd, bytes.as_ptr().cast(), bytes.len());
-                        libc::_exit(0)
-                    }
-                }
-            });
-        }
-        let mut intermediate = command.spawn().map_err(spawn_err)?;
-        drop(command);
-        drop(pid_write);
-        let _ = intermediate.wait();
-        let mut bytes = [0u8; 4];
-        let shim_pid = fs::File::from(pid_read)
-            .read_exact(&mut bytes)
-            .map(|()| i32::from_ne_bytes(bytes));
-        match shim_pid.ok().and_then(|pid| process::identify(pid as u32)) {
-            // The shim writes this too, first thing; whichever comes first
-            // lets `scan` tell a starting shim from a dead one.
+            })?;
+        match process::identify(shim_pid) {
+            // The shim writes this too, first thing, if it is not there yet;
+            // whichever comes first lets `scan` tell a starting shim from a
+            // dead one.
             Some(shim) => {
-                let _ = write_json(&dir.join(SHIM_PID_FILE), &shim);
+                let _ = write_json(&dir.join(SHIM_PID_FILE), &shim, Durability::Crash);
             }
             None => tracing::debug!(task = %key, "the shim exited before its pid was recorded"),
         }
@@ -220,7 +180,7 @@ impl Executor {
             return Ok(());
         }
         let stop_file = dir.join(STOP_FILE);
-        write_atomic(&stop_file, reason.as_str().as_bytes())
+        write_atomic(&stop_file, reason.as_str().as_bytes(), Durability::Crash)
             .map_err(io_err("write", &stop_file))?;
         match live_shim(&dir) {
             Some(shim) => {
@@ -295,6 +255,7 @@ impl Executor {
         if live_shim(&dir).is_some() {
             return Err(ExecError::StillRunning { key });
         }
+        reap_shim(&dir);
         if !dir.join(STATUS_FILE).exists() {
             kill_orphaned_task(&dir);
         }
@@ -306,6 +267,18 @@ impl Executor {
 fn live_shim(dir: &Path) -> Option<ProcessId> {
     let shim: ProcessId = read_json(&dir.join(SHIM_PID_FILE)).ok().flatten()?;
     process::is_running(&shim).then_some(shim)
+}
+
+/// Reaps the task's shim if it is this agent's child and has exited (an agent
+/// that restarted is not its parent, and then there is nothing to reap). The
+/// start time rules out a reused pid: a zombie keeps its pid until reaped.
+fn reap_shim(dir: &Path) {
+    let Ok(Some(shim)) = read_json::<ProcessId>(&dir.join(SHIM_PID_FILE)) else {
+        return;
+    };
+    if process::identify(shim.pid) == Some(shim) {
+        let _ = waitpid(Pid::from_raw(shim.pid as i32), Some(WaitPidFlag::WNOHANG));
+    }
 }
 
 /// Says what is known of a task whose shim is gone without a status.
