@@ -533,7 +533,10 @@ example_server_toml() {
 # heartbeat_ms = 150
 
 # A follower that hears no leader for a random time in [min, max) starts an
-# election. min must be below max. Failover takes about this long.
+# election, after openraft 0.9's leader lease of max on top: a follower
+# stands max + [min, max) after the last heartbeat (and a peer refuses
+# votes for max after it), so a leader failover takes about that long
+# (1.8-2.4 s with the defaults). min must be below max.
 # election_timeout_min_ms = 600
 # election_timeout_max_ms = 1200
 

@@ -177,6 +177,7 @@ pub async fn start(
             kill_grace_secs: 2,
             // Without root the tasks can only run as the user who started dev.
             run_as: (!root).then(|| me.clone()),
+            ended: Default::default(),
         });
         let agent = crate::agent::start_compute(
             cfg,

@@ -359,6 +359,14 @@ async fn daemon(cmd: Cmd) -> anyhow::Result<()> {
 }
 
 fn main() -> ExitCode {
+    // The agent starts a shim per task exactly so: skip building the parser
+    // for every other command (a measurable part of a shim's start).
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if let [_, shim, flag, task_dir] = args.as_slice() {
+        if shim == "shim" && flag == "--task-dir" {
+            std::process::exit(gpuq::agent::exec::shim_main(std::path::Path::new(task_dir)));
+        }
+    }
     let cli = match Cli::try_parse() {
         Ok(c) => c,
         Err(e) => {

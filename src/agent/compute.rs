@@ -83,6 +83,13 @@ impl Ledger {
         let observed = runner.scan();
         let mut events = Vec::new();
         let mut seen = BTreeSet::new();
+        // A task still stopping holds its GPUs: start nothing new on this
+        // node until it is gone (a requeued job's stale rank, a cancel).
+        let stopping = self.desired.as_ref().is_some_and(|d| {
+            observed
+                .iter()
+                .any(|(k, o)| *o == Observed::Running && !d.contains_key(k))
+        });
         for (key, obs) in observed {
             seen.insert(key);
             let desired = self.desired.as_ref().map(|d| d.contains_key(&key));
@@ -113,14 +120,6 @@ impl Ledger {
                 }
             }
         }
-        // A task still stopping holds its GPUs: start nothing new on this
-        // node until it is gone (a requeued job's stale rank, a cancel).
-        let stopping = self.desired.as_ref().is_some_and(|d| {
-            runner
-                .scan()
-                .iter()
-                .any(|(k, o)| *o == Observed::Running && !d.contains_key(k))
-        });
         if let Some(desired) = self.desired.as_ref().filter(|_| !stopping) {
             for (key, task) in desired {
                 if seen.contains(key) || self.ended_reported.contains(key) {

@@ -32,6 +32,7 @@ pub fn exec_runner(cfg: &AgentConfig) -> anyhow::Result<Arc<dyn TaskRunner>> {
         allow_root: cfg.allow_root,
         kill_grace_secs: cfg.kill_grace_secs,
         run_as: None,
+        ended: Default::default(),
     }))
 }
 

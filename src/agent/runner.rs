@@ -2,7 +2,9 @@
 //! `TaskSpec` (the torchrun env contract, output paths, this rank's share of
 //! the node's GPUs, CPUs and memory) and maps shim outcomes to `TaskEnd`.
 
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 
 use super::compute::{Observed, TaskKey, TaskRunner};
 use super::exec::env::{gpus_for_local_rank, output_paths, task_env, PatternVars, TaskContext};
@@ -18,6 +20,9 @@ pub struct ExecRunner {
     /// Run every task as this user instead of the submitter (`gpuq dev`
     /// started by an unprivileged user, who cannot switch users).
     pub run_as: Option<String>,
+    /// Ends already read from a task's `status.json` (an end never changes),
+    /// so each reconcile reads only the directories of running tasks.
+    pub ended: Mutex<HashMap<TaskKey, TaskEnd>>,
 }
 
 fn exec_key(key: TaskKey) -> super::exec::TaskKey {
@@ -118,12 +123,18 @@ impl TaskRunner for ExecRunner {
     }
 
     fn scan(&self) -> Vec<(TaskKey, Observed)> {
-        self.executor
-            .scan()
-            .into_iter()
-            .map(|(k, obs)| {
+        let mut ended = self.ended.lock().unwrap_or_else(|e| e.into_inner());
+        let keys = self.executor.task_keys();
+        // A directory removed behind our back leaves nothing cached.
+        let listed: HashSet<TaskKey> = keys.iter().map(|k| (k.job.0, k.attempt, k.rank)).collect();
+        ended.retain(|key, _| listed.contains(key));
+        keys.into_iter()
+            .map(|k| {
                 let key = (k.job.0, k.attempt, k.rank);
-                let observed = match obs {
+                if let Some(end) = ended.get(&key) {
+                    return (key, Observed::Ended(end.clone()));
+                }
+                let observed = match self.executor.observe(k) {
                     TaskObserved::Running { .. } => Observed::Running,
                     TaskObserved::Ended(status) => Observed::Ended(task_end(&status.outcome)),
                     // The shim is gone without a status (killed, or its
@@ -134,14 +145,23 @@ impl TaskRunner for ExecRunner {
                         Observed::Ended(TaskEnd::Lost { reason })
                     }
                 };
+                if let Observed::Ended(end) = &observed {
+                    ended.insert(key, end.clone());
+                }
                 (key, observed)
             })
             .collect()
     }
 
     fn forget(&self, key: TaskKey) {
-        if let Err(e) = self.executor.forget(exec_key(key)) {
-            tracing::debug!(job = key.0, rank = key.2, "forget: {e}");
+        match self.executor.forget(exec_key(key)) {
+            Ok(()) => {
+                self.ended
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .remove(&key);
+            }
+            Err(e) => tracing::debug!(job = key.0, rank = key.2, "forget: {e}"),
         }
     }
 

@@ -229,7 +229,10 @@ impl Server {
             .args(["--listen", &self.addr()])
             .arg("--socket")
             .arg(&self.socket)
-            .env("GPUQ_LOG", "info")
+            .env(
+                "GPUQ_LOG",
+                std::env::var("GPUQ_SERVER_LOG").unwrap_or_else(|_| "info".into()),
+            )
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log)
@@ -648,7 +651,10 @@ impl Agent {
             .arg("--config")
             .arg(self.dir.join("agent.toml"))
             .args(["--join", &self.join, "--token", &self.token])
-            .env("GPUQ_LOG", "info")
+            .env(
+                "GPUQ_LOG",
+                std::env::var("GPUQ_AGENT_LOG").unwrap_or_else(|_| "info".into()),
+            )
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log)

@@ -121,6 +121,39 @@ impl ServerSet {
     }
 }
 
+impl ServerSet {
+    /// Waits until server `i` holds the leader's whole log (same term, same
+    /// last index) and the leader sees every voter without a problem: a
+    /// restarted server that only knows who leads ([`ServerSet::wait_members`])
+    /// may still lag, and a leader killed then leaves one up-to-date survivor.
+    pub fn wait_caught_up(&self, i: usize) {
+        let start = Instant::now();
+        loop {
+            let li = self.leader();
+            let lead = self.servers[li].status();
+            let me = self.servers[i].status();
+            let healthy = lead["members"].as_array().is_some_and(|ms| {
+                ms.iter()
+                    .filter(|m| m["voter"] == true)
+                    .all(|m| m["problem"].is_null() && m["lag"] == 0)
+            });
+            if healthy
+                && me["term"] == lead["term"]
+                && !me["last_log_index"].is_null()
+                && me["last_log_index"] == lead["last_log_index"]
+            {
+                return;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(60),
+                "{} did not catch up with the leader in 60 s: {me}\nleader: {lead}",
+                self.servers[i].name
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
 impl Server {
     /// A new server join token (1 h).
     pub fn server_token(&self) -> String {

@@ -2,10 +2,9 @@
 //! that parents each task.
 //!
 //! Each task has a directory `<root>/<job>.<attempt>.<rank>/` (see `task` for
-//! its files). The agent writes `task.json` and starts a shim in its own
-//! session (`spawn`: a vfork, not a fork of the agent; the agent reaps it when
-//! it forgets the task, and an agent that restarts leaves it to the system's
-//! reaper); the shim runs
+//! its files). The agent writes `task.json` and starts a shim, detached in its
+//! own session (spawned, then forked by itself: the shim is nobody's zombie
+//! and the agent never copies its own memory, see `spawn`); the shim runs
 //! the task as the user, in a cgroup where the node has cgroup v2, and writes
 //! `status.json` when it is over. Because all state lives in those
 //! directories, an agent that restarts calls `scan()` and re-adopts what runs:
@@ -23,14 +22,12 @@ mod shim;
 mod spawn;
 pub mod task;
 
-use std::ffi::OsStr;
 use std::fs;
 use std::io;
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use nix::sys::signal::{kill, killpg, Signal};
-use nix::sys::wait::{waitpid, WaitPidFlag};
 use nix::unistd::Pid;
 
 pub use cgroup::CgroupMode;
@@ -142,22 +139,15 @@ impl Executor {
         write_json(&task_file, spec, Durability::PowerLoss).map_err(io_err("write", &task_file))?;
         let log_path = dir.join(SHIM_LOG_FILE);
         let log = fs::File::create(&log_path).map_err(io_err("create", &log_path))?;
-        let args = [
-            OsStr::new("shim"),
-            OsStr::new("--task-dir"),
-            dir.as_os_str(),
-        ];
-        let shim_pid =
-            spawn::spawn_shim(self.shim_program.as_os_str(), &args, &log).map_err(|source| {
-                ExecError::SpawnShim {
-                    program: self.shim_program.clone(),
-                    source,
-                }
-            })?;
+        let shim_pid = spawn::spawn_shim(&self.shim_program, dir, log).map_err(|source| {
+            ExecError::SpawnShim {
+                program: self.shim_program.clone(),
+                source,
+            }
+        })?;
         match process::identify(shim_pid) {
-            // The shim writes this too, first thing, if it is not there yet;
-            // whichever comes first lets `scan` tell a starting shim from a
-            // dead one.
+            // The shim writes this too, first thing; whichever comes first
+            // lets `scan` tell a starting shim from a dead one.
             Some(shim) => {
                 let _ = write_json(&dir.join(SHIM_PID_FILE), &shim, Durability::Crash);
             }
@@ -230,6 +220,14 @@ impl Executor {
     /// Every task directory under the root and what is known about it; how an
     /// agent that restarted finds its running tasks again.
     pub fn scan(&self) -> Vec<(TaskKey, TaskObserved)> {
+        self.task_keys()
+            .into_iter()
+            .map(|k| (k, self.observe(k)))
+            .collect()
+    }
+
+    /// The keys of every task directory under the root, sorted.
+    pub fn task_keys(&self) -> Vec<TaskKey> {
         let Ok(entries) = fs::read_dir(&self.root) else {
             return Vec::new();
         };
@@ -241,7 +239,7 @@ impl Executor {
             })
             .collect();
         keys.sort();
-        keys.into_iter().map(|k| (k, self.observe(k))).collect()
+        keys
     }
 
     /// Removes a task's directory once its outcome was reported. A task whose
@@ -255,7 +253,6 @@ impl Executor {
         if live_shim(&dir).is_some() {
             return Err(ExecError::StillRunning { key });
         }
-        reap_shim(&dir);
         if !dir.join(STATUS_FILE).exists() {
             kill_orphaned_task(&dir);
         }
@@ -267,18 +264,6 @@ impl Executor {
 fn live_shim(dir: &Path) -> Option<ProcessId> {
     let shim: ProcessId = read_json(&dir.join(SHIM_PID_FILE)).ok().flatten()?;
     process::is_running(&shim).then_some(shim)
-}
-
-/// Reaps the task's shim if it is this agent's child and has exited (an agent
-/// that restarted is not its parent, and then there is nothing to reap). The
-/// start time rules out a reused pid: a zombie keeps its pid until reaped.
-fn reap_shim(dir: &Path) {
-    let Ok(Some(shim)) = read_json::<ProcessId>(&dir.join(SHIM_PID_FILE)) else {
-        return;
-    };
-    if process::identify(shim.pid) == Some(shim) {
-        let _ = waitpid(Pid::from_raw(shim.pid as i32), Some(WaitPidFlag::WNOHANG));
-    }
 }
 
 /// Says what is known of a task whose shim is gone without a status.

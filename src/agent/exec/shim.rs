@@ -40,6 +40,10 @@ const CLEANUP_LIMIT: Duration = Duration::from_secs(30);
 /// Runs one task from its directory; returns the shim's exit code (0 once
 /// `status.json` is written).
 pub fn shim_main(task_dir: &Path) -> i32 {
+    if let Err(e) = super::spawn::detach(&shim_signals()) {
+        eprintln!("gpuq shim: cannot detach from the agent: {e}");
+        return 1;
+    }
     let _ = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_ansi(false)
