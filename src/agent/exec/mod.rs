@@ -38,8 +38,8 @@ pub use task::{
 
 use cgroup::TaskCgroup;
 use task::{
-    read_json, write_atomic, write_json, PID_FILE, SHIM_LOG_FILE, SHIM_PID_FILE, STATUS_FILE,
-    STOP_FILE, TASK_FILE,
+    read_json, write_atomic, write_json, Durability, PID_FILE, SHIM_LOG_FILE, SHIM_PID_FILE,
+    STATUS_FILE, STOP_FILE, TASK_FILE,
 };
 
 /// What the executor can see of a task.
@@ -136,7 +136,7 @@ impl Executor {
         fs::set_permissions(dir, fs::Permissions::from_mode(0o711))
             .map_err(io_err("set the mode of", dir))?;
         let task_file = dir.join(TASK_FILE);
-        write_json(&task_file, spec).map_err(io_err("write", &task_file))?;
+        write_json(&task_file, spec, Durability::PowerLoss).map_err(io_err("write", &task_file))?;
         let log_path = dir.join(SHIM_LOG_FILE);
         let log = fs::File::create(&log_path).map_err(io_err("create", &log_path))?;
         let shim_pid = spawn::spawn_shim(&self.shim_program, dir, log).map_err(|source| {
@@ -149,7 +149,7 @@ impl Executor {
             // The shim writes this too, first thing; whichever comes first
             // lets `scan` tell a starting shim from a dead one.
             Some(shim) => {
-                let _ = write_json(&dir.join(SHIM_PID_FILE), &shim);
+                let _ = write_json(&dir.join(SHIM_PID_FILE), &shim, Durability::Crash);
             }
             None => tracing::debug!(task = %key, "the shim exited before its pid was recorded"),
         }
@@ -170,7 +170,7 @@ impl Executor {
             return Ok(());
         }
         let stop_file = dir.join(STOP_FILE);
-        write_atomic(&stop_file, reason.as_str().as_bytes())
+        write_atomic(&stop_file, reason.as_str().as_bytes(), Durability::Crash)
             .map_err(io_err("write", &stop_file))?;
         match live_shim(&dir) {
             Some(shim) => {

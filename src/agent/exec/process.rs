@@ -1,7 +1,16 @@
 //! What `/proc` tells us about processes: start times (so a reused pid is not
 //! mistaken for our task), zombies, and the tree below a process.
+//!
+//! The tree below the shim is found by walking down the kernel's children
+//! lists (`/proc/<pid>/task/<tid>/children`), which costs a few reads per
+//! process of the task. A `Snapshot` of every process on the node (hundreds of
+//! `stat` files) is the fallback for a kernel built without those lists or a
+//! shim that could not become a subreaper (then orphans leave its tree, and
+//! the process group has to be searched node-wide).
 
+use std::collections::HashSet;
 use std::fs;
+use std::io;
 
 use super::task::ProcessId;
 
@@ -11,6 +20,7 @@ struct Stat {
     state: char,
     ppid: u32,
     pgrp: u32,
+    threads: u32,
     start_ticks: u64,
 }
 
@@ -19,13 +29,24 @@ struct Stat {
 fn parse_stat(content: &str) -> Option<Stat> {
     let rest = &content[content.rfind(')')? + 1..];
     let fields: Vec<&str> = rest.split_whitespace().collect();
-    // fields[0] is field 3 (state); 4 is ppid, 5 pgrp, 22 starttime.
+    // fields[0] is field 3 (state); 4 is ppid, 5 pgrp, 20 num_threads,
+    // 22 starttime.
     Some(Stat {
         state: fields.first()?.chars().next()?,
         ppid: fields.get(1)?.parse().ok()?,
         pgrp: fields.get(2)?.parse().ok()?,
+        threads: fields.get(17)?.parse().ok()?,
         start_ticks: fields.get(19)?.parse().ok()?,
     })
+}
+
+impl Stat {
+    /// Whether the process still runs: not a zombie, or a zombie leader
+    /// whose other threads still run (a zombie counts itself in num_threads;
+    /// threads that ended are not counted).
+    fn is_live(&self) -> bool {
+        self.state != 'Z' || self.threads > 1
+    }
 }
 
 fn stat(pid: u32) -> Option<Stat> {
@@ -43,6 +64,76 @@ pub fn identify(pid: u32) -> Option<ProcessId> {
 /// Whether the process still runs: same pid, same start time, not a zombie.
 pub fn is_running(id: &ProcessId) -> bool {
     matches!(stat(id.pid), Some(s) if s.start_ticks == id.start_ticks && s.state != 'Z')
+}
+
+/// Appends the pids listed in one thread's `children` file.
+fn read_children(path: &str, out: &mut Vec<u32>) -> io::Result<()> {
+    let list = fs::read_to_string(path)?;
+    out.extend(
+        list.split_whitespace()
+            .filter_map(|p| p.parse::<u32>().ok()),
+    );
+    Ok(())
+}
+
+/// Whether this kernel lists each thread's children in `/proc`
+/// (CONFIG_PROC_CHILDREN).
+pub fn has_children_lists() -> bool {
+    let me = std::process::id();
+    fs::metadata(format!("/proc/{me}/task/{me}/children")).is_ok()
+}
+
+/// The children of this process, zombies included.
+pub fn own_children() -> io::Result<Vec<u32>> {
+    let me = std::process::id();
+    fs::metadata(format!("/proc/{me}/task/{me}/children"))?;
+    Ok(children(me))
+}
+
+/// The children of every thread of `pid` (none when it is gone).
+fn children(pid: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    let Ok(threads) = fs::read_dir(format!("/proc/{pid}/task")) else {
+        return out;
+    };
+    for tid in threads.filter_map(|t| t.ok()?.file_name().into_string().ok()) {
+        // A thread that just exited has no list left; its children moved to
+        // another thread or up to the subreaper, where the caller's next
+        // pass finds them.
+        let _ = read_children(&format!("/proc/{pid}/task/{tid}/children"), &mut out);
+    }
+    out
+}
+
+/// Live (non-zombie) processes below this process, found by walking the
+/// children lists down. Like a `Snapshot`, it sees one moment
+/// (a racing fork may be missed); callers repeat until nothing is left.
+pub fn own_descendants() -> io::Result<Vec<u32>> {
+    let mut pending = own_children()?;
+    let mut seen: HashSet<u32> = HashSet::new();
+    let mut found = Vec::new();
+    while let Some(pid) = pending.pop() {
+        if !seen.insert(pid) {
+            continue;
+        }
+        // A dead process has no children: they were reparented when it
+        // exited.
+        match stat(pid) {
+            Some(s) if s.is_live() => {
+                found.push(pid);
+                // One thread: the leader itself (were it gone, it would still
+                // be counted beside the live one).
+                if s.threads == 1 {
+                    let _ =
+                        read_children(&format!("/proc/{pid}/task/{pid}/children"), &mut pending);
+                } else {
+                    pending.extend(children(pid));
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(found)
 }
 
 /// Every process on the node, read from `/proc` at one moment (a racing fork
@@ -78,7 +169,7 @@ impl Snapshot {
             i += 1;
         }
         found.remove(0);
-        found.retain(|pid| self.procs.iter().any(|(p, s)| p == pid && s.state != 'Z'));
+        found.retain(|pid| self.procs.iter().any(|(p, s)| p == pid && s.is_live()));
         found
     }
 
@@ -86,7 +177,7 @@ impl Snapshot {
     pub fn group_members(&self, pgid: u32) -> Vec<u32> {
         self.procs
             .iter()
-            .filter(|(_, s)| s.pgrp == pgid && s.state != 'Z')
+            .filter(|(_, s)| s.pgrp == pgid && s.is_live())
             .map(|(pid, _)| *pid)
             .collect()
     }
@@ -114,10 +205,75 @@ mod tests {
                 state: 'S',
                 ppid: 17,
                 pgrp: 4242,
+                threads: 1,
                 start_ticks: 987654,
             })
         );
         assert_eq!(parse_stat("12 (short) S 1"), None);
+    }
+
+    /// Waits (boundedly) until `ready` holds, for processes that are starting
+    /// or ending.
+    fn eventually(mut ready: impl FnMut() -> bool) -> bool {
+        (0..500).any(|_| {
+            let done = ready();
+            if !done {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            done
+        })
+    }
+
+    #[test]
+    fn the_walk_finds_grandchildren_and_skips_zombies() {
+        assert!(has_children_lists(), "the kernel lists children in /proc");
+        let mut tree = std::process::Command::new("sh")
+            .args(["-c", "sleep 30 & sleep 30 & wait"])
+            .spawn()
+            .unwrap();
+        let sh = tree.id();
+        let sleeps = || {
+            Snapshot::take()
+                .procs
+                .iter()
+                .filter(|(_, s)| s.ppid == sh)
+                .map(|(p, _)| *p)
+                .collect::<Vec<u32>>()
+        };
+        assert!(eventually(|| sleeps().len() == 2));
+        // The walk and the node-wide scan see the same tree.
+        let ours = |found: Vec<u32>| {
+            let mut ours: Vec<u32> = found
+                .into_iter()
+                .filter(|p| *p == sh || sleeps().contains(p))
+                .collect();
+            ours.sort();
+            ours
+        };
+        let mut expected = sleeps();
+        expected.push(sh);
+        expected.sort();
+        assert_eq!(ours(own_descendants().unwrap()), expected);
+        assert_eq!(
+            ours(Snapshot::take().descendants(std::process::id())),
+            expected
+        );
+
+        let mut done = std::process::Command::new("true").spawn().unwrap();
+        let gone = done.id();
+        assert!(eventually(|| stat(gone).is_some_and(|s| s.state == 'Z')));
+        assert!(own_children().unwrap().contains(&gone));
+        assert!(!own_descendants().unwrap().contains(&gone));
+        done.wait().unwrap();
+
+        for sleep in sleeps() {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(sleep as i32),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+        tree.wait().unwrap();
+        assert!(!own_descendants().unwrap().contains(&sh));
     }
 
     #[test]

@@ -6,6 +6,9 @@
 //! The shim is a child subreaper: a task's orphaned descendants are
 //! reparented to it, so even without cgroups it can find and stop every
 //! process the task left behind, including ones that left the process group.
+//! It finds them by walking the kernel's children lists down from itself (see
+//! `process`), a few reads per process of the task rather than a scan of
+//! every process on the node.
 //! It waits on signals with `sigtimedwait` (SIGCHLD for exits, SIGTERM/SIGINT
 //! for stop requests) with a short tick for the `stop` file and the clock, so
 //! it has no handlers and no threads.
@@ -23,8 +26,8 @@ use super::cgroup::{CgroupMode, TaskCgroup};
 use super::launch::{Identity, Prepared};
 use super::process::{self, Snapshot};
 use super::task::{
-    now_ms, read_json, write_json, StopReason, TaskOutcome, TaskPid, TaskSpec, TaskStatus,
-    PID_FILE, SCRIPT_FILE, SHIM_PID_FILE, STATUS_FILE, STOP_FILE, TASK_FILE,
+    now_ms, read_json, write_json, Durability, ProcessId, StopReason, TaskOutcome, TaskPid,
+    TaskSpec, TaskStatus, PID_FILE, SCRIPT_FILE, SHIM_PID_FILE, STATUS_FILE, STOP_FILE, TASK_FILE,
 };
 use crate::model::{Millis, Program};
 
@@ -52,7 +55,7 @@ pub fn shim_main(task_dir: &Path) -> i32 {
         end_ms: now_ms(),
     };
     tracing::info!(dir = %task_dir.display(), outcome = ?status.outcome, "task ended");
-    match write_json(&task_dir.join(STATUS_FILE), &status) {
+    match write_json(&task_dir.join(STATUS_FILE), &status, Durability::Crash) {
         Ok(()) => 0,
         Err(e) => {
             tracing::error!("cannot write {}: {e}", task_dir.join(STATUS_FILE).display());
@@ -95,13 +98,20 @@ fn run(dir: &Path) -> (TaskOutcome, Option<Millis>) {
             ))
         }
     };
-    if let Some(me) = process::identify(std::process::id()) {
-        if let Err(e) = write_json(&dir.join(SHIM_PID_FILE), &me) {
+    // The agent writes this file as soon as it learns the shim's pid, usually
+    // before the shim gets here; the shim writes it only when the agent did
+    // not (it died in between).
+    let recorded = read_json::<ProcessId>(&dir.join(SHIM_PID_FILE));
+    if let Some(me) = process::identify(std::process::id())
+        .filter(|me| !matches!(recorded, Ok(Some(r)) if r == *me))
+    {
+        if let Err(e) = write_json(&dir.join(SHIM_PID_FILE), &me, Durability::Crash) {
             tracing::warn!("cannot write {}: {e}", dir.join(SHIM_PID_FILE).display());
         }
     }
     // SAFETY: prctl with these arguments only sets a flag on this process.
-    if unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) } != 0 {
+    let subreaper = unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) } == 0;
+    if !subreaper {
         tracing::warn!(
             "cannot become a child subreaper: {}; orphaned processes of the task are tracked \
              only through its cgroup and process group",
@@ -165,7 +175,7 @@ fn run(dir: &Path) -> (TaskOutcome, Option<Millis>) {
             cgroup: cgroup.as_ref().map(|c| c.path().to_path_buf()),
             start_ms,
         };
-        if let Err(e) = write_json(&dir.join(PID_FILE), &pid) {
+        if let Err(e) = write_json(&dir.join(PID_FILE), &pid, Durability::Crash) {
             tracing::warn!("cannot write {}: {e}", dir.join(PID_FILE).display());
         }
     }
@@ -173,6 +183,7 @@ fn run(dir: &Path) -> (TaskOutcome, Option<Millis>) {
     let tree = Tree {
         child,
         cgroup: cgroup.as_ref(),
+        walk: subreaper && process::has_children_lists(),
     };
     let (exit, ending) = supervise(dir, &spec, &tree, &signals);
     tree.kill_leftovers();
@@ -295,9 +306,33 @@ enum Exit {
 struct Tree<'a> {
     child: Pid,
     cgroup: Option<&'a TaskCgroup>,
+    /// The shim is a subreaper and the kernel lists children: every process
+    /// of the task (its process group included, since that lives in the
+    /// task's session) is below the shim, found by walking down. Otherwise
+    /// all of `/proc` is scanned.
+    walk: bool,
 }
 
 impl Tree<'_> {
+    /// The task's live processes, as far as `/proc` shows them: the shim's
+    /// descendants and, where they may have left the shim's tree, the members
+    /// of the process group.
+    fn processes(&self) -> Vec<u32> {
+        if self.walk {
+            if let Ok(found) = process::own_descendants() {
+                return found;
+            }
+        }
+        let procs = Snapshot::take();
+        let mut found = procs.descendants(std::process::id());
+        for pid in procs.group_members(self.child.as_raw() as u32) {
+            if !found.contains(&pid) {
+                found.push(pid);
+            }
+        }
+        found
+    }
+
     fn signal(&self, signal: Signal) {
         if let Some(cgroup) = self.cgroup {
             if signal == Signal::SIGKILL {
@@ -307,16 +342,13 @@ impl Tree<'_> {
             }
         }
         let _ = killpg(self.child, signal);
-        for pid in Snapshot::take().descendants(std::process::id()) {
+        for pid in self.processes() {
             let _ = kill(Pid::from_raw(pid as i32), signal);
         }
     }
 
     fn is_empty(&self) -> bool {
-        let procs = Snapshot::take();
-        self.cgroup.is_none_or(TaskCgroup::is_empty)
-            && procs.group_members(self.child.as_raw() as u32).is_empty()
-            && procs.descendants(std::process::id()).is_empty()
+        self.cgroup.is_none_or(TaskCgroup::is_empty) && self.processes().is_empty()
     }
 
     /// The main child's exit, if it happened; leaves it unreaped.
@@ -347,7 +379,13 @@ impl Tree<'_> {
     /// Reaps the task's orphans that ended (they are reparented to the shim),
     /// never the main child.
     fn reap_orphans(&self) {
-        for pid in Snapshot::take().zombie_children(std::process::id()) {
+        let me = std::process::id();
+        let children = match self.walk.then(process::own_children) {
+            // WNOHANG leaves a live child be; only zombies are reaped.
+            Some(Ok(children)) => children,
+            _ => Snapshot::take().zombie_children(me),
+        };
+        for pid in children {
             if pid != self.child.as_raw() as u32 {
                 let _ = waitpid(Pid::from_raw(pid as i32), Some(WaitPidFlag::WNOHANG));
             }

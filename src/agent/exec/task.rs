@@ -226,15 +226,32 @@ pub struct TaskPid {
     pub start_ms: Millis,
 }
 
+/// How far a written file must survive.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Durability {
+    /// An agent or shim crash: the page cache keeps the file, so no fsync.
+    /// What only describes running processes (`shim.pid`, `pid`, `stop`)
+    /// means nothing after a reboot, and a `status.json` lost with the power
+    /// makes the task lost rather than ended (its job follows its requeue
+    /// policy), as a task killed by the outage is.
+    Crash,
+    /// A power loss too (file and directory fsynced): `task.json`, whose
+    /// directory is what tells an agent after a reboot that the task was
+    /// already started here, so it is reported lost and never run twice.
+    PowerLoss,
+}
+
 /// Writes `bytes` to `path` (mode 0600) so that readers see the old file or the
-/// new one, never a part: a temporary file in the same directory, fsync, rename.
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
+/// new one, never a part: a temporary file in the same directory, renamed
+/// over the old one (with fsyncs for `Durability::PowerLoss`).
+pub fn write_atomic(path: &Path, bytes: &[u8], durability: Durability) -> io::Result<()> {
     let name = path
         .file_name()
         .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "path has no file name"))?;
     let mut tmp_name = name.to_os_string();
     tmp_name.push(format!(".tmp.{}", std::process::id()));
     let tmp = path.with_file_name(tmp_name);
+    let durable = durability == Durability::PowerLoss;
     let result = (|| {
         let mut file = fs::OpenOptions::new()
             .write(true)
@@ -243,9 +260,12 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
             .mode(0o600)
             .open(&tmp)?;
         file.write_all(bytes)?;
-        file.sync_all()?;
+        if durable {
+            file.sync_all()?;
+        }
+        drop(file);
         fs::rename(&tmp, path)?;
-        if let Some(dir) = path.parent() {
+        if let Some(dir) = path.parent().filter(|_| durable) {
             fs::File::open(dir)?.sync_all()?;
         }
         Ok(())
@@ -257,9 +277,9 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
 }
 
 /// Serializes `value` as JSON and writes it atomically.
-pub fn write_json<T: Serialize>(path: &Path, value: &T) -> io::Result<()> {
+pub fn write_json<T: Serialize>(path: &Path, value: &T, durability: Durability) -> io::Result<()> {
     let bytes = serde_json::to_vec_pretty(value).map_err(io::Error::other)?;
-    write_atomic(path, &bytes)
+    write_atomic(path, &bytes, durability)
 }
 
 /// Reads a JSON file; `Ok(None)` when it does not exist.
@@ -315,8 +335,8 @@ mod tests {
     fn write_atomic_replaces_and_leaves_no_temporary() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("status.json");
-        write_atomic(&path, b"one").unwrap();
-        write_atomic(&path, b"two").unwrap();
+        write_atomic(&path, b"one", Durability::PowerLoss).unwrap();
+        write_atomic(&path, b"two", Durability::Crash).unwrap();
         assert_eq!(fs::read(&path).unwrap(), b"two");
         assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 1);
     }
