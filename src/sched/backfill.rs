@@ -414,12 +414,15 @@ fn free_during<'p, 'v>(
 /// nodes that are not up are dropped: they free nothing the pass uses).
 /// Jobs never known to end are not in it.
 struct Releases<'v> {
-    ends: Vec<(Millis, JobId, Vec<(usize, &'v NodeAllocation)>)>,
+    ends: Vec<Release<'v>>,
 }
+
+/// When a running job ends, which, and its parts by node position.
+type Release<'v> = (Millis, JobId, Vec<(usize, &'v NodeAllocation)>);
 
 impl<'v> Releases<'v> {
     fn new(pool: &Pool, running: &'v [RunningJob], now: Millis) -> Releases<'v> {
-        let mut ends: Vec<(Millis, JobId, Vec<(usize, &NodeAllocation)>)> = running
+        let mut ends: Vec<Release> = running
             .iter()
             .filter_map(|r| {
                 let at = r.expected_end?.max(now + 1);
@@ -464,7 +467,7 @@ impl Timeline<'_, '_> {
     ) -> Option<(Millis, Allocation)> {
         // Releases in time order: the running jobs' (sorted once per pass)
         // and this pass's starts'.
-        let running: Vec<&(Millis, JobId, Vec<(usize, &NodeAllocation)>)> = self
+        let running: Vec<&Release> = self
             .running
             .ends
             .iter()

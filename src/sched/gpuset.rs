@@ -12,7 +12,7 @@ use std::collections::BTreeSet;
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(super) struct GpuSet {
     low: u128,
-    high: Option<Box<BTreeSet<u32>>>,
+    high: Option<BTreeSet<u32>>,
 }
 
 impl GpuSet {

@@ -267,7 +267,10 @@ impl Partitions {
     /// The index of the job's partition, or `None` when it is down. A
     /// partition removed since the job was queued counts as the default.
     fn of(&self, job: &PendingJob) -> Option<usize> {
-        if job.partition.is_empty() && !self.names.iter().any(String::is_empty) {
+        // Most jobs name the default (resolved at submit) or none.
+        if job.partition == self.default
+            || (job.partition.is_empty() && !self.names.iter().any(String::is_empty))
+        {
             return self.of_default;
         }
         let find = |n: &str| self.names.iter().position(|x| x == n);

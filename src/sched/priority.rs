@@ -10,8 +10,7 @@
 //!
 //! The queue is ordered by the total (higher first), then submit time, then id.
 
-use std::collections::{BTreeMap, HashMap};
-use std::hash::{BuildHasherDefault, Hasher};
+use std::collections::BTreeMap;
 
 use super::fairshare::FairShare;
 use super::policy::qos_of;
@@ -40,10 +39,6 @@ pub fn order(view: &ClusterView, now: Millis) -> Vec<(&PendingJob, i64)> {
 /// [`order`] over a [`ViewRef`].
 pub fn order_ref<'v>(view: &ViewRef<'v>, now: Millis) -> Vec<(&'v PendingJob, i64)> {
     let ranker = Ranker::new(view, now);
-    // The per-name factors of each (account, QoS, partition) seen: a queue
-    // has few of them, and looking them up by name was most of ordering.
-    let mut named: HashMap<(&str, &str, &str), (f64, f64, f64), BuildHasherDefault<Fnv>> =
-        HashMap::default();
     // A restarting gang (requeued after a failure, `PendingJob::previous`)
     // goes ahead of others of its priority: back to the head of the queue.
     let mut keys: Vec<(std::cmp::Reverse<i64>, bool, Millis, JobId, usize)> = view
@@ -51,10 +46,7 @@ pub fn order_ref<'v>(view: &ViewRef<'v>, now: Millis) -> Vec<(&'v PendingJob, i6
         .iter()
         .enumerate()
         .map(|(i, j)| {
-            let by_name = *named
-                .entry((&j.account, &j.qos, &j.partition))
-                .or_insert_with(|| ranker.by_name(j));
-            let p = ranker.with(j, now, by_name).total;
+            let p = ranker.factors(j, now).total;
             (
                 std::cmp::Reverse(p),
                 j.previous.is_empty(),
@@ -132,25 +124,6 @@ impl<'v> Ranker<'v> {
 
     /// The job's factors at `now`.
     pub fn factors(&self, job: &PendingJob, now: Millis) -> Factors {
-        self.with(job, now, self.by_name(job))
-    }
-
-    /// The factors that depend only on the job's account, QoS and
-    /// partition names: fair-share, QoS, partition.
-    fn by_name(&self, job: &PendingJob) -> (f64, f64, f64) {
-        let qos = self.qos.get(qos_of(&job.qos)).copied().unwrap_or(0.0);
-        let part_name = if job.partition.is_empty() {
-            self.default_partition.as_str()
-        } else {
-            job.partition.as_str()
-        };
-        let partition = self.partitions.get(part_name).copied().unwrap_or(0.0);
-        (self.fs.of(&job.account), qos, partition)
-    }
-
-    /// [`Ranker::factors`] given [`Ranker::by_name`]'s.
-    fn with(&self, job: &PendingJob, now: Millis, by_name: (f64, f64, f64)) -> Factors {
-        let (fairshare, qos, partition) = by_name;
         let w = self.weights;
         let age = if w.max_age_secs == 0 {
             1.0
@@ -166,6 +139,14 @@ impl<'v> Ranker<'v> {
         } else {
             (job_gpus as f64 / self.cluster_gpus as f64).min(1.0)
         };
+        let qos = self.qos.get(qos_of(&job.qos)).copied().unwrap_or(0.0);
+        let part_name = if job.partition.is_empty() {
+            self.default_partition.as_str()
+        } else {
+            job.partition.as_str()
+        };
+        let partition = self.partitions.get(part_name).copied().unwrap_or(0.0);
+        let fairshare = self.fs.of(&job.account);
         let weighted = f64::from(w.age) * age
             + f64::from(w.fairshare) * fairshare
             + f64::from(w.job_size) * job_size
@@ -182,30 +163,5 @@ impl<'v> Ranker<'v> {
             partition,
             nice: job.nice,
         }
-    }
-}
-
-/// FNV-1a: a fast hash for the few short names ordering looks up per job
-/// (the standard hasher guards against flooding, which these keys, from the
-/// pass's own input, need no guard against).
-#[derive(Default)]
-struct Fnv(u64);
-
-impl Hasher for Fnv {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        let mut h = if self.0 == 0 {
-            0xcbf2_9ce4_8422_2325
-        } else {
-            self.0
-        };
-        for &b in bytes {
-            h ^= u64::from(b);
-            h = h.wrapping_mul(0x0100_0000_01b3);
-        }
-        self.0 = h;
     }
 }
