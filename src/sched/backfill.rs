@@ -46,7 +46,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
-use crate::model::{Allocation, JobId, Millis, Placement};
+use crate::model::{Allocation, JobId, Millis, NodeAllocation, Placement};
 
 use super::check::{self, Candidate, Resolved, Scope};
 use super::plan::Reservation;
@@ -135,6 +135,16 @@ pub(super) fn run<'v>(
     let up: Vec<_> = pool.nodes.iter().map(|n| n.view).collect();
     let parts = Partitions::new(&view.policy.policy, &up);
     let mut quotas = Quotas::new(&view.policy);
+    // Jobs some running jobs are stopping for (`super::preempt_for`).
+    let preemptors: BTreeSet<JobId> = view
+        .policy
+        .running
+        .iter()
+        .filter_map(|r| r.preempted_for)
+        .collect();
+    // Running jobs' releases, in time order, by node position: worked out
+    // once for every reservation of the pass.
+    let releases = Releases::new(&pool, &view.running, now);
     // Preemption simulates on copies of the pool: a few per pass.
     let mut preempt_tries = MAX_PREEMPT_TRIES;
     let mut verdicts: BTreeMap<Request, Result<Resolved, String>> = BTreeMap::new();
@@ -253,6 +263,7 @@ pub(super) fn run<'v>(
                     gpus,
                     &quotas,
                     &mut preempt_tries,
+                    &preemptors,
                 )
                 .filter(|(p, at)| {
                     let victims: Vec<&Allocation> = view
@@ -285,7 +296,7 @@ pub(super) fn run<'v>(
                 if holds.len() < cfg.depth {
                     let timeline = Timeline {
                         pool: &pool,
-                        running: &view.running,
+                        running: &releases,
                         stopping: &stopping,
                         started: &started,
                         holds: &holds,
@@ -366,9 +377,9 @@ fn clear_of_holds(
         p.charge(&h.alloc);
     }
     at.nodes.iter().all(|na| {
-        p.by_name.get(na.node.as_str()).is_some_and(|&i| {
+        p.position(&na.node).is_some_and(|i| {
             let n = &p.nodes[i];
-            na.gpus.iter().all(|g| n.gpus.contains(g))
+            na.gpus.iter().all(|&g| n.gpus.contains(g))
                 && n.cpus >= u64::from(na.cpu_count)
                 && n.memory_mb >= na.memory_mb
         })
@@ -397,11 +408,45 @@ fn free_during<'p, 'v>(
     Cow::Owned(p)
 }
 
+/// Running jobs' releases for backfill's timeline, sorted once per pass:
+/// each with its expected end (a past one counts as "any moment", now + 1)
+/// and its parts resolved to node positions in the pass's pool (parts on
+/// nodes that are not up are dropped: they free nothing the pass uses).
+/// Jobs never known to end are not in it.
+struct Releases<'v> {
+    ends: Vec<Release<'v>>,
+}
+
+/// When a running job ends, which, and its parts by node position.
+type Release<'v> = (Millis, JobId, Vec<(usize, &'v NodeAllocation)>);
+
+impl<'v> Releases<'v> {
+    fn new(pool: &Pool, running: &'v [RunningJob], now: Millis) -> Releases<'v> {
+        let mut ends: Vec<Release> = running
+            .iter()
+            .filter_map(|r| {
+                let at = r.expected_end?.max(now + 1);
+                let parts = r
+                    .allocation
+                    .nodes
+                    .iter()
+                    .filter_map(|na| Some((pool.position(&na.node)?, na)))
+                    .collect();
+                Some((at, r.id, parts))
+            })
+            .collect();
+        // Stable: releases at one time keep the view's order (their order
+        // does not change what is free after them anyway).
+        ends.sort_by_key(|e| e.0);
+        Releases { ends }
+    }
+}
+
 /// Free capacity over time, for one reservation's search.
 struct Timeline<'a, 'v> {
     /// Free now, after this pass's starts.
     pool: &'a Pool<'v>,
-    running: &'a [RunningJob],
+    running: &'a Releases<'v>,
     /// Jobs in `running` whose release the timeline ignores.
     stopping: &'a BTreeSet<JobId>,
     started: &'a [(Option<Millis>, Allocation)],
@@ -420,38 +465,48 @@ impl Timeline<'_, '_> {
         allowed: &[bool],
         packing: Packing,
     ) -> Option<(Millis, Allocation)> {
-        // Releases in time order; a past expected end means "any moment".
-        let mut ends: Vec<(Millis, &Allocation)> = self
+        // Releases in time order: the running jobs' (sorted once per pass)
+        // and this pass's starts'.
+        let running: Vec<&Release> = self
             .running
+            .ends
             .iter()
-            .filter(|r| !self.stopping.contains(&r.id))
-            .filter_map(|r| Some((r.expected_end?.max(self.now + 1), &r.allocation)))
-            .chain(
-                self.started
-                    .iter()
-                    .filter_map(|(e, a)| Some(((*e)?.max(self.now + 1), a))),
-            )
+            .filter(|e| self.stopping.is_empty() || !self.stopping.contains(&e.1))
             .collect();
-        ends.sort_by_key(|e| e.0);
-        let mut times: Vec<Millis> = ends
+        let mut started: Vec<(Millis, &Allocation)> = self
+            .started
             .iter()
-            .map(|e| e.0)
-            .chain(self.holds.iter().filter_map(|h| h.end))
-            .filter(|&t| t > self.now)
+            .filter_map(|(e, a)| Some(((*e)?.max(self.now + 1), a)))
             .collect();
+        started.sort_by_key(|e| e.0);
+        let mut times: Vec<Millis> = Vec::with_capacity(running.len() + started.len());
+        for e in &running {
+            if times.last() != Some(&e.0) {
+                times.push(e.0);
+            }
+        }
+        times.extend(started.iter().map(|e| e.0));
+        times.extend(self.holds.iter().filter_map(|h| h.end));
+        times.retain(|&t| t > self.now);
         times.sort_unstable();
         times.dedup();
 
         let need = u64::from(resolved.per_node.gpus) * u64::from(resolved.nodes);
         let mut at = self.pool.clone();
-        let mut next = 0;
+        let (mut next_run, mut next_started) = (0, 0);
         for (i, &t) in times.iter().enumerate() {
             if i >= self.max_times {
                 return None;
             }
-            while next < ends.len() && ends[next].0 <= t {
-                at.release(ends[next].1);
-                next += 1;
+            while next_run < running.len() && running[next_run].0 <= t {
+                for &(pos, na) in &running[next_run].2 {
+                    at.release_node(pos, na);
+                }
+                next_run += 1;
+            }
+            while next_started < started.len() && started[next_started].0 <= t {
+                at.release(started[next_started].1);
+                next_started += 1;
             }
             let to = job.time_limit_secs.map(|s| end_of(t, s));
             // Free GPUs the overlapping reservations take: an exact count.

@@ -55,8 +55,10 @@ mod constraints;
 mod cpus;
 pub mod fairshare;
 mod gpus;
+mod gpuset;
 mod plan;
 mod policy;
+mod pool;
 mod preempt;
 pub mod priority;
 mod quota;
@@ -67,9 +69,9 @@ mod view;
 #[cfg(test)]
 mod tests;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 
-use crate::model::{Allocation, Millis, NodeAllocation, Placement};
+use crate::model::{Allocation, Millis};
 
 pub use backfill::BackfillConfig;
 pub use check::{check_allocation, feasible};
@@ -83,6 +85,7 @@ pub use view::{
 };
 
 use check::{Candidate, Resolved};
+use pool::Pool;
 
 /// How a pass chooses among the nodes a job fits on.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -176,13 +179,17 @@ fn preempt_for(
     gpus: u64,
     quotas: &quota::Quotas,
     tries: &mut u32,
+    preemptors: &BTreeSet<crate::model::JobId>,
 ) -> Option<(Option<Preemption>, Allocation)> {
-    let stopping: Vec<&ActiveJob> = view
-        .policy
-        .running
-        .iter()
-        .filter(|r| r.preempted_for == Some(job.id))
-        .collect();
+    let stopping: Vec<&ActiveJob> = if preemptors.contains(&job.id) {
+        view.policy
+            .running
+            .iter()
+            .filter(|r| r.preempted_for == Some(job.id))
+            .collect()
+    } else {
+        Vec::new()
+    };
     if !stopping.is_empty() {
         let mut freed = pool.clone();
         for r in &stopping {
@@ -222,6 +229,8 @@ struct Partitions {
     members: Vec<Vec<bool>>,
     up: Vec<bool>,
     default: String,
+    /// [`Partitions::of`] for a job that names no partition (most do not).
+    of_default: Option<usize>,
 }
 
 impl Partitions {
@@ -232,6 +241,7 @@ impl Partitions {
             members: Vec::new(),
             up: Vec::new(),
             default: policy.default_partition(),
+            of_default: None,
         };
         for (name, part) in all {
             let set = part.node_set();
@@ -244,12 +254,25 @@ impl Partitions {
             );
             p.up.push(part.state == crate::model::PartitionState::Up);
         }
+        let d = p.find(&p.default);
+        p.of_default = d;
         p
+    }
+
+    fn find(&self, name: &str) -> Option<usize> {
+        let i = self.names.iter().position(|x| x == name)?;
+        self.up[i].then_some(i)
     }
 
     /// The index of the job's partition, or `None` when it is down. A
     /// partition removed since the job was queued counts as the default.
     fn of(&self, job: &PendingJob) -> Option<usize> {
+        // Most jobs name the default (resolved at submit) or none.
+        if job.partition == self.default
+            || (job.partition.is_empty() && !self.names.iter().any(String::is_empty))
+        {
+            return self.of_default;
+        }
         let find = |n: &str| self.names.iter().position(|x| x == n);
         let i = find(&job.partition).or_else(|| find(&self.default))?;
         self.up[i].then_some(i)
@@ -266,300 +289,4 @@ fn up_nodes<'v>(views: &[&'v NodeView]) -> Vec<&'v NodeView> {
     up.sort_by(|a, b| a.name.cmp(&b.name));
     up.dedup_by(|later, first| later.name == first.name);
     up
-}
-
-/// The free resources of the up nodes during a pass.
-#[derive(Clone)]
-struct Pool<'v> {
-    /// Up nodes, sorted by name.
-    nodes: Vec<FreeNode<'v>>,
-    /// Sum of free GPUs over `nodes`, to turn a job away without a scan.
-    free_gpus: u64,
-    /// Node position by name, for charging an allocation.
-    by_name: BTreeMap<&'v str, usize>,
-}
-
-#[derive(Clone)]
-struct FreeNode<'v> {
-    view: &'v NodeView,
-    gpus: BTreeSet<u32>,
-    cpus: u64,
-    /// CPU ids put in cpusets earlier in this pass. The node's free ids are
-    /// worked out only where a job lands, not for every node of every pass.
-    cpu_ids_taken: BTreeSet<u32>,
-    /// CPU ids of jobs a preemption simulation stopped.
-    cpu_ids_freed: BTreeSet<u32>,
-    memory_mb: u64,
-    /// MASTER_PORTs still free for a job with its rank 0 here.
-    ports: u32,
-    /// The latest expected end of the jobs running here when the pass began
-    /// (0: none; `Millis::MAX`: one never known to end). Of nodes a job fits
-    /// equally well, it goes to the one busy longest, so the nodes about to
-    /// drain get no new work and become whole sooner for whole-node jobs.
-    busy_until: Millis,
-}
-
-impl FreeNode<'_> {
-    fn free(&self) -> Capacity {
-        Capacity {
-            gpus: self.gpus.len() as u64,
-            cpus: self.cpus,
-            memory_mb: self.memory_mb,
-        }
-    }
-}
-
-impl<'v> Pool<'v> {
-    fn new(
-        up: &[&'v NodeView],
-        master_ports: Option<u32>,
-        running: &[view::RunningJob],
-    ) -> Pool<'v> {
-        let mut busy: BTreeMap<&str, Millis> = BTreeMap::new();
-        for r in running {
-            let end = r.expected_end.unwrap_or(Millis::MAX);
-            for na in r.allocation.nodes.iter().filter(|na| !na.gpus.is_empty()) {
-                let b = busy.entry(na.node.as_str()).or_default();
-                *b = (*b).max(end);
-            }
-        }
-        let nodes: Vec<FreeNode> = up
-            .iter()
-            .map(|&view| FreeNode {
-                view,
-                gpus: view.free_gpus(),
-                cpus: view.free_cpus(),
-                cpu_ids_taken: BTreeSet::new(),
-                cpu_ids_freed: BTreeSet::new(),
-                memory_mb: view.free_memory_mb(),
-                ports: master_ports.map_or(u32::MAX, |m| m.saturating_sub(view.used.master_ports)),
-                busy_until: busy.get(view.name.as_str()).copied().unwrap_or(0),
-            })
-            .collect();
-        let free_gpus = nodes.iter().map(|n| n.gpus.len() as u64).sum();
-        let by_name = nodes
-            .iter()
-            .enumerate()
-            .map(|(i, n)| (n.view.name.as_str(), i))
-            .collect();
-        Pool {
-            nodes,
-            free_gpus,
-            by_name,
-        }
-    }
-
-    /// For each node, whether `placement` allows it.
-    fn allowed(&self, placement: &Placement) -> Vec<bool> {
-        self.nodes
-            .iter()
-            .map(|n| {
-                !placement.restricts_nodes()
-                    || constraints::allows(&n.view.name, &n.view.inventory, placement)
-            })
-            .collect()
-    }
-
-    /// Where `job`, in its `resolved` shape, would go now, whole; or why it
-    /// waits. `allowed` is [`Pool::allowed`] for its placement.
-    fn place(
-        &self,
-        job: &PendingJob,
-        resolved: Resolved,
-        allowed: &[bool],
-        packing: Packing,
-    ) -> Result<Allocation, PendingReason> {
-        let shape = resolved.per_node;
-        let want = resolved.nodes as usize;
-        if self.free_gpus < u64::from(shape.gpus) * u64::from(resolved.nodes) {
-            return Err(PendingReason::Resources);
-        }
-        let cpu_count = u32::try_from(shape.cpus).map_err(|_| PendingReason::Resources)?;
-        let fitting: Vec<usize> = (0..self.nodes.len())
-            .filter(|&i| allowed[i] && self.nodes[i].free().holds(&shape))
-            .collect();
-        if fitting.len() < want {
-            return Err(PendingReason::Resources);
-        }
-        // A one-node job is its own rank 0: only nodes with a port free.
-        let fitting = match want {
-            1 => {
-                let with_port: Vec<usize> = fitting
-                    .into_iter()
-                    .filter(|&i| self.nodes[i].ports > 0)
-                    .collect();
-                if with_port.is_empty() {
-                    return Err(PendingReason::NoMasterPort);
-                }
-                with_port
-            }
-            _ => fitting,
-        };
-        let fits: Vec<topology::Fit> = fitting
-            .iter()
-            .map(|&i| {
-                let n = &self.nodes[i];
-                let free = n.free();
-                topology::Fit {
-                    name: &n.view.name,
-                    topology: &n.view.inventory.topology,
-                    left: (
-                        free.gpus - u64::from(shape.gpus),
-                        free.cpus - shape.cpus,
-                        free.memory_mb - shape.memory_mb,
-                    ),
-                    busy_until: n.busy_until,
-                }
-            })
-            .collect();
-        let strict = job.placement.topology;
-        let levels_up = strict.map(|t| t.levels_up());
-        // A restarting gang keeps its healthy nodes at their ranks.
-        let kept = restart::keep_healthy(&job.previous, &fits, want, levels_up);
-        let mut chosen: Vec<usize> = match kept {
-            Some(ranks) => ranks.into_iter().map(|f| fitting[f]).collect(),
-            None => self.choose(&fits, &fitting, want, strict, packing)?,
-        };
-        self.rank0_with_port(&mut chosen)?;
-        let nodes = chosen
-            .into_iter()
-            .enumerate()
-            .map(|(rank, i)| {
-                let n = &self.nodes[i];
-                let again = job
-                    .previous
-                    .get(rank)
-                    .filter(|p| p.node == n.view.name)
-                    .and_then(|p| restart::same_gpus(p, &n.gpus, shape.gpus));
-                let gpus = match again {
-                    Some(gpus) => gpus,
-                    None => pick_gpus(&n.view.inventory, &n.gpus, shape.gpus)?,
-                };
-                let gpus_left: BTreeSet<u32> = n
-                    .gpus
-                    .iter()
-                    .copied()
-                    .filter(|g| !gpus.contains(g))
-                    .collect();
-                let mut cpu_ids = n.view.free_cpu_ids();
-                cpu_ids.extend(n.cpu_ids_freed.iter().copied());
-                cpu_ids.retain(|c| !n.cpu_ids_taken.contains(c));
-                let cpus = pick_cpus(&n.view.inventory, &gpus, &gpus_left, &cpu_ids, cpu_count);
-                Some(NodeAllocation {
-                    node: n.view.name.clone(),
-                    gpus,
-                    cpus,
-                    cpu_count,
-                    memory_mb: shape.memory_mb,
-                })
-            })
-            .collect::<Option<Vec<_>>>()
-            .ok_or(PendingReason::Resources)?;
-        Ok(Allocation { job: job.id, nodes })
-    }
-
-    /// Gives back what `alloc` holds (a running job's expected end, on
-    /// backfill's timeline, or a preemption victim, in a simulation on a copy
-    /// of the pool): healthy GPUs only, counts up to capacity.
-    fn release(&mut self, alloc: &Allocation) {
-        for na in &alloc.nodes {
-            let Some(&i) = self.by_name.get(na.node.as_str()) else {
-                continue;
-            };
-            let n = &mut self.nodes[i];
-            for g in &na.gpus {
-                let healthy = n
-                    .view
-                    .inventory
-                    .gpus
-                    .iter()
-                    .any(|x| x.index == *g && x.healthy);
-                if healthy && n.gpus.insert(*g) {
-                    self.free_gpus += 1;
-                }
-            }
-            n.cpu_ids_freed.extend(na.cpus.iter().copied());
-            n.cpus = (n.cpus + u64::from(na.cpu_count)).min(u64::from(n.view.inventory.cpus));
-            n.memory_mb = (n.memory_mb + na.memory_mb).min(n.view.inventory.memory_mb);
-        }
-    }
-
-    /// Whether GPU `gpu` of `node` is free in this pool.
-    fn is_free_gpu(&self, node: &str, gpu: u32) -> bool {
-        self.by_name
-            .get(node)
-            .is_some_and(|&i| self.nodes[i].gpus.contains(&gpu))
-    }
-
-    /// The nodes (positions into `self.nodes`, in rank order) a job placed
-    /// from scratch goes to: `fits` are the `fitting` nodes with what each
-    /// would have left.
-    fn choose(
-        &self,
-        fits: &[topology::Fit],
-        fitting: &[usize],
-        want: usize,
-        strict: Option<crate::model::TopologyRequirement>,
-        packing: Packing,
-    ) -> Result<Vec<usize>, PendingReason> {
-        let chosen: Vec<usize> = match (packing, strict) {
-            (_, _) if want == 1 && packing == Packing::FirstFit => vec![0],
-            (_, _) if want == 1 => {
-                // Best fit: least left free, then busy longest; names are
-                // unique, so the order is total.
-                let best = (0..fits.len()).min_by_key(|&f| fits[f].best_fit_key());
-                best.into_iter().collect()
-            }
-            (Packing::FirstFit, None) => (0..want).collect(),
-            (_, strict) => topology::choose_gang(fits, want, strict.map(|t| t.levels_up())).ok_or(
-                match strict {
-                    Some(level) => PendingReason::Topology(level),
-                    None => PendingReason::Resources,
-                },
-            )?,
-        };
-        let mut chosen: Vec<usize> = chosen.into_iter().map(|f| fitting[f]).collect();
-        // Node ranks in topology-path, then name, order: rank 0 (MASTER_ADDR)
-        // is the first, and a leaf's nodes are neighbouring ranks.
-        chosen.sort_by_key(|&i| {
-            let v = self.nodes[i].view;
-            (v.inventory.topology.as_str(), v.name.as_str())
-        });
-        Ok(chosen)
-    }
-
-    /// Makes rank 0 (the first of `chosen`) a node with a MASTER_PORT free:
-    /// the first in rank order that has one moves to the front.
-    fn rank0_with_port(&self, chosen: &mut Vec<usize>) -> Result<(), PendingReason> {
-        let first = chosen
-            .iter()
-            .position(|&i| self.nodes[i].ports > 0)
-            .ok_or(PendingReason::NoMasterPort)?;
-        if first > 0 {
-            let node = chosen.remove(first);
-            chosen.insert(0, node);
-        }
-        Ok(())
-    }
-
-    /// Takes what `alloc` holds out of the pool.
-    fn charge(&mut self, alloc: &Allocation) {
-        for (rank, na) in alloc.nodes.iter().enumerate() {
-            let Some(&i) = self.by_name.get(na.node.as_str()) else {
-                continue;
-            };
-            let n = &mut self.nodes[i];
-            if rank == 0 {
-                n.ports = n.ports.saturating_sub(1);
-            }
-            for g in &na.gpus {
-                if n.gpus.remove(g) {
-                    self.free_gpus -= 1;
-                }
-            }
-            n.cpu_ids_taken.extend(na.cpus.iter().copied());
-            n.cpus = n.cpus.saturating_sub(u64::from(na.cpu_count));
-            n.memory_mb = n.memory_mb.saturating_sub(na.memory_mb);
-        }
-    }
 }

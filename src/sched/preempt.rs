@@ -135,11 +135,7 @@ pub(super) fn find(
             .copied()
             .filter(|r| held_here(r).is_some())
             .collect();
-        let mut single = Pool {
-            nodes: vec![n.clone()],
-            free_gpus: n.gpus.len() as u64,
-            by_name: [(n.view.name.as_str(), 0)].into_iter().collect(),
-        };
+        let mut single = Pool::single(n);
         if single.nodes[0].free().holds(&shape) {
             per_node.push((i, Vec::new()));
             continue;

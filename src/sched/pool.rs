@@ -1,0 +1,355 @@
+//! The free resources of the up nodes during a pass: what [`Pool::place`]
+//! places on, what starts are charged to and what backfill's timeline and
+//! preemption's simulations give running jobs' resources back to.
+//!
+//! A pass copies the pool for every reservation it looks for and releases
+//! every running job into the copy, so copies and releases are kept cheap:
+//! free GPUs are bit sets ([`GpuSet`]), the name map is shared between
+//! copies, and the timeline releases by node position
+//! ([`Pool::release_node`]), worked out once per pass, not by name.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::rc::Rc;
+
+use crate::model::{Allocation, Millis, NodeAllocation, Placement};
+
+use super::check::Resolved;
+use super::gpuset::GpuSet;
+use super::view::{self, Capacity, NodeView, PendingJob};
+use super::{constraints, pick_cpus, pick_gpus, restart, topology, Packing, PendingReason};
+
+/// The free resources of the up nodes during a pass.
+#[derive(Clone)]
+pub(super) struct Pool<'v> {
+    /// Up nodes, sorted by name.
+    pub nodes: Vec<FreeNode<'v>>,
+    /// Free GPUs per node (`nodes[i].gpus.len()`), apart so that a job's
+    /// scan for nodes that fit reads 4 bytes a node, not the whole node.
+    gpu_count: Vec<u32>,
+    /// Sum of free GPUs over `nodes`, to turn a job away without a scan.
+    pub free_gpus: u64,
+    /// Node position by name, for charging an allocation; shared by copies.
+    by_name: Rc<BTreeMap<&'v str, usize>>,
+}
+
+#[derive(Clone)]
+pub(super) struct FreeNode<'v> {
+    pub view: &'v NodeView,
+    pub gpus: GpuSet,
+    /// The node's healthy GPUs: only those are given back by a release.
+    healthy: GpuSet,
+    pub cpus: u64,
+    /// CPU ids put in cpusets earlier in this pass. The node's free ids are
+    /// worked out only where a job lands, not for every node of every pass.
+    cpu_ids_taken: BTreeSet<u32>,
+    /// CPU ids of jobs a preemption simulation stopped.
+    cpu_ids_freed: BTreeSet<u32>,
+    pub memory_mb: u64,
+    /// MASTER_PORTs still free for a job with its rank 0 here.
+    ports: u32,
+    /// The latest expected end of the jobs running here when the pass began
+    /// (0: none; `Millis::MAX`: one never known to end). Of nodes a job fits
+    /// equally well, it goes to the one busy longest, so the nodes about to
+    /// drain get no new work and become whole sooner for whole-node jobs.
+    busy_until: Millis,
+}
+
+impl FreeNode<'_> {
+    pub fn free(&self) -> Capacity {
+        Capacity {
+            gpus: self.gpus.len() as u64,
+            cpus: self.cpus,
+            memory_mb: self.memory_mb,
+        }
+    }
+}
+
+impl<'v> Pool<'v> {
+    pub fn new(
+        up: &[&'v NodeView],
+        master_ports: Option<u32>,
+        running: &[view::RunningJob],
+    ) -> Pool<'v> {
+        let by_name: BTreeMap<&str, usize> = up
+            .iter()
+            .enumerate()
+            .map(|(i, n)| (n.name.as_str(), i))
+            .collect();
+        let mut busy: Vec<Millis> = vec![0; up.len()];
+        for r in running {
+            let end = r.expected_end.unwrap_or(Millis::MAX);
+            for na in r.allocation.nodes.iter().filter(|na| !na.gpus.is_empty()) {
+                if let Some(&i) = by_name.get(na.node.as_str()) {
+                    busy[i] = busy[i].max(end);
+                }
+            }
+        }
+        let nodes: Vec<FreeNode> = up
+            .iter()
+            .zip(busy)
+            .map(|(&view, busy_until)| {
+                let healthy: GpuSet = view
+                    .inventory
+                    .gpus
+                    .iter()
+                    .filter(|g| g.healthy)
+                    .map(|g| g.index)
+                    .collect();
+                FreeNode {
+                    view,
+                    gpus: view
+                        .inventory
+                        .gpus
+                        .iter()
+                        .filter(|g| g.healthy && !view.used.gpus.contains(&g.index))
+                        .map(|g| g.index)
+                        .collect(),
+                    healthy,
+                    cpus: view.free_cpus(),
+                    cpu_ids_taken: BTreeSet::new(),
+                    cpu_ids_freed: BTreeSet::new(),
+                    memory_mb: view.free_memory_mb(),
+                    ports: master_ports
+                        .map_or(u32::MAX, |m| m.saturating_sub(view.used.master_ports)),
+                    busy_until,
+                }
+            })
+            .collect();
+        Pool::of(nodes, Rc::new(by_name))
+    }
+
+    fn of(nodes: Vec<FreeNode<'v>>, by_name: Rc<BTreeMap<&'v str, usize>>) -> Pool<'v> {
+        let gpu_count: Vec<u32> = nodes.iter().map(|n| n.gpus.len() as u32).collect();
+        let free_gpus = gpu_count.iter().map(|&c| u64::from(c)).sum();
+        Pool {
+            nodes,
+            gpu_count,
+            free_gpus,
+            by_name,
+        }
+    }
+
+    /// A pool of one node, `n` (preemption's per-node simulations).
+    pub fn single(n: &FreeNode<'v>) -> Pool<'v> {
+        let by_name = [(n.view.name.as_str(), 0)].into_iter().collect();
+        Pool::of(vec![n.clone()], Rc::new(by_name))
+    }
+
+    /// The position of node `name` in `nodes`, if it is up.
+    pub fn position(&self, name: &str) -> Option<usize> {
+        self.by_name.get(name).copied()
+    }
+
+    /// For each node, whether `placement` allows it.
+    pub fn allowed(&self, placement: &Placement) -> Vec<bool> {
+        self.nodes
+            .iter()
+            .map(|n| {
+                !placement.restricts_nodes()
+                    || constraints::allows(&n.view.name, &n.view.inventory, placement)
+            })
+            .collect()
+    }
+
+    /// Where `job`, in its `resolved` shape, would go now, whole; or why it
+    /// waits. `allowed` is [`Pool::allowed`] for its placement.
+    pub fn place(
+        &self,
+        job: &PendingJob,
+        resolved: Resolved,
+        allowed: &[bool],
+        packing: Packing,
+    ) -> Result<Allocation, PendingReason> {
+        let shape = resolved.per_node;
+        let want = resolved.nodes as usize;
+        if self.free_gpus < u64::from(shape.gpus) * u64::from(resolved.nodes) {
+            return Err(PendingReason::Resources);
+        }
+        let cpu_count = u32::try_from(shape.cpus).map_err(|_| PendingReason::Resources)?;
+        let fitting: Vec<usize> = (0..self.nodes.len())
+            .filter(|&i| {
+                self.gpu_count[i] >= shape.gpus && allowed[i] && self.nodes[i].free().holds(&shape)
+            })
+            .collect();
+        if fitting.len() < want {
+            return Err(PendingReason::Resources);
+        }
+        // A one-node job is its own rank 0: only nodes with a port free.
+        let fitting = match want {
+            1 => {
+                let with_port: Vec<usize> = fitting
+                    .into_iter()
+                    .filter(|&i| self.nodes[i].ports > 0)
+                    .collect();
+                if with_port.is_empty() {
+                    return Err(PendingReason::NoMasterPort);
+                }
+                with_port
+            }
+            _ => fitting,
+        };
+        let fits: Vec<topology::Fit> = fitting
+            .iter()
+            .map(|&i| {
+                let n = &self.nodes[i];
+                let free = n.free();
+                topology::Fit {
+                    name: &n.view.name,
+                    topology: &n.view.inventory.topology,
+                    left: (
+                        free.gpus - u64::from(shape.gpus),
+                        free.cpus - shape.cpus,
+                        free.memory_mb - shape.memory_mb,
+                    ),
+                    busy_until: n.busy_until,
+                }
+            })
+            .collect();
+        let strict = job.placement.topology;
+        let levels_up = strict.map(|t| t.levels_up());
+        // A restarting gang keeps its healthy nodes at their ranks.
+        let kept = restart::keep_healthy(&job.previous, &fits, want, levels_up);
+        let mut chosen: Vec<usize> = match kept {
+            Some(ranks) => ranks.into_iter().map(|f| fitting[f]).collect(),
+            None => self.choose(&fits, &fitting, want, strict, packing)?,
+        };
+        self.rank0_with_port(&mut chosen)?;
+        let nodes = chosen
+            .into_iter()
+            .enumerate()
+            .map(|(rank, i)| {
+                let n = &self.nodes[i];
+                let free = n.gpus.to_set();
+                let again = job
+                    .previous
+                    .get(rank)
+                    .filter(|p| p.node == n.view.name)
+                    .and_then(|p| restart::same_gpus(p, &free, shape.gpus));
+                let gpus = match again {
+                    Some(gpus) => gpus,
+                    None => pick_gpus(&n.view.inventory, &free, shape.gpus)?,
+                };
+                let gpus_left: BTreeSet<u32> =
+                    free.iter().copied().filter(|g| !gpus.contains(g)).collect();
+                let mut cpu_ids = n.view.free_cpu_ids();
+                cpu_ids.extend(n.cpu_ids_freed.iter().copied());
+                cpu_ids.retain(|c| !n.cpu_ids_taken.contains(c));
+                let cpus = pick_cpus(&n.view.inventory, &gpus, &gpus_left, &cpu_ids, cpu_count);
+                Some(NodeAllocation {
+                    node: n.view.name.clone(),
+                    gpus,
+                    cpus,
+                    cpu_count,
+                    memory_mb: shape.memory_mb,
+                })
+            })
+            .collect::<Option<Vec<_>>>()
+            .ok_or(PendingReason::Resources)?;
+        Ok(Allocation { job: job.id, nodes })
+    }
+
+    /// Gives back what `alloc` holds (a running job's expected end, on
+    /// backfill's timeline, or a preemption victim, in a simulation on a copy
+    /// of the pool): healthy GPUs only, counts up to capacity.
+    pub fn release(&mut self, alloc: &Allocation) {
+        for na in &alloc.nodes {
+            if let Some(i) = self.position(&na.node) {
+                self.release_node(i, na);
+            }
+        }
+    }
+
+    /// [`Pool::release`] of one part of an allocation, on the node at
+    /// position `i` (which `na` names).
+    pub fn release_node(&mut self, i: usize, na: &NodeAllocation) {
+        let n = &mut self.nodes[i];
+        for &g in &na.gpus {
+            if n.healthy.contains(g) && n.gpus.insert(g) {
+                self.free_gpus += 1;
+                self.gpu_count[i] += 1;
+            }
+        }
+        n.cpu_ids_freed.extend(na.cpus.iter().copied());
+        n.cpus = (n.cpus + u64::from(na.cpu_count)).min(u64::from(n.view.inventory.cpus));
+        n.memory_mb = (n.memory_mb + na.memory_mb).min(n.view.inventory.memory_mb);
+    }
+
+    /// Whether GPU `gpu` of `node` is free in this pool.
+    pub fn is_free_gpu(&self, node: &str, gpu: u32) -> bool {
+        self.position(node)
+            .is_some_and(|i| self.nodes[i].gpus.contains(gpu))
+    }
+
+    /// The nodes (positions into `self.nodes`, in rank order) a job placed
+    /// from scratch goes to: `fits` are the `fitting` nodes with what each
+    /// would have left.
+    fn choose(
+        &self,
+        fits: &[topology::Fit],
+        fitting: &[usize],
+        want: usize,
+        strict: Option<crate::model::TopologyRequirement>,
+        packing: Packing,
+    ) -> Result<Vec<usize>, PendingReason> {
+        let chosen: Vec<usize> = match (packing, strict) {
+            (_, _) if want == 1 && packing == Packing::FirstFit => vec![0],
+            (_, _) if want == 1 => {
+                // Best fit: least left free, then busy longest; names are
+                // unique, so the order is total.
+                let best = (0..fits.len()).min_by_key(|&f| fits[f].best_fit_key());
+                best.into_iter().collect()
+            }
+            (Packing::FirstFit, None) => (0..want).collect(),
+            (_, strict) => topology::choose_gang(fits, want, strict.map(|t| t.levels_up())).ok_or(
+                match strict {
+                    Some(level) => PendingReason::Topology(level),
+                    None => PendingReason::Resources,
+                },
+            )?,
+        };
+        let mut chosen: Vec<usize> = chosen.into_iter().map(|f| fitting[f]).collect();
+        // Node ranks in topology-path, then name, order: rank 0 (MASTER_ADDR)
+        // is the first, and a leaf's nodes are neighbouring ranks.
+        chosen.sort_by_key(|&i| {
+            let v = self.nodes[i].view;
+            (v.inventory.topology.as_str(), v.name.as_str())
+        });
+        Ok(chosen)
+    }
+
+    /// Makes rank 0 (the first of `chosen`) a node with a MASTER_PORT free:
+    /// the first in rank order that has one moves to the front.
+    fn rank0_with_port(&self, chosen: &mut Vec<usize>) -> Result<(), PendingReason> {
+        let first = chosen
+            .iter()
+            .position(|&i| self.nodes[i].ports > 0)
+            .ok_or(PendingReason::NoMasterPort)?;
+        if first > 0 {
+            let node = chosen.remove(first);
+            chosen.insert(0, node);
+        }
+        Ok(())
+    }
+
+    /// Takes what `alloc` holds out of the pool.
+    pub fn charge(&mut self, alloc: &Allocation) {
+        for (rank, na) in alloc.nodes.iter().enumerate() {
+            let Some(i) = self.position(&na.node) else {
+                continue;
+            };
+            let n = &mut self.nodes[i];
+            if rank == 0 {
+                n.ports = n.ports.saturating_sub(1);
+            }
+            for &g in &na.gpus {
+                if n.gpus.remove(g) {
+                    self.free_gpus -= 1;
+                    self.gpu_count[i] -= 1;
+                }
+            }
+            n.cpu_ids_taken.extend(na.cpus.iter().copied());
+            n.cpus = n.cpus.saturating_sub(u64::from(na.cpu_count));
+            n.memory_mb = n.memory_mb.saturating_sub(na.memory_mb);
+        }
+    }
+}
