@@ -9,6 +9,7 @@ pub mod gpu;
 pub mod health;
 pub mod host;
 mod identity;
+mod ledger;
 mod login;
 pub mod logs;
 mod node;

@@ -1,0 +1,384 @@
+//! The compute agent's ledger: what it was told (the desired tasks of the
+//! current connection) and what it reported (starts and ends, in numbered
+//! batches kept until the leader acknowledges them), and one reconcile step
+//! between the two.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use super::compute::{Observed, TaskKey, TaskRunner};
+use crate::model::{TaskEnd, TaskEvent, TaskEventKind};
+use crate::net::agent_proto::DesiredTask;
+
+pub(super) fn key_of(t: &DesiredTask) -> TaskKey {
+    (t.job.0, t.attempt, t.rank)
+}
+
+fn event(key: TaskKey, kind: TaskEventKind) -> TaskEvent {
+    TaskEvent {
+        job: crate::model::JobId(key.0),
+        attempt: key.1,
+        rank: key.2,
+        kind,
+    }
+}
+
+/// Starts the tasks, up to the runner's `parallel_starts` at a time;
+/// results in order.
+fn start_all(
+    runner: &dyn TaskRunner,
+    tasks: Vec<(TaskKey, &DesiredTask)>,
+) -> Vec<(TaskKey, Result<(), String>)> {
+    let parallel = runner.parallel_starts().max(1);
+    if tasks.len() <= 1 || parallel == 1 {
+        return tasks
+            .into_iter()
+            .map(|(key, task)| (key, runner.start(task)))
+            .collect();
+    }
+    let mut results = Vec::with_capacity(tasks.len());
+    for chunk in tasks.chunks(parallel) {
+        std::thread::scope(|scope| {
+            let handles: Vec<_> = chunk
+                .iter()
+                .map(|&(key, task)| (key, scope.spawn(move || runner.start(task))))
+                .collect();
+            for (key, handle) in handles {
+                let started = handle
+                    .join()
+                    .unwrap_or_else(|_| Err("the task's start panicked".to_string()));
+                results.push((key, started));
+            }
+        });
+    }
+    results
+}
+
+/// The agent's memory of what it reported and what it was told.
+#[derive(Default)]
+pub(super) struct Ledger {
+    /// The desired set of the current connection; `None` until it arrived.
+    pub(super) desired: Option<HashMap<TaskKey, DesiredTask>>,
+    started_reported: BTreeSet<TaskKey>,
+    ended_reported: BTreeSet<TaskKey>,
+    /// Ends the leader has committed.
+    ended_committed: BTreeSet<TaskKey>,
+    /// Event batches not yet acknowledged, by sequence number.
+    pub(super) unacked: BTreeMap<u64, Vec<TaskEvent>>,
+    next_seq: u64,
+}
+
+impl Ledger {
+    /// One reconcile step: returns the new events to send.
+    pub(super) fn reconcile(&mut self, runner: &dyn TaskRunner) -> Vec<TaskEvent> {
+        let observed = runner.scan();
+        let mut events = Vec::new();
+        let mut seen = BTreeSet::new();
+        // A task still stopping holds its GPUs: start nothing new on this
+        // node until it is gone (a requeued job's stale rank, a cancel).
+        let stopping = self.desired.as_ref().is_some_and(|d| {
+            observed
+                .iter()
+                .any(|(k, o)| *o == Observed::Running && !d.contains_key(k))
+        });
+        for (key, obs) in observed {
+            seen.insert(key);
+            let desired = self.desired.as_ref().map(|d| d.contains_key(&key));
+            match obs {
+                Observed::Running => {
+                    if self.started_reported.insert(key) {
+                        events.push(event(key, TaskEventKind::Started));
+                    }
+                    if desired == Some(false) {
+                        runner.stop(key);
+                    }
+                }
+                Observed::Ended(end) => {
+                    if self.started_reported.insert(key)
+                        && !matches!(end, TaskEnd::LaunchFailed { .. })
+                    {
+                        events.push(event(key, TaskEventKind::Started));
+                    }
+                    if self.ended_reported.insert(key) {
+                        events.push(event(key, TaskEventKind::Ended(end)));
+                    }
+                    if self.ended_committed.contains(&key) && desired == Some(false) {
+                        runner.forget(key);
+                        self.started_reported.remove(&key);
+                        self.ended_reported.remove(&key);
+                        self.ended_committed.remove(&key);
+                    }
+                }
+            }
+        }
+        let to_start: Vec<(TaskKey, &DesiredTask)> = match &self.desired {
+            Some(desired) if !stopping => desired
+                .iter()
+                .filter(|(key, _)| !seen.contains(*key) && !self.ended_reported.contains(*key))
+                .map(|(key, task)| (*key, task))
+                .collect(),
+            _ => Vec::new(),
+        };
+        for (key, started) in start_all(runner, to_start) {
+            match started {
+                // Launched: report it now rather than at the next scan.
+                Ok(()) => {
+                    if self.started_reported.insert(key) {
+                        events.push(event(key, TaskEventKind::Started));
+                    }
+                }
+                Err(reason) => {
+                    tracing::warn!(job = key.0, rank = key.2, %reason, "task could not start");
+                    self.started_reported.insert(key);
+                    self.ended_reported.insert(key);
+                    events.push(event(
+                        key,
+                        TaskEventKind::Ended(TaskEnd::LaunchFailed { reason }),
+                    ));
+                }
+            }
+        }
+        events
+    }
+
+    pub(super) fn queue(&mut self, events: Vec<TaskEvent>) -> Option<(u64, Vec<TaskEvent>)> {
+        if events.is_empty() {
+            return None;
+        }
+        self.next_seq += 1;
+        self.unacked.insert(self.next_seq, events.clone());
+        Some((self.next_seq, events))
+    }
+
+    pub(super) fn committed(&mut self, seq: u64) {
+        let acked: Vec<u64> = self.unacked.range(..=seq).map(|(s, _)| *s).collect();
+        for s in acked {
+            if let Some(batch) = self.unacked.remove(&s) {
+                for ev in batch {
+                    if let TaskEventKind::Ended(_) = ev.kind {
+                        self.ended_committed.insert((ev.job.0, ev.attempt, ev.rank));
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use super::*;
+    use crate::model::{JobId, Program};
+
+    #[derive(Default)]
+    struct FakeRunner {
+        tasks: Mutex<BTreeMap<TaskKey, Observed>>,
+        started: Mutex<Vec<TaskKey>>,
+        stopped: Mutex<Vec<TaskKey>>,
+        refuse: Mutex<bool>,
+        parallel: usize,
+    }
+
+    impl TaskRunner for FakeRunner {
+        fn parallel_starts(&self) -> usize {
+            self.parallel
+        }
+        fn start(&self, task: &DesiredTask) -> Result<(), String> {
+            if *self.refuse.lock().unwrap() {
+                return Err("no shim".into());
+            }
+            self.started.lock().unwrap().push(key_of(task));
+            self.tasks
+                .lock()
+                .unwrap()
+                .insert(key_of(task), Observed::Running);
+            Ok(())
+        }
+        fn stop(&self, key: TaskKey) {
+            self.stopped.lock().unwrap().push(key);
+        }
+        fn scan(&self) -> Vec<(TaskKey, Observed)> {
+            self.tasks
+                .lock()
+                .unwrap()
+                .iter()
+                .map(|(k, v)| (*k, v.clone()))
+                .collect()
+        }
+        fn forget(&self, key: TaskKey) {
+            self.tasks.lock().unwrap().remove(&key);
+        }
+    }
+
+    fn task(job: u64, rank: u32) -> DesiredTask {
+        DesiredTask {
+            job: JobId(job),
+            attempt: 0,
+            rank,
+            node_rank: 0,
+            local_rank: rank,
+            ntasks_per_node: 2,
+            num_nodes: 1,
+            nodelist: vec!["n1".into()],
+            user: "alice".into(),
+            job_name: "j".into(),
+            program: Program::Command {
+                argv: vec!["true".into()],
+            },
+            workdir: "/tmp".into(),
+            env: vec![],
+            output: None,
+            error: None,
+            gpus: vec![0, 1],
+            cpus: vec![],
+            cpu_count: 2,
+            memory_mb: 1024,
+            time_limit_secs: None,
+            master_addr: "127.0.0.1".into(),
+            master_port: 29500,
+            signal: None,
+            array: None,
+            kill_grace_secs: None,
+        }
+    }
+
+    fn desire(ledger: &mut Ledger, tasks: &[DesiredTask]) {
+        ledger.desired = Some(tasks.iter().map(|t| (key_of(t), t.clone())).collect());
+    }
+
+    #[test]
+    fn starts_desired_tasks_once_and_reports_each_event_once() {
+        let runner = FakeRunner::default();
+        let mut ledger = Ledger::default();
+        desire(&mut ledger, &[task(1, 0), task(1, 1)]);
+        let ev = ledger.reconcile(&runner);
+        assert_eq!(runner.started.lock().unwrap().len(), 2);
+        assert_eq!(ev.len(), 2, "starts are reported as they are launched");
+        assert!(ev.iter().all(|e| e.kind == TaskEventKind::Started));
+        assert!(ledger.reconcile(&runner).is_empty(), "no repeats");
+        assert_eq!(
+            runner.started.lock().unwrap().len(),
+            2,
+            "never started twice"
+        );
+
+        runner
+            .tasks
+            .lock()
+            .unwrap()
+            .insert((1, 0, 0), Observed::Ended(TaskEnd::Completed));
+        let ev = ledger.reconcile(&runner);
+        assert_eq!(
+            ev,
+            vec![event((1, 0, 0), TaskEventKind::Ended(TaskEnd::Completed))]
+        );
+        // Still desired (the other rank runs): kept, not restarted.
+        ledger.reconcile(&runner);
+        assert_eq!(runner.started.lock().unwrap().len(), 2);
+        assert!(runner.tasks.lock().unwrap().contains_key(&(1, 0, 0)));
+    }
+
+    #[test]
+    fn parallel_starts_start_each_task_once_and_report_each_start() {
+        let runner = FakeRunner {
+            parallel: 3,
+            ..FakeRunner::default()
+        };
+        let mut ledger = Ledger::default();
+        let tasks: Vec<DesiredTask> = (0..7).map(|rank| task(5, rank)).collect();
+        desire(&mut ledger, &tasks);
+        let ev = ledger.reconcile(&runner);
+        let mut started = runner.started.lock().unwrap().clone();
+        started.sort();
+        let want: Vec<TaskKey> = (0..7).map(|rank| (5, 0, rank)).collect();
+        assert_eq!(started, want, "every rank started exactly once");
+        let mut reported: Vec<TaskKey> = ev
+            .iter()
+            .filter(|e| e.kind == TaskEventKind::Started)
+            .map(|e| (e.job.0, e.attempt, e.rank))
+            .collect();
+        reported.sort();
+        assert_eq!(reported, want, "each start reported once");
+        assert!(ledger.reconcile(&runner).is_empty());
+
+        // Refused starts, in parallel too, are each one launch failure.
+        let runner = FakeRunner {
+            parallel: 3,
+            ..FakeRunner::default()
+        };
+        *runner.refuse.lock().unwrap() = true;
+        let mut ledger = Ledger::default();
+        desire(&mut ledger, &tasks[..4]);
+        let ev = ledger.reconcile(&runner);
+        assert_eq!(ev.len(), 4);
+        assert!(ev
+            .iter()
+            .all(|e| matches!(e.kind, TaskEventKind::Ended(TaskEnd::LaunchFailed { .. }))));
+    }
+
+    #[test]
+    fn forgets_ended_tasks_only_after_commit_and_when_not_desired() {
+        let runner = FakeRunner::default();
+        let mut ledger = Ledger::default();
+        desire(&mut ledger, &[task(2, 0)]);
+        ledger.reconcile(&runner);
+        runner
+            .tasks
+            .lock()
+            .unwrap()
+            .insert((2, 0, 0), Observed::Ended(TaskEnd::Completed));
+        let ev = ledger.reconcile(&runner);
+        let (seq, _) = ledger.queue(ev).unwrap();
+        desire(&mut ledger, &[]);
+        ledger.reconcile(&runner);
+        assert!(
+            runner.tasks.lock().unwrap().contains_key(&(2, 0, 0)),
+            "kept until committed"
+        );
+        ledger.committed(seq);
+        assert!(ledger.unacked.is_empty());
+        ledger.reconcile(&runner);
+        assert!(
+            runner.tasks.lock().unwrap().is_empty(),
+            "forgotten after commit"
+        );
+    }
+
+    #[test]
+    fn stops_undesired_tasks_but_not_while_disconnected() {
+        let runner = FakeRunner::default();
+        let mut ledger = Ledger::default();
+        runner
+            .tasks
+            .lock()
+            .unwrap()
+            .insert((3, 0, 0), Observed::Running);
+        // No desired state yet (no leader): observe only.
+        let ev = ledger.reconcile(&runner);
+        assert_eq!(ev.len(), 1, "the re-adopted task's start is reported");
+        assert!(runner.stopped.lock().unwrap().is_empty());
+        desire(&mut ledger, &[]);
+        ledger.reconcile(&runner);
+        assert_eq!(*runner.stopped.lock().unwrap(), vec![(3, 0, 0)]);
+    }
+
+    #[test]
+    fn a_launch_failure_is_reported_as_the_rank_ending() {
+        let runner = FakeRunner::default();
+        *runner.refuse.lock().unwrap() = true;
+        let mut ledger = Ledger::default();
+        desire(&mut ledger, &[task(4, 0)]);
+        let ev = ledger.reconcile(&runner);
+        assert!(matches!(
+            &ev[..],
+            [TaskEvent {
+                kind: TaskEventKind::Ended(TaskEnd::LaunchFailed { .. }),
+                ..
+            }]
+        ));
+        assert!(
+            ledger.reconcile(&runner).is_empty(),
+            "not retried in this attempt"
+        );
+    }
+}
