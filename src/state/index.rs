@@ -17,9 +17,9 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use super::{NodeStatus, State};
+use super::State;
 use crate::model::{DependencyKind, Job, JobId, JobState};
-use crate::sched::{NodeState, NodeView, PendingJob, Usage};
+use crate::sched::{NodeView, PendingJob, Usage};
 
 /// Active-job indexes (see the module comment).
 #[derive(Clone, Debug, Default)]
@@ -159,11 +159,7 @@ impl State {
         Some(NodeView {
             name: n.inventory.name.clone(),
             inventory: n.inventory.clone(),
-            state: match n.status {
-                NodeStatus::Up => NodeState::Up,
-                NodeStatus::Drained { .. } => NodeState::Drained,
-                NodeStatus::Down { .. } => NodeState::Down,
-            },
+            state: super::view::node_state(&n.status),
             used,
         })
     }

@@ -34,11 +34,7 @@ impl State {
             .map(|n| NodeView {
                 name: n.inventory.name.clone(),
                 inventory: n.inventory.clone(),
-                state: match n.status {
-                    NodeStatus::Up => NodeState::Up,
-                    NodeStatus::Drained { .. } => NodeState::Drained,
-                    NodeStatus::Down { .. } => NodeState::Down,
-                },
+                state: node_state(&n.status),
                 used: Usage::default(),
             })
             .collect();
@@ -229,5 +225,14 @@ impl SchedInput<'_> {
                 .collect(),
             rest: &self.rest,
         }
+    }
+}
+
+/// What the scheduler sees of a node's status.
+pub(crate) fn node_state(status: &NodeStatus) -> NodeState {
+    match status {
+        NodeStatus::Up => NodeState::Up,
+        NodeStatus::Drained { .. } => NodeState::Drained,
+        NodeStatus::Down { .. } => NodeState::Down,
     }
 }
