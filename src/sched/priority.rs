@@ -77,6 +77,23 @@ pub struct Ranker<'v> {
     default_partition: String,
 }
 
+/// Each name's priority as a share of the highest (all 0 when none is set).
+fn share_of_highest(priorities: impl Iterator<Item = (String, u32)>) -> BTreeMap<String, f64> {
+    let priorities: Vec<(String, u32)> = priorities.collect();
+    let max = priorities.iter().map(|(_, p)| *p).max().unwrap_or(0);
+    priorities
+        .into_iter()
+        .map(|(name, p)| {
+            let f = if max > 0 {
+                f64::from(p) / f64::from(max)
+            } else {
+                0.0
+            };
+            (name, f)
+        })
+        .collect()
+}
+
 impl<'v> Ranker<'v> {
     pub fn new(view: &ViewRef<'v>, now: Millis) -> Ranker<'v> {
         let policy = &view.rest.policy.policy;
@@ -86,32 +103,18 @@ impl<'v> Ranker<'v> {
             .filter(|n| n.state == NodeState::Up)
             .map(|n| n.capacity().gpus)
             .sum();
-        let all_qos = policy.all_qos();
-        let max_qos = all_qos.values().map(|q| q.priority).max().unwrap_or(0);
-        let qos = all_qos
-            .into_iter()
-            .map(|(name, q)| {
-                let f = if max_qos > 0 {
-                    f64::from(q.priority) / f64::from(max_qos)
-                } else {
-                    0.0
-                };
-                (name, f)
-            })
-            .collect();
-        let parts = policy.all_partitions();
-        let max_part = parts.values().map(|p| p.priority).max().unwrap_or(0);
-        let partitions = parts
-            .into_iter()
-            .map(|(name, p)| {
-                let f = if max_part > 0 {
-                    f64::from(p.priority) / f64::from(max_part)
-                } else {
-                    0.0
-                };
-                (name, f)
-            })
-            .collect();
+        let qos = share_of_highest(
+            policy
+                .all_qos()
+                .into_iter()
+                .map(|(name, q)| (name, q.priority)),
+        );
+        let partitions = share_of_highest(
+            policy
+                .all_partitions()
+                .into_iter()
+                .map(|(name, p)| (name, p.priority)),
+        );
         Ranker {
             weights: &policy.weights,
             fs: super::fairshare::compute(&view.rest.policy, now),
