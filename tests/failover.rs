@@ -15,9 +15,12 @@ use common::netns::{self, Net};
 use common::{cli, require_root, wait_for, Agent, Server, ServerSet};
 use gpuq::model::{Job, JobState};
 
-/// Fast Raft timings so that twenty elections stay quick.
-const RAFT_FAST: &str =
-    "[server.raft]\nheartbeat_ms = 50\nelection_timeout_min_ms = 300\nelection_timeout_max_ms = 600\n";
+/// Fast Raft timings so that twenty elections stay quick, and finished jobs
+/// kept in memory for the whole test: the history check reads `queue --all`,
+/// which no longer shows jobs archived after the default 300 s. (The harness
+/// writes these lines after its own `[server]` table.)
+const RAFT_FAST: &str = "history_retention_secs = 86400\n\
+     [server.raft]\nheartbeat_ms = 50\nelection_timeout_min_ms = 300\nelection_timeout_max_ms = 600\n";
 
 const LONG: Duration = Duration::from_secs(60);
 
@@ -254,7 +257,10 @@ fn twenty_leader_kills_under_load_lose_nothing_and_start_nothing_twice() {
                 );
                 submitted.fetch_add(1, Ordering::Relaxed);
                 n += 1;
-                std::thread::sleep(Duration::from_millis(30));
+                // About what two debug-build agents with four GPUs each run
+                // while their leader is killed again and again: a faster
+                // stream only grows a backlog that the history check waits on.
+                std::thread::sleep(Duration::from_millis(100));
             }
         })
     };
@@ -263,8 +269,10 @@ fn twenty_leader_kills_under_load_lose_nothing_and_start_nothing_twice() {
         std::thread::spawn(move || observer(sockets, history, stop))
     };
 
+    let began = Instant::now();
     for kill in 0..20 {
         let old = set.leader();
+        let round = Instant::now();
         set.servers[old].kill();
         *sockets.lock().unwrap() = observers(&set.servers);
         // A new leader takes writes, and schedules: a job submitted to it
@@ -293,6 +301,10 @@ fn twenty_leader_kills_under_load_lose_nothing_and_start_nothing_twice() {
                 &[
                     "--gpus-per-node",
                     "1",
+                    // Ahead of the stream's backlog: the new leader schedules
+                    // it as soon as a GPU is free.
+                    "--nice",
+                    "-10000",
                     "-D",
                     &w,
                     "--",
@@ -313,6 +325,7 @@ fn twenty_leader_kills_under_load_lose_nothing_and_start_nothing_twice() {
             }
         });
         let (l, id) = probe.unwrap();
+        let written = round.elapsed();
         wait_for(
             &format!("probe {id} to be scheduled after kill {kill}"),
             LONG,
@@ -322,16 +335,25 @@ fn twenty_leader_kills_under_load_lose_nothing_and_start_nothing_twice() {
                     .is_some_and(|j| j.state != JobState::Pending)
             },
         );
+        let scheduled = round.elapsed();
         set.servers[old].start();
         set.wait_members(3);
         *sockets.lock().unwrap() = observers(&set.servers);
+        eprintln!(
+            "kill {kill}: {} down, a write after {written:.2?}, it was scheduled after \
+             {scheduled:.2?}, all three members after {:.2?}",
+            set.servers[old].name,
+            round.elapsed()
+        );
     }
     stop.store(true, Ordering::Relaxed);
+    eprintln!("20 kills in {:.1?}", began.elapsed());
     stream.join().unwrap();
     watcher.join().unwrap();
 
     // Everything acknowledged runs to its end once the dust settles.
     let leader = set.leader();
+    let drain = Instant::now();
     wait_for(
         "every acknowledged short job to complete",
         Duration::from_secs(180),
@@ -342,6 +364,10 @@ fn twenty_leader_kills_under_load_lose_nothing_and_start_nothing_twice() {
                     .all(|j| j.state.is_final())
             })
         },
+    );
+    eprintln!(
+        "the short jobs completed {:.1?} after the last kill",
+        drain.elapsed()
     );
     let jobs = wait_converged(&set.servers);
     let (ok, fail, unknown) = history.counts();
@@ -386,6 +412,64 @@ fn twenty_leader_kills_under_load_lose_nothing_and_start_nothing_twice() {
         }
     }
     assert_started_once(&starts);
+}
+
+#[test]
+fn a_follower_answers_when_the_leader_it_forwarded_to_stops_answering() {
+    let dir = tempfile::tempdir().unwrap();
+    let set = ServerSet::start_with(&dir.path().join("servers"), 3, RAFT_FAST);
+    let li = set.leader();
+    let f = (li + 1) % 3;
+    let leader = nix::unistd::Pid::from_raw(set.servers[li].pid().unwrap() as i32);
+    nix::sys::signal::kill(leader, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    // The frozen leader holds the forwarded request and never answers; its
+    // QUIC connection would stay open for the default 10 s idle timeout.
+    let began = Instant::now();
+    let out = set.servers[f].cli(&["submit", "--parsable", "--hold", "--", "true"]);
+    let took = began.elapsed();
+    nix::sys::signal::kill(leader, nix::sys::signal::Signal::SIGCONT).unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("went away") || stderr.contains("cannot reach the leader"),
+        "{stderr}"
+    );
+    assert!(
+        took < Duration::from_secs(8),
+        "the follower held the client {took:?}, as long as QUIC's idle timeout: {stderr}"
+    );
+}
+
+#[test]
+fn a_follower_far_behind_catches_up_in_batches_that_fit_a_heartbeat() {
+    let dir = tempfile::tempdir().unwrap();
+    let set = ServerSet::start_with(&dir.path().join("servers"), 3, RAFT_FAST);
+    let li = set.leader();
+    let f = (li + 1) % 3;
+    let behind = nix::unistd::Pid::from_raw(set.servers[f].pid().unwrap() as i32);
+    nix::sys::signal::kill(behind, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    // 400 entries of a few KB each (a submission carries its environment):
+    // sent at once they take longer than the 50 ms heartbeat in a debug
+    // build, and openraft would cancel and resend them forever.
+    std::thread::scope(|s| {
+        for k in 0..4 {
+            let socket = set.servers[li].socket.clone();
+            s.spawn(move || {
+                for i in 0..100 {
+                    let out = cli(
+                        &socket,
+                        &["submit", "--hold", "-J", &format!("j{k}-{i}"), "--", "true"],
+                    );
+                    assert!(out.status.success(), "{out:?}");
+                }
+            });
+        }
+    });
+    nix::sys::signal::kill(behind, nix::sys::signal::Signal::SIGCONT).unwrap();
+    let end = set.servers[li].status()["last_log_index"].clone();
+    wait_for("the stopped follower to catch up", LONG, || {
+        set.servers[f].status()["applied_index"].as_u64() >= end.as_u64()
+    });
 }
 
 #[test]

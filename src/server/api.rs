@@ -582,12 +582,36 @@ impl Api {
                 .await
                 .map_err(|e| e.to_string())
         };
-        Some(match result.await {
-            Ok(r) => r,
-            Err(e) => ApiResponse::error(
+        // A leader that dies holding the request never answers, and its
+        // connection would stay open until QUIC's idle timeout. Once this
+        // server sees another leader, or none, the answer cannot come: say so
+        // at once. The old leader may have committed the request, so this is
+        // neither a success nor a definite refusal.
+        let mut metrics = self.node.raft.metrics();
+        let deposed = async move {
+            while metrics.changed().await.is_ok() {
+                if metrics.borrow().current_leader != Some(leader) {
+                    return;
+                }
+            }
+            std::future::pending::<()>().await
+        };
+        Some(tokio::select! {
+            r = result => match r {
+                Ok(r) => r,
+                Err(e) => ApiResponse::error(
+                    ErrorKind::Unavailable,
+                    format!(
+                        "cannot reach the leader {} at {}: {e}",
+                        node.name, node.addr
+                    ),
+                ),
+            },
+            () = deposed => ApiResponse::error(
                 ErrorKind::Unavailable,
                 format!(
-                    "cannot reach the leader {} at {}: {e}",
+                    "the leader {} at {} went away while it held this request, which it may \
+                     or may not have applied: check (`gpuq queue`, `gpuq show`) before you retry",
                     node.name, node.addr
                 ),
             ),

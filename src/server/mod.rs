@@ -153,6 +153,11 @@ pub async fn start(
     .with_dial_idle_timeout(
         crate::net::endpoint::ALPN_RAFT,
         std::time::Duration::from_millis(2 * cfg.raft.election_timeout_max_ms),
+    )
+    // The same for requests a follower forwards to the leader.
+    .with_dial_idle_timeout(
+        crate::net::endpoint::ALPN_API,
+        std::time::Duration::from_millis(2 * cfg.raft.election_timeout_max_ms),
     );
     let quic_addr = endpoint.local_addr()?;
     let endpoint = Arc::new(endpoint);
