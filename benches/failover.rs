@@ -12,6 +12,9 @@
 //! the leader's whole log (its restart-to-caught-up time is printed too):
 //! killing the leader while the last victim still catches up would measure
 //! a double failure, not a failover.
+//! Then, three times, a follower is frozen (SIGSTOP) while the leader takes
+//! 2,000 submissions (200 with GPUQ_BENCH_SMOKE=1) and the time from SIGCONT
+//! to its having applied the whole log is printed.
 //! Prints p50/p99 over the rounds; asserts nothing. Writes
 //! target/bench/failover.json.
 //!
@@ -139,6 +142,12 @@ async fn main() {
         to_catch_up.push(restarted_at.elapsed().as_secs_f64() * 1000.0);
     }
 
+    let behind = if smoke { 200 } else { 2000 };
+    let mut to_catch_up_behind = Vec::new();
+    for _ in 0..3 {
+        to_catch_up_behind.push(catch_up_from_behind(&set, behind).await);
+    }
+
     println!(
         "failover over {kills} leader SIGKILLs (3 servers, loopback, election timeout 300-600 ms)"
     );
@@ -161,11 +170,18 @@ async fn main() {
         pct(&to_catch_up, 0.5),
         pct(&to_catch_up, 0.99)
     );
+    let catch_up = pct(&to_catch_up_behind, 0.5);
+    println!(
+        "a follower frozen while {behind} submissions were taken: SIGCONT to caught up \
+         p50 {catch_up:.0} ms of 3 ({:.0} submissions/s)",
+        behind as f64 / (catch_up / 1000.0)
+    );
     let json = serde_json::json!({
         "kills": kills,
         "write_ms": { "p50": pct(&to_write, 0.5), "p99": pct(&to_write, 0.99), "all": to_write },
         "schedule_ms": { "p50": pct(&to_schedule, 0.5), "p99": pct(&to_schedule, 0.99), "all": to_schedule },
         "catch_up_ms": { "p50": pct(&to_catch_up, 0.5), "p99": pct(&to_catch_up, 0.99), "all": to_catch_up },
+        "behind_catch_up_ms": { "submissions": behind, "p50": catch_up, "all": to_catch_up_behind },
     });
     let out = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/bench");
     std::fs::create_dir_all(&out).unwrap();
@@ -174,4 +190,50 @@ async fn main() {
         serde_json::to_vec_pretty(&json).unwrap(),
     )
     .unwrap();
+}
+
+/// Freezes a follower (SIGSTOP), has the leader take `behind` held
+/// submissions that carry this process's environment (what `gpuq submit`
+/// sends, a few KB), thaws it and returns the ms until it has applied the
+/// leader's whole log: the catch-up that append-entries batches must fit
+/// into heartbeats for.
+async fn catch_up_from_behind(set: &ServerSet, behind: usize) -> f64 {
+    use nix::sys::signal::{kill, Signal};
+    let li = set.leader();
+    let f = (li + 1) % set.servers.len();
+    let pid = nix::unistd::Pid::from_raw(set.servers[f].pid().unwrap() as i32);
+    kill(pid, Signal::SIGSTOP).unwrap();
+    let env: Vec<(String, String)> = std::env::vars().collect();
+    let clients: Vec<_> = (0..4)
+        .map(|k| {
+            let (socket, env) = (set.servers[li].socket.clone(), env.clone());
+            tokio::spawn(async move {
+                let mut c = LocalClient::connect(&socket).await.unwrap();
+                for i in 0..behind / 4 {
+                    let mut s = spec(&format!("behind-{k}-{i}"));
+                    s.env = env.clone();
+                    s.queue.hold = true;
+                    let r = c.call(&ApiRequest::Submit { spec: Box::new(s) }).await;
+                    assert!(matches!(r, Ok(ApiResponse::Submitted { .. })), "{r:?}");
+                }
+            })
+        })
+        .collect();
+    for c in clients {
+        c.await.unwrap();
+    }
+    let status = |i: usize| tokio::task::block_in_place(|| set.servers[i].status());
+    let end = status(li)["last_log_index"].as_u64().unwrap();
+    let thawed = Instant::now();
+    kill(pid, Signal::SIGCONT).unwrap();
+    loop {
+        if status(f)["applied_index"].as_u64() >= Some(end) {
+            return thawed.elapsed().as_secs_f64() * 1000.0;
+        }
+        assert!(
+            thawed.elapsed() < Duration::from_secs(120),
+            "the follower did not catch up within 120 s"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
 }
