@@ -198,11 +198,9 @@ async fn main() {
 /// leader's whole log: the catch-up that append-entries batches must fit
 /// into heartbeats for.
 async fn catch_up_from_behind(set: &ServerSet, behind: usize) -> f64 {
-    use nix::sys::signal::{kill, Signal};
     let li = set.leader();
     let f = (li + 1) % set.servers.len();
-    let pid = nix::unistd::Pid::from_raw(set.servers[f].pid().unwrap() as i32);
-    kill(pid, Signal::SIGSTOP).unwrap();
+    set.servers[f].freeze(true);
     let env: Vec<(String, String)> = std::env::vars().collect();
     let clients: Vec<_> = (0..4)
         .map(|k| {
@@ -225,7 +223,7 @@ async fn catch_up_from_behind(set: &ServerSet, behind: usize) -> f64 {
     let status = |i: usize| tokio::task::block_in_place(|| set.servers[i].status());
     let end = status(li)["last_log_index"].as_u64().unwrap();
     let thawed = Instant::now();
-    kill(pid, Signal::SIGCONT).unwrap();
+    set.servers[f].freeze(false);
     loop {
         if status(f)["applied_index"].as_u64() >= Some(end) {
             return thawed.elapsed().as_secs_f64() * 1000.0;

@@ -420,14 +420,13 @@ fn a_follower_answers_when_the_leader_it_forwarded_to_stops_answering() {
     let set = ServerSet::start_with(&dir.path().join("servers"), 3, RAFT_FAST);
     let li = set.leader();
     let f = (li + 1) % 3;
-    let leader = nix::unistd::Pid::from_raw(set.servers[li].pid().unwrap() as i32);
-    nix::sys::signal::kill(leader, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    set.servers[li].freeze(true);
     // The frozen leader holds the forwarded request and never answers; its
     // QUIC connection would stay open for the default 10 s idle timeout.
     let began = Instant::now();
     let out = set.servers[f].cli(&["submit", "--parsable", "--hold", "--", "true"]);
     let took = began.elapsed();
-    nix::sys::signal::kill(leader, nix::sys::signal::Signal::SIGCONT).unwrap();
+    set.servers[li].freeze(false);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(
@@ -446,8 +445,7 @@ fn a_follower_far_behind_catches_up_in_batches_that_fit_a_heartbeat() {
     let set = ServerSet::start_with(&dir.path().join("servers"), 3, RAFT_FAST);
     let li = set.leader();
     let f = (li + 1) % 3;
-    let behind = nix::unistd::Pid::from_raw(set.servers[f].pid().unwrap() as i32);
-    nix::sys::signal::kill(behind, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    set.servers[f].freeze(true);
     // 400 entries of a few KB each (a submission carries its environment):
     // sent at once they take longer than the 50 ms heartbeat in a debug
     // build, and openraft would cancel and resend them forever.
@@ -465,7 +463,7 @@ fn a_follower_far_behind_catches_up_in_batches_that_fit_a_heartbeat() {
             });
         }
     });
-    nix::sys::signal::kill(behind, nix::sys::signal::Signal::SIGCONT).unwrap();
+    set.servers[f].freeze(false);
     let end = set.servers[li].status()["last_log_index"].clone();
     wait_for("the stopped follower to catch up", LONG, || {
         set.servers[f].status()["applied_index"].as_u64() >= end.as_u64()

@@ -278,6 +278,22 @@ impl Server {
         }
     }
 
+    /// SIGSTOP (`true`) or SIGCONT (`false`): a server that holds its
+    /// connections and answers nothing, or one that goes on.
+    pub fn freeze(&self, frozen: bool) {
+        use nix::sys::signal::{kill, Signal};
+        let pid = nix::unistd::Pid::from_raw(self.pid().expect("a running server") as i32);
+        kill(
+            pid,
+            if frozen {
+                Signal::SIGSTOP
+            } else {
+                Signal::SIGCONT
+            },
+        )
+        .unwrap();
+    }
+
     /// The server's log so far (for failure messages).
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.join("server.log")).unwrap_or_default()
