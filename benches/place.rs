@@ -230,7 +230,8 @@ fn backfill(queued: u64, passes: usize) {
                 allocation: Allocation {
                     job: JobId(id),
                     nodes: vec![na],
-                },
+                }
+                .into(),
                 expected_end: Some(now + (u64::from(i * 8 + g) * 7919 % 480 + 1) * 60_000),
             });
         }
@@ -327,7 +328,8 @@ fn queue_100k(base: &ClusterView, passes: usize) {
                     cpu_count: n.used.cpus,
                     memory_mb: n.used.memory_mb,
                 }],
-            },
+            }
+            .into(),
             completing: false,
             preempted_for: None,
         })

@@ -274,7 +274,7 @@ pub(super) fn run<'v>(
                             Some(p) => p.victims.contains(&r.id),
                             None => r.preempted_for == Some(job.id),
                         })
-                        .map(|r| &r.allocation)
+                        .map(|r| &*r.allocation)
                         .collect();
                     clear_of_holds(&pool, &victims, &holds, now, end, at)
                 });

@@ -42,7 +42,7 @@ pub struct ActiveJob {
     pub qos: String,
     pub gpus: u64,
     pub start_time: Millis,
-    pub allocation: Allocation,
+    pub allocation: std::sync::Arc<Allocation>,
     /// COMPLETING: its ranks are stopping; it is no candidate for preemption.
     pub completing: bool,
     /// It is stopping because it was preempted for this job.

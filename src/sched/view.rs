@@ -44,7 +44,7 @@ pub struct ClusterView {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RunningJob {
     pub id: JobId,
-    pub allocation: crate::model::Allocation,
+    pub allocation: std::sync::Arc<crate::model::Allocation>,
     /// Start plus time limit (or the planning default for a job without one);
     /// `None`: never known to end. A time already past means "any moment".
     pub expected_end: Option<Millis>,

@@ -139,7 +139,7 @@ impl State {
                 }
                 job.run = Some(JobRun {
                     attempt: job.restart_count,
-                    allocation: alloc.clone(),
+                    allocation: alloc.clone().into(),
                     master_addr,
                     master_port,
                     started: Default::default(),

@@ -105,7 +105,7 @@ fn run(seed: u64) {
             .iter()
             .map(|r| RunningJob {
                 id: r.alloc.job,
-                allocation: r.alloc.clone(),
+                allocation: r.alloc.clone().into(),
                 expected_end: Some(r.limit_end),
             })
             .collect();

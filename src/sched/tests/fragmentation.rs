@@ -219,7 +219,7 @@ fn simulate(jobs: &[Arrival], packing: Packing, queueing: Queue) -> Run {
             run.waits.push((jobs[i].gpus, t - jobs[i].submit));
             view.running.push(RunningJob {
                 id: alloc.job,
-                allocation: alloc.clone(),
+                allocation: alloc.clone().into(),
                 expected_end: Some(t + limit),
             });
             running.push((t + jobs[i].duration, alloc));

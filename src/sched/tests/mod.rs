@@ -435,7 +435,7 @@ impl Scenario {
     pub fn running_until(mut self, alloc: Allocation, end: Millis) -> Scenario {
         self.view.running.push(super::RunningJob {
             id: alloc.job,
-            allocation: alloc.clone(),
+            allocation: alloc.clone().into(),
             expected_end: Some(end),
         });
         self.running(alloc)

@@ -36,7 +36,7 @@ fn running(
         qos: qos.into(),
         gpus: gpus.len() as u64,
         start_time: start,
-        allocation: alloc,
+        allocation: alloc.into(),
         completing: false,
         preempted_for: None,
     });
@@ -541,7 +541,7 @@ fn preemption_behind_a_reservation_delays_it_not() {
                 qos: qos.into(),
                 gpus: 8,
                 start_time: 0,
-                allocation: alloc,
+                allocation: alloc.into(),
                 completing: false,
                 preempted_for: None,
             });
