@@ -589,12 +589,12 @@ impl Api {
         // neither a success nor a definite refusal.
         let mut metrics = self.node.raft.metrics();
         let deposed = async move {
-            while metrics.changed().await.is_ok() {
-                if metrics.borrow().current_leader != Some(leader) {
-                    return;
+            // The leader may have changed since it was read above.
+            while metrics.borrow_and_update().current_leader == Some(leader) {
+                if metrics.changed().await.is_err() {
+                    std::future::pending::<()>().await
                 }
             }
-            std::future::pending::<()>().await
         };
         Some(tokio::select! {
             r = result => match r {
