@@ -348,7 +348,7 @@ fn queue_100k(base: &ClusterView, passes: usize) {
         nodes: base.nodes.clone(),
         pending,
         policy: PolicyView {
-            policy,
+            policy: std::sync::Arc::new(policy),
             usage,
             running,
         },

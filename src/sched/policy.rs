@@ -11,7 +11,8 @@ use crate::model::{Allocation, JobId, Millis, Policy, UsageCell};
 /// Policy, usage and running jobs, as a pass sees them.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PolicyView {
-    pub policy: Policy,
+    /// The state's own, shared: a pass copies none of it.
+    pub policy: std::sync::Arc<Policy>,
     /// Decayed usage per account, then per user.
     #[serde(default)]
     pub usage: BTreeMap<String, BTreeMap<String, UsageCell>>,
@@ -24,7 +25,7 @@ impl Default for PolicyView {
     /// No accounts or limits and all weights zero: plain FIFO.
     fn default() -> Self {
         PolicyView {
-            policy: Policy::fifo(),
+            policy: std::sync::Arc::new(Policy::fifo()),
             usage: BTreeMap::new(),
             running: Vec::new(),
         }

@@ -26,6 +26,9 @@ pub(super) struct Pool<'v> {
     /// Free GPUs per node (`nodes[i].gpus.len()`), apart so that a job's
     /// scan for nodes that fit reads 4 bytes a node, not the whole node.
     gpu_count: Vec<u32>,
+    /// The nodes with a GPU free, one bit a node: on a busy fleet a GPU
+    /// job's scan visits these few, not every node.
+    with_gpus: NodeBits,
     /// Sum of free GPUs over `nodes`, to turn a job away without a scan.
     pub free_gpus: u64,
     /// Node position by name, for charging an allocation; shared by copies.
@@ -121,9 +124,14 @@ impl<'v> Pool<'v> {
     fn of(nodes: Vec<FreeNode<'v>>, by_name: Rc<BTreeMap<&'v str, usize>>) -> Pool<'v> {
         let gpu_count: Vec<u32> = nodes.iter().map(|n| n.gpus.len() as u32).collect();
         let free_gpus = gpu_count.iter().map(|&c| u64::from(c)).sum();
+        let mut with_gpus = NodeBits::new(nodes.len());
+        for (i, _) in gpu_count.iter().enumerate().filter(|(_, &c)| c > 0) {
+            with_gpus.set(i, true);
+        }
         Pool {
             nodes,
             gpu_count,
+            with_gpus,
             free_gpus,
             by_name,
         }
@@ -166,11 +174,14 @@ impl<'v> Pool<'v> {
             return Err(PendingReason::Resources);
         }
         let cpu_count = u32::try_from(shape.cpus).map_err(|_| PendingReason::Resources)?;
-        let fitting: Vec<usize> = (0..self.nodes.len())
-            .filter(|&i| {
-                self.gpu_count[i] >= shape.gpus && allowed[i] && self.nodes[i].free().holds(&shape)
-            })
-            .collect();
+        let fits_here = |&i: &usize| {
+            self.gpu_count[i] >= shape.gpus && allowed[i] && self.nodes[i].free().holds(&shape)
+        };
+        let fitting: Vec<usize> = if shape.gpus > 0 {
+            self.with_gpus.ones().filter(fits_here).collect()
+        } else {
+            (0..self.nodes.len()).filter(fits_here).collect()
+        };
         if fitting.len() < want {
             return Err(PendingReason::Resources);
         }
@@ -267,6 +278,7 @@ impl<'v> Pool<'v> {
             if n.healthy.contains(g) && n.gpus.insert(g) {
                 self.free_gpus += 1;
                 self.gpu_count[i] += 1;
+                self.with_gpus.set(i, true);
             }
         }
         n.cpu_ids_freed.extend(na.cpus.iter().copied());
@@ -345,11 +357,64 @@ impl<'v> Pool<'v> {
                 if n.gpus.remove(g) {
                     self.free_gpus -= 1;
                     self.gpu_count[i] -= 1;
+                    if self.gpu_count[i] == 0 {
+                        self.with_gpus.set(i, false);
+                    }
                 }
             }
             n.cpu_ids_taken.extend(na.cpus.iter().copied());
             n.cpus = n.cpus.saturating_sub(u64::from(na.cpu_count));
             n.memory_mb = n.memory_mb.saturating_sub(na.memory_mb);
         }
+    }
+}
+
+/// A set of node positions, one bit each, iterated in position order.
+#[derive(Clone)]
+struct NodeBits(Vec<u64>);
+
+impl NodeBits {
+    fn new(len: usize) -> NodeBits {
+        NodeBits(vec![0; len.div_ceil(64)])
+    }
+
+    fn set(&mut self, i: usize, on: bool) {
+        let (word, bit) = (i / 64, 1u64 << (i % 64));
+        if on {
+            self.0[word] |= bit;
+        } else {
+            self.0[word] &= !bit;
+        }
+    }
+
+    /// The positions in the set, ascending.
+    fn ones(&self) -> impl Iterator<Item = usize> + '_ {
+        self.0.iter().enumerate().flat_map(|(w, &bits)| {
+            let mut left = bits;
+            std::iter::from_fn(move || {
+                (left != 0).then(|| {
+                    let b = left.trailing_zeros() as usize;
+                    left &= left - 1;
+                    w * 64 + b
+                })
+            })
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::NodeBits;
+
+    #[test]
+    fn node_bits_iterate_the_set_positions_in_order_across_words() {
+        let mut b = NodeBits::new(200);
+        for i in [0, 63, 64, 65, 127, 128, 199] {
+            b.set(i, true);
+        }
+        b.set(64, false);
+        b.set(10, false);
+        assert_eq!(b.ones().collect::<Vec<_>>(), vec![0, 63, 65, 127, 128, 199]);
+        assert_eq!(NodeBits::new(0).ones().count(), 0);
     }
 }

@@ -121,8 +121,9 @@ pub struct State {
     #[serde(skip)]
     pub index: ActiveIndex,
     /// Accounts, QoS, partitions and priority weights (`gpuq admin`).
+    /// Shared with the passes' views (copied on write by a policy change).
     #[serde(default)]
-    pub policy: crate::model::Policy,
+    pub policy: std::sync::Arc<crate::model::Policy>,
     /// Fair-share usage by account, then user.
     #[serde(default)]
     pub usage: BTreeMap<String, BTreeMap<String, crate::model::UsageCell>>,

@@ -5,6 +5,7 @@
 //! commands, decayed by the half-life from those same times (never a clock).
 
 use std::collections::BTreeSet;
+use std::sync::Arc;
 
 use super::{CommandResult, Dirty, Rejection, State};
 use crate::model::policy::{DEFAULT_ACCOUNT, DEFAULT_PARTITION, DEFAULT_QOS};
@@ -102,7 +103,7 @@ impl State {
                 if p.max_age_secs == Some(0) {
                     return Err(refuse("the maximum age must be positive, e.g. 7d"));
                 }
-                let w = &mut self.policy.weights;
+                let w = &mut Arc::make_mut(&mut self.policy).weights;
                 let set = |slot: &mut u32, v: Option<u32>| {
                     if let Some(v) = v {
                         *slot = v;
@@ -117,7 +118,7 @@ impl State {
                     w.max_age_secs = v;
                 }
                 if let Some(v) = p.half_life_secs {
-                    self.policy.half_life_secs = v;
+                    Arc::make_mut(&mut self.policy).half_life_secs = v;
                 }
                 "priority weights updated".to_string()
             }
@@ -155,8 +156,10 @@ impl State {
                     "account {name} has {n} pending or running jobs; wait for them or cancel them first"
                 )));
             }
-            self.policy.accounts.remove(name);
-            self.policy.default_accounts.retain(|_, a| a != name);
+            Arc::make_mut(&mut self.policy).accounts.remove(name);
+            Arc::make_mut(&mut self.policy)
+                .default_accounts
+                .retain(|_, a| a != name);
             return Ok(format!("account {name} removed"));
         }
         let mut a = current.unwrap_or_else(|| Account::new(name));
@@ -219,11 +222,13 @@ impl State {
             }
         }
         for u in &p.default_for {
-            self.policy
+            Arc::make_mut(&mut self.policy)
                 .default_accounts
                 .insert(u.clone(), name.to_string());
         }
-        self.policy.accounts.insert(name.to_string(), a);
+        Arc::make_mut(&mut self.policy)
+            .accounts
+            .insert(name.to_string(), a);
         Ok(format!(
             "account {name} {}",
             if op == Op::Add { "added" } else { "modified" }
@@ -241,8 +246,8 @@ impl State {
                     "QoS {name} has {n} pending or running jobs; wait for them or cancel them first"
                 )));
             }
-            self.policy.qos.remove(name);
-            for q in self.policy.qos.values_mut() {
+            Arc::make_mut(&mut self.policy).qos.remove(name);
+            for q in Arc::make_mut(&mut self.policy).qos.values_mut() {
                 q.preempts.remove(name);
             }
             return Ok(format!("qos {name} removed"));
@@ -276,7 +281,9 @@ impl State {
         if let Some(l) = p.max_gpus_per_job {
             q.max_gpus_per_job = l.get32();
         }
-        self.policy.qos.insert(name.to_string(), q);
+        Arc::make_mut(&mut self.policy)
+            .qos
+            .insert(name.to_string(), q);
         Ok(format!(
             "qos {name} {}",
             if op == Op::Add { "added" } else { "modified" }
@@ -305,7 +312,7 @@ impl State {
                     "partition {name} has {n} pending or running jobs; wait for them or cancel them first"
                 )));
             }
-            self.policy.partitions.remove(name);
+            Arc::make_mut(&mut self.policy).partitions.remove(name);
             return Ok(format!("partition {name} removed"));
         }
         let mut part = current.unwrap_or_else(|| Partition::new(name));
@@ -339,13 +346,15 @@ impl State {
         }
         if let Some(d) = p.default {
             if d {
-                for other in self.policy.partitions.values_mut() {
+                for other in Arc::make_mut(&mut self.policy).partitions.values_mut() {
                     other.default = false;
                 }
             }
             part.default = d;
         }
-        self.policy.partitions.insert(name.to_string(), part);
+        Arc::make_mut(&mut self.policy)
+            .partitions
+            .insert(name.to_string(), part);
         Ok(format!(
             "partition {name} {}",
             if op == Op::Add { "added" } else { "modified" }
@@ -388,7 +397,7 @@ impl State {
     /// hold resources.
     pub fn policy_view(&self) -> PolicyView {
         PolicyView {
-            policy: self.policy.clone(),
+            policy: Arc::clone(&self.policy),
             usage: self.usage.clone(),
             running: self
                 .index

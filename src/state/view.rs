@@ -105,12 +105,10 @@ impl State {
         let mut fixed = Vec::new();
         let mut pending = Vec::with_capacity(self.index.queued.len());
         for (p, derived) in self.index.queued.values() {
-            let job = match self.jobs.get(&p.id) {
-                Some(j) if *derived => j,
-                _ => {
-                    pending.push((p, None));
-                    continue;
-                }
+            // Most jobs are not derived: they skip the lookup of the job.
+            let Some(job) = derived.then(|| self.jobs.get(&p.id)).flatten() else {
+                pending.push((p, None));
+                continue;
             };
             let (names, array_running) = others.get_or_insert_with(|| self.holding_sets());
             let blocked = self.blocked_reason(job, names);

@@ -13,7 +13,7 @@ fn weights(f: impl FnOnce(&mut PriorityWeights)) -> Policy {
 }
 
 fn with(mut s: Scenario, policy: Policy) -> Scenario {
-    s.view.policy.policy = policy;
+    s.view.policy.policy = std::sync::Arc::new(policy);
     s
 }
 
