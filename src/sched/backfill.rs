@@ -50,8 +50,9 @@ use crate::model::{Allocation, JobId, Millis, NodeAllocation, Placement};
 
 use super::check::{self, Candidate, Resolved, Scope};
 use super::plan::Reservation;
+use super::queue::Queue;
 use super::quota::Quotas;
-use super::view::{ClusterView, PendingJob, RunningJob, Shape};
+use super::view::{ClusterView, PendingJob, RunningJob};
 use super::{Packing, Partitions, PendingReason, Plan, Pool, MAX_PREEMPT_TRIES};
 
 /// Backfill's knobs (Slurm's `bf_*` parameters).
@@ -82,20 +83,6 @@ impl Default for BackfillConfig {
     }
 }
 
-/// A request's identity for caches within a pass (with the index of the
-/// job's partition: satisfiability and placement depend on its nodes).
-type Request<'j> = (u32, Shape, Option<u32>, &'j Placement, usize);
-
-fn request(job: &PendingJob, part: usize) -> Request<'_> {
-    (
-        job.nodes,
-        job.per_node(),
-        job.total_gpus,
-        &job.placement,
-        part,
-    )
-}
-
 /// Resources set aside for a blocked job over `[start, end)`.
 struct Hold {
     start: Millis,
@@ -115,7 +102,8 @@ impl Hold {
 /// One pass over `queue` (`view`'s pending jobs, already in priority order).
 pub(super) fn run<'v>(
     view: &'v ClusterView,
-    queue: &[&'v PendingJob],
+    queue: &Queue<'v>,
+    parts: &Partitions,
     cands: &[Candidate],
     mut pool: Pool<'v>,
     now: Millis,
@@ -132,8 +120,6 @@ pub(super) fn run<'v>(
         .filter(|r| r.preempted_for.is_some())
         .map(|r| r.id)
         .collect();
-    let up: Vec<_> = pool.nodes.iter().map(|n| n.view).collect();
-    let parts = Partitions::new(&view.policy.policy, &up);
     let mut quotas = Quotas::new(&view.policy);
     // Jobs some running jobs are stopping for (`super::preempt_for`).
     let preemptors: BTreeSet<JobId> = view
@@ -147,11 +133,12 @@ pub(super) fn run<'v>(
     let releases = Releases::new(&pool, &view.running, now);
     // Preemption simulates on copies of the pool: a few per pass.
     let mut preempt_tries = MAX_PREEMPT_TRIES;
-    let mut verdicts: BTreeMap<Request, Result<Resolved, String>> = BTreeMap::new();
+    // Each request's satisfiability, worked out for the first job making it.
+    let mut verdicts: Vec<Option<Result<Resolved, String>>> = vec![None; queue.requests];
     // Which up nodes each distinct placement allows, in each partition.
     let mut allowed: BTreeMap<(&Placement, usize), Vec<bool>> = BTreeMap::new();
     // Requests (with their time limit) that could not start now.
-    let mut failed: BTreeMap<(Request, Option<u64>), PendingReason> = BTreeMap::new();
+    let mut failed: BTreeMap<(usize, Option<u64>), PendingReason> = BTreeMap::new();
     let mut holds: Vec<Hold> = Vec::new();
     // What this pass started, with when it ends: part of the timeline.
     let mut started: Vec<(Option<Millis>, Allocation)> = Vec::new();
@@ -162,16 +149,20 @@ pub(super) fn run<'v>(
     let mut tested = 0usize;
     let mut out = Plan::default();
 
-    for &job in queue {
-        if let Some(reason) = gate(job, now, &slots, &singletons) {
-            out.pending.push((job.id, reason));
-            continue;
+    for q in &queue.jobs {
+        // Until it is tried, a job is read from `q` only: see `super::queue`.
+        if !q.plain {
+            if let Some(reason) = gate(q.job, now, &slots, &singletons) {
+                out.pending.push((q.id, reason));
+                continue;
+            }
         }
-        let Some(part) = parts.of(job) else {
-            out.pending.push((job.id, PendingReason::PartitionDown));
+        let Some(part) = q.part else {
+            out.pending.push((q.id, PendingReason::PartitionDown));
             continue;
         };
-        let verdict = verdicts.entry(request(job, part)).or_insert_with(|| {
+        let job = q.job;
+        let verdict = verdicts[q.request].get_or_insert_with(|| {
             let in_part: Vec<Candidate> = cands
                 .iter()
                 .zip(&parts.members[part])
@@ -184,22 +175,24 @@ pub(super) fn run<'v>(
             Ok(r) => *r,
             Err(why) => {
                 out.pending
-                    .push((job.id, PendingReason::Unsatisfiable(why.clone())));
+                    .push((q.id, PendingReason::Unsatisfiable(why.clone())));
                 continue;
             }
         };
         let gpus = u64::from(resolved.per_node.gpus) * u64::from(resolved.nodes);
-        if let Err(reason) = quotas.gate(job, gpus) {
-            out.pending.push((job.id, reason));
-            continue;
+        if q.capped {
+            if let Err(reason) = quotas.gate(job, gpus) {
+                out.pending.push((q.id, reason));
+                continue;
+            }
         }
         if barrier || (blocked && cfg.depth == 0) {
-            out.pending.push((job.id, PendingReason::Priority));
+            out.pending.push((q.id, PendingReason::Priority));
             continue;
         }
         if blocked {
             if tested >= cfg.max_job_test {
-                out.pending.push((job.id, PendingReason::Priority));
+                out.pending.push((q.id, PendingReason::Priority));
                 continue;
             }
             tested += 1;
@@ -212,7 +205,7 @@ pub(super) fn run<'v>(
                 .for_each(|(a, &m)| *a &= m);
             a
         });
-        let key = (request(job, part), job.time_limit_secs);
+        let key = (q.request, job.time_limit_secs);
         let attempt = match failed.get(&key) {
             Some(r) => Err(r.clone()),
             None => {

@@ -37,23 +37,22 @@ pub fn compute(view: &PolicyView, now: Millis) -> FairShare {
     let policy = &view.policy;
     let accounts = policy.all_accounts();
     // Usage per (account, user) in GPU-seconds at `now`.
-    let mut user_usage: BTreeMap<(String, String), f64> = BTreeMap::new();
+    let mut user_usage: BTreeMap<(&str, &str), f64> = BTreeMap::new();
     for (account, users) in &view.usage {
         for (user, cell) in users {
-            *user_usage
-                .entry((account.clone(), user.clone()))
-                .or_default() += cell.at_time(now, policy.half_life_secs) / 1000.0;
+            *user_usage.entry((account, user)).or_default() +=
+                cell.at_time(now, policy.half_life_secs) / 1000.0;
         }
     }
     for r in &view.running {
         let secs = now.saturating_sub(r.start_time) as f64 / 1000.0;
         *user_usage
-            .entry((account_of(&r.account).to_string(), r.user.clone()))
+            .entry((account_of(&r.account), &r.user))
             .or_default() += r.gpus as f64 * secs;
     }
     let mut direct: BTreeMap<&str, f64> = BTreeMap::new();
     for ((a, _), u) in &user_usage {
-        *direct.entry(a.as_str()).or_default() += u;
+        *direct.entry(a).or_default() += u;
     }
     // Parents first: depth order. An account whose parent is unknown (it
     // cannot be: apply refuses it) counts as top-level.
@@ -125,13 +124,13 @@ pub fn compute(view: &PolicyView, now: Millis) -> FairShare {
             norm_usage: norm(u),
             factor: f,
         });
-        for ((acc, user), u) in user_usage.range((a.name.clone(), String::new())..) {
+        for ((acc, user), u) in user_usage.range((a.name.as_str(), "")..) {
             if *acc != a.name {
                 break;
             }
             out.rows.push(ShareRow {
                 account: a.name.clone(),
-                user: Some(user.clone()),
+                user: Some(user.to_string()),
                 parent: Some(a.name.clone()),
                 shares: a.shares,
                 norm_shares: s,

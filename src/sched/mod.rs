@@ -61,6 +61,7 @@ mod policy;
 mod pool;
 mod preempt;
 pub mod priority;
+mod queue;
 mod quota;
 mod restart;
 mod topology;
@@ -154,11 +155,9 @@ pub fn plan_ref(view: &ViewRef, now: Millis, packing: Packing) -> Plan {
         })
         .collect();
     let pool = Pool::new(&up, view.rest.master_ports, &view.rest.running);
-    let queue: Vec<&PendingJob> = priority::order_ref(view, now)
-        .into_iter()
-        .map(|(j, _)| j)
-        .collect();
-    backfill::run(view.rest, &queue, &cands, pool, now, packing)
+    let parts = Partitions::new(&view.rest.policy.policy, &up);
+    let queue = queue::build(view, now, &parts);
+    backfill::run(view.rest, &queue, &parts, &cands, pool, now, packing)
 }
 
 /// Preemption attempts (each simulates on copies of the pool) per pass.

@@ -48,6 +48,10 @@ pub(super) struct FreeNode<'v> {
     /// CPU ids of jobs a preemption simulation stopped.
     cpu_ids_freed: BTreeSet<u32>,
     pub memory_mb: u64,
+    /// The node's CPUs and memory (its inventory's, here so that a release
+    /// reads this node and not its view too).
+    cpu_cap: u64,
+    memory_cap_mb: u64,
     /// MASTER_PORTs still free for a job with its rank 0 here.
     ports: u32,
     /// The latest expected end of the jobs running here when the pass began
@@ -112,6 +116,8 @@ impl<'v> Pool<'v> {
                     cpu_ids_taken: BTreeSet::new(),
                     cpu_ids_freed: BTreeSet::new(),
                     memory_mb: view.free_memory_mb(),
+                    cpu_cap: u64::from(view.inventory.cpus),
+                    memory_cap_mb: view.inventory.memory_mb,
                     ports: master_ports
                         .map_or(u32::MAX, |m| m.saturating_sub(view.used.master_ports)),
                     busy_until,
@@ -282,8 +288,8 @@ impl<'v> Pool<'v> {
             }
         }
         n.cpu_ids_freed.extend(na.cpus.iter().copied());
-        n.cpus = (n.cpus + u64::from(na.cpu_count)).min(u64::from(n.view.inventory.cpus));
-        n.memory_mb = (n.memory_mb + na.memory_mb).min(n.view.inventory.memory_mb);
+        n.cpus = (n.cpus + u64::from(na.cpu_count)).min(n.cpu_cap);
+        n.memory_mb = (n.memory_mb + na.memory_mb).min(n.memory_cap_mb);
     }
 
     /// Whether GPU `gpu` of `node` is free in this pool.
@@ -306,9 +312,9 @@ impl<'v> Pool<'v> {
         let chosen: Vec<usize> = match (packing, strict) {
             (_, _) if want == 1 && packing == Packing::FirstFit => vec![0],
             (_, _) if want == 1 => {
-                // Best fit: least left free, then busy longest; names are
-                // unique, so the order is total.
-                let best = (0..fits.len()).min_by_key(|&f| fits[f].best_fit_key());
+                // Best fit: least left free, then busy longest, then the name
+                // (position): a total order.
+                let best = (0..fits.len()).min_by_key(|&f| fits[f].best_fit_key(f));
                 best.into_iter().collect()
             }
             (Packing::FirstFit, None) => (0..want).collect(),

@@ -39,27 +39,40 @@ pub fn order(view: &ClusterView, now: Millis) -> Vec<(&PendingJob, i64)> {
 /// [`order`] over a [`ViewRef`].
 pub fn order_ref<'v>(view: &ViewRef<'v>, now: Millis) -> Vec<(&'v PendingJob, i64)> {
     let ranker = Ranker::new(view, now);
-    // A restarting gang (requeued after a failure, `PendingJob::previous`)
-    // goes ahead of others of its priority: back to the head of the queue.
-    let mut keys: Vec<(std::cmp::Reverse<i64>, bool, Millis, JobId, usize)> = view
+    let mut keys: Vec<(Key, usize)> = view
         .pending
         .iter()
         .enumerate()
-        .map(|(i, j)| {
-            let p = ranker.factors(j, now).total;
-            (
-                std::cmp::Reverse(p),
-                j.previous.is_empty(),
-                j.submit_time,
-                j.id,
-                i,
-            )
-        })
+        .map(|(i, j)| (key(j, ranker.factors(j, now).total), i))
         .collect();
     keys.sort_unstable();
     keys.into_iter()
-        .map(|(p, _, _, _, i)| (view.pending[i], p.0))
+        .map(|(k, i)| (view.pending[i], k.0 .0))
         .collect()
+}
+
+/// A job's place in queue order, by its total priority: ids are unique, so
+/// the order is total.
+pub(super) type Key = (std::cmp::Reverse<i64>, bool, Millis, JobId);
+
+/// The [`Key`] of `job` with priority `total`. A restarting gang (requeued
+/// after a failure, `PendingJob::previous`) goes ahead of others of its
+/// priority: back to the head of the queue.
+pub(super) fn key(job: &PendingJob, total: i64) -> Key {
+    (
+        std::cmp::Reverse(total),
+        job.previous.is_empty(),
+        job.submit_time,
+        job.id,
+    )
+}
+
+/// A job's fair-share, QoS and partition factors.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct ByName {
+    pub fairshare: f64,
+    pub qos: f64,
+    pub partition: f64,
 }
 
 /// What every job's factors share in one pass, worked out once: the
@@ -127,6 +140,31 @@ impl<'v> Ranker<'v> {
 
     /// The job's factors at `now`.
     pub fn factors(&self, job: &PendingJob, now: Millis) -> Factors {
+        self.factors_with(job, now, self.by_name(job))
+    }
+
+    /// The factors that depend only on the job's account, QoS and partition
+    /// names (jobs sharing those share them: a pass works them out once).
+    pub(super) fn by_name(&self, job: &PendingJob) -> ByName {
+        let part_name = if job.partition.is_empty() {
+            self.default_partition.as_str()
+        } else {
+            job.partition.as_str()
+        };
+        ByName {
+            fairshare: self.fs.of(&job.account),
+            qos: self.qos.get(qos_of(&job.qos)).copied().unwrap_or(0.0),
+            partition: self.partitions.get(part_name).copied().unwrap_or(0.0),
+        }
+    }
+
+    /// [`Ranker::factors`] given the job's [`Ranker::by_name`].
+    pub(super) fn factors_with(&self, job: &PendingJob, now: Millis, names: ByName) -> Factors {
+        let ByName {
+            fairshare,
+            qos,
+            partition,
+        } = names;
         let w = self.weights;
         let age = if w.max_age_secs == 0 {
             1.0
@@ -142,14 +180,6 @@ impl<'v> Ranker<'v> {
         } else {
             (job_gpus as f64 / self.cluster_gpus as f64).min(1.0)
         };
-        let qos = self.qos.get(qos_of(&job.qos)).copied().unwrap_or(0.0);
-        let part_name = if job.partition.is_empty() {
-            self.default_partition.as_str()
-        } else {
-            job.partition.as_str()
-        };
-        let partition = self.partitions.get(part_name).copied().unwrap_or(0.0);
-        let fairshare = self.fs.of(&job.account);
         let weighted = f64::from(w.age) * age
             + f64::from(w.fairshare) * fairshare
             + f64::from(w.job_size) * job_size

@@ -13,9 +13,10 @@ use crate::model::Policy;
 /// GPUs held per account and per (QoS, user) during a pass.
 pub(super) struct Quotas<'v> {
     policy: &'v Policy,
-    by_account: BTreeMap<String, u64>,
-    /// By QoS, then user: looked up by borrowed names, no key built per job.
-    by_qos_user: BTreeMap<String, BTreeMap<String, u64>>,
+    /// Keys borrowed from the view: nothing is copied per job.
+    by_account: BTreeMap<&'v str, u64>,
+    /// By QoS, then user.
+    by_qos_user: BTreeMap<&'v str, BTreeMap<&'v str, u64>>,
 }
 
 impl<'v> Quotas<'v> {
@@ -31,16 +32,13 @@ impl<'v> Quotas<'v> {
         q
     }
 
-    fn add(&mut self, account: &str, qos: &str, user: &str, gpus: u64) {
-        *self
-            .by_account
-            .entry(account_of(account).to_string())
-            .or_default() += gpus;
+    fn add(&mut self, account: &'v str, qos: &'v str, user: &'v str, gpus: u64) {
+        *self.by_account.entry(account_of(account)).or_default() += gpus;
         *self
             .by_qos_user
-            .entry(qos_of(qos).to_string())
+            .entry(qos_of(qos))
             .or_default()
-            .entry(user.to_string())
+            .entry(user)
             .or_default() += gpus;
     }
 
@@ -77,7 +75,7 @@ impl<'v> Quotas<'v> {
     }
 
     /// Counts a job the pass starts.
-    pub fn charge(&mut self, job: &PendingJob, gpus: u64) {
+    pub fn charge(&mut self, job: &'v PendingJob, gpus: u64) {
         self.add(&job.account, &job.qos, &job.user, gpus);
     }
 }

@@ -73,7 +73,8 @@ pub(super) fn domain<'a>(topology: &'a str, name: &'a str, level: Level) -> Doma
     Domain::Path(&topology[..end])
 }
 
-/// A node that can take the gang's per-node share now.
+/// A node that can take the gang's per-node share now. A slice of them is
+/// in name order (the pool's).
 pub(super) struct Fit<'a> {
     pub name: &'a str,
     pub topology: &'a str,
@@ -86,9 +87,13 @@ pub(super) struct Fit<'a> {
 impl Fit<'_> {
     /// Best fit among nodes: least left free; of nodes that tie, the one
     /// busy longest (its drain is far off anyway, while one whose jobs end
-    /// soon is left to drain into a whole free node); then the name.
-    pub(super) fn best_fit_key(&self) -> ((u64, u64, u64), Reverse<crate::model::Millis>, &str) {
-        (self.left, Reverse(self.busy_until), self.name)
+    /// soon is left to drain into a whole free node); then the name, which
+    /// is the order of `fits` slices: `at` is this one's position there.
+    pub(super) fn best_fit_key(
+        &self,
+        at: usize,
+    ) -> ((u64, u64, u64), Reverse<crate::model::Millis>, usize) {
+        (self.left, Reverse(self.busy_until), at)
     }
 }
 
@@ -234,7 +239,7 @@ impl<'a> Tree<'_, 'a> {
     /// The `want` best-fitting nodes of `members` ([`Fit::best_fit_key`]).
     fn best_nodes(&self, members: &[usize], want: usize) -> Vec<usize> {
         let mut m = members.to_vec();
-        m.sort_by_key(|&i| self.fits[i].best_fit_key());
+        m.sort_unstable_by_key(|&i| self.fits[i].best_fit_key(i));
         m.truncate(want);
         m
     }

@@ -1,0 +1,128 @@
+//! The pass's queue: the pending jobs in priority order, each with what the
+//! pass asks of every job before it tries to place it: its priority, its
+//! partition, its request (what it asks for, as a small number), and
+//! whether a gate or a quota could hold it back.
+//!
+//! All of it is worked out in one walk over the pending jobs in the order
+//! the state keeps them, and the names a job's factors depend on (account,
+//! QoS, partition) once per distinct trio. Backfill then decides the jobs
+//! it does not try (most of a long queue: past `max_job_test`, they wait
+//! for `Priority`) from these few bytes, without reading their records
+//! again: at 100,000 pending jobs, reading each record a second time, out
+//! of order, was most of the pass.
+
+use std::collections::BTreeMap;
+
+use crate::model::{JobId, Millis, Placement, Policy};
+
+use super::policy::{account_of, qos_of};
+use super::priority::{self, ByName, Ranker};
+use super::view::{PendingJob, Shape};
+use super::{Partitions, ViewRef};
+
+/// One job of the queue.
+pub(super) struct Queued<'v> {
+    pub id: JobId,
+    pub job: &'v PendingJob,
+    /// Its partition's index in [`Partitions`], `None` when that is down.
+    pub part: Option<usize>,
+    /// Its [`Request`]'s number (unused when `part` is `None`).
+    pub request: usize,
+    /// Nothing but resources and quotas can hold it back: no hold,
+    /// dependency, `--begin` in the future, array throttle or singleton.
+    pub plain: bool,
+    /// Its account or QoS has a cap (`super::quota`).
+    pub capped: bool,
+}
+
+/// What a job asks for, within its partition (its index): jobs with equal
+/// requests fit the same nodes. Placement and satisfiability are worked out
+/// once per request per pass.
+pub(super) type Request<'j> = (u32, Shape, Option<u32>, &'j Placement, usize);
+
+/// The queue, and how many distinct requests its jobs make.
+pub(super) struct Queue<'v> {
+    pub jobs: Vec<Queued<'v>>,
+    pub requests: usize,
+}
+
+/// What jobs with one account, QoS and partition share.
+#[derive(Clone, Copy)]
+struct Named {
+    factors: ByName,
+    part: Option<usize>,
+    capped: bool,
+}
+
+/// The queue of `view`'s pending jobs at `now` (see the module comment).
+pub(super) fn build<'v>(view: &ViewRef<'v>, now: Millis, parts: &Partitions) -> Queue<'v> {
+    let policy = &view.rest.policy.policy;
+    let ranker = Ranker::new(view, now);
+    let mut named: BTreeMap<(&str, &str, &str), Named> = BTreeMap::new();
+    let mut requests: BTreeMap<Request, usize> = BTreeMap::new();
+    let mut keyed: Vec<(priority::Key, usize, Queued)> = view
+        .pending
+        .iter()
+        .enumerate()
+        .map(|(i, &job)| {
+            let n = *named
+                .entry((&job.account, &job.qos, &job.partition))
+                .or_insert_with(|| Named {
+                    factors: ranker.by_name(job),
+                    part: parts.of(job),
+                    capped: capped(policy, job),
+                });
+            let total = ranker.factors_with(job, now, n.factors).total;
+            let request = match n.part {
+                Some(part) => {
+                    let next = requests.len();
+                    *requests.entry(request_of(job, part)).or_insert(next)
+                }
+                None => 0,
+            };
+            let plain = job.blocked.is_none()
+                && job.begin_time.is_none_or(|b| b <= now)
+                && job.array_throttle.is_none()
+                && job.singleton.is_none();
+            let q = Queued {
+                id: job.id,
+                job,
+                part: n.part,
+                request,
+                plain,
+                capped: n.capped,
+            };
+            // The view's order breaks a tie of ids (a hand-built view).
+            (priority::key(job, total), i, q)
+        })
+        .collect();
+    keyed.sort_unstable_by(|a, b| (&a.0, a.1).cmp(&(&b.0, b.1)));
+    Queue {
+        jobs: keyed.into_iter().map(|(_, _, q)| q).collect(),
+        requests: requests.len(),
+    }
+}
+
+/// The [`Request`] of `job` in partition `part`.
+pub(super) fn request_of(job: &PendingJob, part: usize) -> Request<'_> {
+    (
+        job.nodes,
+        job.per_node(),
+        job.total_gpus,
+        &job.placement,
+        part,
+    )
+}
+
+/// Whether the job's account has a GPU cap or its QoS one per user.
+fn capped(policy: &Policy, job: &PendingJob) -> bool {
+    let account = policy
+        .accounts
+        .get(account_of(&job.account))
+        .is_some_and(|a| a.max_gpus.is_some());
+    let qos = policy
+        .qos
+        .get(qos_of(&job.qos))
+        .is_some_and(|q| q.max_gpus_per_user.is_some());
+    account || qos
+}
