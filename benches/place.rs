@@ -74,9 +74,9 @@ fn job(id: u64, nodes: u32, gpus: u32) -> PendingJob {
         array_throttle: None,
         singleton: None,
         previous: Vec::new(),
-        account: String::new(),
-        qos: String::new(),
-        partition: String::new(),
+        account: Default::default(),
+        qos: Default::default(),
+        partition: Default::default(),
         nice: 0,
     }
 }
@@ -316,7 +316,7 @@ fn queue_100k(base: &ClusterView, passes: usize) {
             id: JobId(1_000_000 + i as u64),
             user: "bench".into(),
             account: ["a", "b", "c", "d"][i % 4].into(),
-            qos: String::new(),
+            qos: Default::default(),
             gpus: n.used.gpus.len() as u64,
             start_time: 0,
             allocation: Allocation {

@@ -46,10 +46,11 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
-use crate::model::{Allocation, JobId, Millis, NodeAllocation, Placement};
+use crate::model::{Allocation, JobId, Millis, Placement};
 
 use super::check::{self, Candidate, Resolved, Scope};
 use super::plan::Reservation;
+use super::pool::Part;
 use super::queue::Queue;
 use super::quota::Quotas;
 use super::view::{ClusterView, PendingJob, RunningJob};
@@ -411,7 +412,7 @@ struct Releases<'v> {
 }
 
 /// When a running job ends, which, and its parts by node position.
-type Release<'v> = (Millis, JobId, Vec<(usize, &'v NodeAllocation)>);
+type Release<'v> = (Millis, JobId, Vec<Part<'v>>);
 
 impl<'v> Releases<'v> {
     fn new(pool: &Pool, running: &'v [RunningJob], now: Millis) -> Releases<'v> {
@@ -423,7 +424,7 @@ impl<'v> Releases<'v> {
                     .allocation
                     .nodes
                     .iter()
-                    .filter_map(|na| Some((pool.position(&na.node)?, na)))
+                    .filter_map(|na| Some(Part::new(pool.position(&na.node)?, na)))
                     .collect();
                 Some((at, r.id, parts))
             })
@@ -492,8 +493,8 @@ impl Timeline<'_, '_> {
                 return None;
             }
             while next_run < running.len() && running[next_run].0 <= t {
-                for &(pos, na) in &running[next_run].2 {
-                    at.release_node(pos, na);
+                for part in &running[next_run].2 {
+                    at.release_part(part);
                 }
                 next_run += 1;
             }

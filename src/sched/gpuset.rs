@@ -51,6 +51,19 @@ impl GpuSet {
         }
     }
 
+    /// Adds those of `other` that are in `only`; how many were not there.
+    pub fn insert_all(&mut self, other: &GpuSet, only: &GpuSet) -> usize {
+        let new = other.low & only.low & !self.low;
+        self.low |= new;
+        let mut added = new.count_ones() as usize;
+        for &g in other.high.iter().flatten() {
+            if only.contains(g) && self.insert(g) {
+                added += 1;
+            }
+        }
+        added
+    }
+
     /// The indices in increasing order, as the GPU and CPU pickers take them.
     pub fn to_set(&self) -> BTreeSet<u32> {
         let mut out: BTreeSet<u32> = (0..128).filter(|&g| self.low & (1 << g) != 0).collect();
@@ -85,5 +98,18 @@ mod tests {
             s.to_set().into_iter().collect::<Vec<_>>(),
             [0, 1, 7, 127, 300]
         );
+    }
+
+    #[test]
+    fn insert_all_adds_only_the_allowed_and_counts_the_new() {
+        let mut s: GpuSet = [1, 200].into_iter().collect();
+        let other: GpuSet = [0, 1, 2, 200, 201, 202].into_iter().collect();
+        let only: GpuSet = [0, 1, 201, 202].into_iter().collect();
+        assert_eq!(s.insert_all(&other, &only), 3);
+        assert_eq!(
+            s.to_set().into_iter().collect::<Vec<_>>(),
+            [0, 1, 200, 201, 202]
+        );
+        assert_eq!(s.insert_all(&other, &only), 0);
     }
 }

@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 
+use compact_str::CompactString;
 use serde::{Deserialize, Serialize};
 
 use crate::model::{Allocation, JobId, Millis, Policy, UsageCell};
@@ -37,10 +38,10 @@ impl Default for PolicyView {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ActiveJob {
     pub id: JobId,
-    pub user: String,
+    pub user: CompactString,
     /// Resolved at submit; empty: the built-ins.
-    pub account: String,
-    pub qos: String,
+    pub account: CompactString,
+    pub qos: CompactString,
     pub gpus: u64,
     pub start_time: Millis,
     pub allocation: std::sync::Arc<Allocation>,

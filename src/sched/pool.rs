@@ -5,8 +5,9 @@
 //! A pass copies the pool for every reservation it looks for and releases
 //! every running job into the copy, so copies and releases are kept cheap:
 //! free GPUs are bit sets ([`GpuSet`]), the name map is shared between
-//! copies, and the timeline releases by node position
-//! ([`Pool::release_node`]), worked out once per pass, not by name.
+//! copies, and the timeline releases [`Part`]s (node position and what is
+//! held there), worked out once per pass, not allocations by name. A GPU
+//! job's scan for nodes visits only those with a GPU free.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::rc::Rc;
@@ -271,25 +272,23 @@ impl<'v> Pool<'v> {
     pub fn release(&mut self, alloc: &Allocation) {
         for na in &alloc.nodes {
             if let Some(i) = self.position(&na.node) {
-                self.release_node(i, na);
+                self.release_part(&Part::new(i, na));
             }
         }
     }
 
-    /// [`Pool::release`] of one part of an allocation, on the node at
-    /// position `i` (which `na` names).
-    pub fn release_node(&mut self, i: usize, na: &NodeAllocation) {
-        let n = &mut self.nodes[i];
-        for &g in &na.gpus {
-            if n.healthy.contains(g) && n.gpus.insert(g) {
-                self.free_gpus += 1;
-                self.gpu_count[i] += 1;
-                self.with_gpus.set(i, true);
-            }
+    /// [`Pool::release`] of one part of an allocation.
+    pub fn release_part(&mut self, p: &Part) {
+        let n = &mut self.nodes[p.pos];
+        let added = n.gpus.insert_all(&p.gpus, &n.healthy) as u32;
+        if added > 0 {
+            self.free_gpus += u64::from(added);
+            self.gpu_count[p.pos] += added;
+            self.with_gpus.set(p.pos, true);
         }
-        n.cpu_ids_freed.extend(na.cpus.iter().copied());
-        n.cpus = (n.cpus + u64::from(na.cpu_count)).min(n.cpu_cap);
-        n.memory_mb = (n.memory_mb + na.memory_mb).min(n.memory_cap_mb);
+        n.cpu_ids_freed.extend(p.cpu_ids.iter().copied());
+        n.cpus = (n.cpus + u64::from(p.cpu_count)).min(n.cpu_cap);
+        n.memory_mb = (n.memory_mb + p.memory_mb).min(n.memory_cap_mb);
     }
 
     /// Whether GPU `gpu` of `node` is free in this pool.
@@ -371,6 +370,31 @@ impl<'v> Pool<'v> {
             n.cpu_ids_taken.extend(na.cpus.iter().copied());
             n.cpus = n.cpus.saturating_sub(u64::from(na.cpu_count));
             n.memory_mb = n.memory_mb.saturating_sub(na.memory_mb);
+        }
+    }
+}
+
+/// One part of an allocation, resolved for release: its node's position in
+/// the pool and what it holds there, copied out of the allocation so that
+/// backfill's timeline, which releases every running job's parts once per
+/// reservation, reads these bytes and not the allocations.
+pub(super) struct Part<'v> {
+    pos: usize,
+    gpus: GpuSet,
+    cpu_ids: &'v [u32],
+    cpu_count: u32,
+    memory_mb: u64,
+}
+
+impl<'v> Part<'v> {
+    /// `na`, on the node at position `pos` (which it names).
+    pub fn new(pos: usize, na: &'v NodeAllocation) -> Part<'v> {
+        Part {
+            pos,
+            gpus: na.gpus.iter().copied().collect(),
+            cpu_ids: &na.cpus,
+            cpu_count: na.cpu_count,
+            memory_mb: na.memory_mb,
         }
     }
 }

@@ -5,6 +5,7 @@
 use std::collections::BTreeSet;
 use std::fmt;
 
+use compact_str::CompactString;
 use serde::{Deserialize, Serialize};
 
 use crate::model::{Job, JobId, Millis, NodeAllocation, NodeInventory, NodeName, Placement};
@@ -225,7 +226,7 @@ pub struct Shape {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PendingJob {
     pub id: JobId,
-    pub user: String,
+    pub user: CompactString,
     pub nodes: u32,
     pub ntasks_per_node: u32,
     pub gpus_per_node: u32,
@@ -269,11 +270,11 @@ pub struct PendingJob {
     /// The account it is charged to, its QoS and partition (resolved at
     /// submit; empty: the built-ins).
     #[serde(default)]
-    pub account: String,
+    pub account: CompactString,
     #[serde(default)]
-    pub qos: String,
+    pub qos: CompactString,
     #[serde(default)]
-    pub partition: String,
+    pub partition: CompactString,
     /// `--nice`.
     #[serde(default)]
     pub nice: i32,
@@ -322,7 +323,7 @@ impl From<&Job> for PendingJob {
     fn from(job: &Job) -> PendingJob {
         PendingJob {
             id: job.id,
-            user: job.user.clone(),
+            user: job.user.as_str().into(),
             nodes: job.spec.nodes,
             ntasks_per_node: job.spec.ntasks_per_node,
             gpus_per_node: job.spec.gpus_per_node,
@@ -343,9 +344,9 @@ impl From<&Job> for PendingJob {
                 }
                 _ => Vec::new(),
             },
-            account: job.spec.account.clone().unwrap_or_default(),
-            qos: job.spec.qos.clone().unwrap_or_default(),
-            partition: job.spec.partition.clone().unwrap_or_default(),
+            account: job.spec.account.as_deref().unwrap_or_default().into(),
+            qos: job.spec.qos.as_deref().unwrap_or_default().into(),
+            partition: job.spec.partition.as_deref().unwrap_or_default().into(),
             nice: job.spec.nice,
         }
     }

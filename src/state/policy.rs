@@ -396,34 +396,20 @@ impl State {
     /// What a pass needs of the policy: the policy, usage and the jobs that
     /// hold resources.
     pub fn policy_view(&self) -> PolicyView {
+        let running = self
+            .index
+            .holding()
+            .filter_map(|id| active_job(self.jobs.get(&id)?))
+            .collect();
+        self.policy_view_of(running)
+    }
+
+    /// [`State::policy_view`] with its running jobs given.
+    pub(super) fn policy_view_of(&self, running: Vec<ActiveJob>) -> PolicyView {
         PolicyView {
             policy: Arc::clone(&self.policy),
             usage: self.usage.clone(),
-            running: self
-                .index
-                .holding()
-                .filter_map(|id| self.jobs.get(&id))
-                .filter(|j| j.state.is_active())
-                .filter_map(|j| {
-                    let run = j.run.as_ref()?;
-                    Some(ActiveJob {
-                        id: j.id,
-                        user: j.user.clone(),
-                        account: j.spec.account.clone().unwrap_or_default(),
-                        qos: j.spec.qos.clone().unwrap_or_default(),
-                        gpus: run
-                            .allocation
-                            .nodes
-                            .iter()
-                            .map(|n| n.gpus.len() as u64)
-                            .sum(),
-                        start_time: j.start_time.unwrap_or(0),
-                        allocation: run.allocation.clone(),
-                        completing: j.state == JobState::Completing,
-                        preempted_for: run.preempted_for,
-                    })
-                })
-                .collect(),
+            running,
         }
     }
 
@@ -491,4 +477,25 @@ impl State {
         }
         CommandResult::Preempted { stopped, skipped }
     }
+}
+
+/// A job holding resources as the policy sees it, if it is one.
+pub(super) fn active_job(j: &crate::model::Job) -> Option<ActiveJob> {
+    let run = j.run.as_ref().filter(|_| j.state.is_active())?;
+    Some(ActiveJob {
+        id: j.id,
+        user: j.user.as_str().into(),
+        account: j.spec.account.as_deref().unwrap_or_default().into(),
+        qos: j.spec.qos.as_deref().unwrap_or_default().into(),
+        gpus: run
+            .allocation
+            .nodes
+            .iter()
+            .map(|n| n.gpus.len() as u64)
+            .sum(),
+        start_time: j.start_time.unwrap_or(0),
+        allocation: run.allocation.clone(),
+        completing: j.state == JobState::Completing,
+        preempted_for: run.preempted_for,
+    })
 }

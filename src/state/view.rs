@@ -86,7 +86,9 @@ impl State {
         self.check_view_cache();
         let backfill = BackfillConfig::default();
         let mut running = Vec::new();
+        let mut active = Vec::new();
         for job in self.index.holding().filter_map(|id| self.jobs.get(&id)) {
+            active.extend(super::policy::active_job(job));
             if let (Some(run), Some(start)) = (&job.run, job.start_time) {
                 let limit = job
                     .spec
@@ -137,7 +139,7 @@ impl State {
                 running,
                 backfill,
                 master_ports: Some(self.master_ports().len()),
-                policy: self.policy_view(),
+                policy: self.policy_view_of(active),
             },
             nodes: self.index.node_views.values().collect(),
             pending,

@@ -241,9 +241,9 @@ pub fn job(id: u64) -> JobBuilder {
             array_throttle: None,
             singleton: None,
             previous: Vec::new(),
-            account: String::new(),
-            qos: String::new(),
-            partition: String::new(),
+            account: Default::default(),
+            qos: Default::default(),
+            partition: Default::default(),
             nice: 0,
         },
     }

@@ -537,7 +537,7 @@ fn preemption_behind_a_reservation_delays_it_not() {
             s.view.policy.running.push(ActiveJob {
                 id: JobId(id),
                 user: "bob".into(),
-                account: String::new(),
+                account: Default::default(),
                 qos: qos.into(),
                 gpus: 8,
                 start_time: 0,
