@@ -5,8 +5,9 @@
 //! as a server builds it. The nodes are busy: all but one in 100 run an
 //! 8-GPU job, so a pass decides for every pending job and places a few.
 //!
-//! Prints per configuration: the scheduling pass (`sched_input` + `plan_ref`,
-//! what the leader's loop does per pass) p50/p99, CPU ms per pass, the
+//! Prints per configuration: the scheduling pass (`sched_input`, `plan_ref`
+//! and the pending reasons kept from it: what the leader's loop does per pass
+//! before it proposes) p50/p99, CPU ms per pass, the
 //! process's peak RSS (VmHWM: state + redb cache; each configuration runs in
 //! its own child process so the peaks do not mix), and an `acct` query over
 //! the archive. Asserts nothing. Results go to target/bench/scale.json.
@@ -220,8 +221,10 @@ fn one(nodes: u64, jobs: u64, pending: u64, passes: usize) {
     for _ in 0..passes {
         let t = Instant::now();
         let input = s.sched_input();
-        let plan = gpuq::sched::plan_ref(&input.view(), 7, gpuq::sched::Packing::BestFit);
+        let mut plan = gpuq::sched::plan_ref(&input.view(), 7, gpuq::sched::Packing::BestFit);
+        let reasons = gpuq::sched::PendingReasons::take(&mut plan);
         times.push(t.elapsed().as_secs_f64() * 1e3);
+        drop(reasons);
         placed = plan.allocations.len();
     }
     let cpu_ms_per_pass = (cpu_ticks() - ticks0) as f64 * 10.0 / passes as f64;

@@ -78,7 +78,7 @@ pub use backfill::BackfillConfig;
 pub use check::{check_allocation, feasible};
 pub use cpus::pick_cpus;
 pub use gpus::pick_gpus;
-pub use plan::{PendingReason, Plan, Preemption, Reservation};
+pub use plan::{PendingReason, PendingReasons, Plan, Preemption, Reservation};
 pub use policy::{ActiveJob, PolicyView};
 pub use view::{
     cpu_layout, ArrayThrottle, Capacity, ClusterView, NodeState, NodeView, PendingJob, RunningJob,

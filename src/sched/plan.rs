@@ -49,6 +49,39 @@ pub struct Preemption {
     pub why: Vec<String>,
 }
 
+/// What the leader keeps of a pass for `gpuq queue` and `gpuq show`: why
+/// each pending job waits and the expected starts backfill worked out. Kept
+/// as the pass gave them, sorted by id once: a reason becomes text only when
+/// a job is shown, not 100,000 strings a pass.
+#[derive(Clone, Debug, Default)]
+pub struct PendingReasons {
+    by_id: Vec<(JobId, PendingReason)>,
+    starts: Vec<(JobId, Millis)>,
+}
+
+impl PendingReasons {
+    /// The reasons of `plan`, which it takes.
+    pub fn take(plan: &mut Plan) -> PendingReasons {
+        let mut by_id = std::mem::take(&mut plan.pending);
+        by_id.sort_unstable_by_key(|(id, _)| *id);
+        let mut starts: Vec<(JobId, Millis)> =
+            plan.reservations.iter().map(|r| (r.job, r.start)).collect();
+        starts.sort_unstable();
+        PendingReasons { by_id, starts }
+    }
+
+    /// Why `job` waited in the pass, and its expected start if known.
+    pub fn get(&self, job: JobId) -> Option<(&PendingReason, Option<Millis>)> {
+        let i = self.by_id.binary_search_by_key(&job, |(id, _)| *id).ok()?;
+        let start = self
+            .starts
+            .binary_search_by_key(&job, |(id, _)| *id)
+            .ok()
+            .map(|k| self.starts[k].1);
+        Some((&self.by_id[i].1, start))
+    }
+}
+
 impl Plan {
     /// The expected start of `job`, if backfill reserved one.
     pub fn expected_start(&self, job: JobId) -> Option<Millis> {
@@ -161,5 +194,40 @@ impl fmt::Display for PendingReason {
                 f.write_str("waiting for the jobs preempted for it to stop")
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pending_reasons_are_found_by_id_with_their_expected_start() {
+        let mut plan = Plan {
+            pending: vec![
+                (JobId(9), PendingReason::Priority),
+                (JobId(3), PendingReason::Resources),
+                (JobId(5), PendingReason::QuotaExceeded),
+            ],
+            reservations: vec![Reservation {
+                job: JobId(3),
+                start: 42,
+                end: None,
+                allocation: Allocation {
+                    job: JobId(3),
+                    nodes: vec![],
+                },
+            }],
+            ..Default::default()
+        };
+        let r = PendingReasons::take(&mut plan);
+        assert!(plan.pending.is_empty());
+        assert_eq!(r.get(JobId(3)), Some((&PendingReason::Resources, Some(42))));
+        assert_eq!(r.get(JobId(9)), Some((&PendingReason::Priority, None)));
+        assert_eq!(
+            r.get(JobId(5)).map(|x| x.0),
+            Some(&PendingReason::QuotaExceeded)
+        );
+        assert_eq!(r.get(JobId(4)), None);
     }
 }

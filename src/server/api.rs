@@ -21,10 +21,6 @@ mod logs;
 mod status;
 mod submit;
 
-/// Per pending job: why it waits, and its expected start if backfill knows it.
-pub type PendingReasons =
-    std::collections::HashMap<crate::model::JobId, (String, Option<crate::model::Millis>)>;
-
 /// The server's request handler.
 pub struct Api {
     cfg: ServerConfig,
@@ -33,7 +29,7 @@ pub struct Api {
     identity: NodeIdentity,
     /// Why each pending job waits, and when backfill expects it to start,
     /// from the leader's last scheduling pass.
-    pending_reasons: std::sync::RwLock<PendingReasons>,
+    pending_reasons: std::sync::RwLock<crate::sched::PendingReasons>,
     /// Connected agents (leader only).
     pub hub: Arc<super::agents::AgentHub>,
     proposer: super::propose::Proposer,
@@ -204,7 +200,7 @@ impl Api {
     }
 
     /// Records the reasons of the last scheduling pass.
-    pub fn set_pending_reasons(&self, reasons: PendingReasons) {
+    pub fn set_pending_reasons(&self, reasons: crate::sched::PendingReasons) {
         *self
             .pending_reasons
             .write()
@@ -222,9 +218,9 @@ impl Api {
                 .pending_reasons
                 .read()
                 .unwrap_or_else(|p| p.into_inner());
-            if let Some((reason, start)) = reasons.get(&job.id) {
-                job.reason = Some(reason.clone());
-                job.expected_start = *start;
+            if let Some((reason, start)) = reasons.get(job.id) {
+                job.reason = Some(reason.to_string());
+                job.expected_start = start;
             }
         }
         job

@@ -33,7 +33,7 @@ pub async fn run(api: Arc<Api>, mut shutdown: watch::Receiver<bool>) {
         let index = api.applied_index();
         let periodic = last_seen_index == Some(index);
         last_seen_index = Some(index);
-        let plan = {
+        let mut plan = {
             let state = api.state();
             // Most applied entries (task events, heartbeats of progress) leave
             // nothing pending: skip the pass.
@@ -48,14 +48,7 @@ pub async fn run(api: Arc<Api>, mut shutdown: watch::Receiver<bool>) {
             let input = state.sched_input();
             crate::sched::plan_ref(&input.view(), now_ms(), crate::sched::Packing::BestFit)
         };
-        let starts: std::collections::HashMap<_, _> =
-            plan.reservations.iter().map(|r| (r.job, r.start)).collect();
-        api.set_pending_reasons(
-            plan.pending
-                .iter()
-                .map(|(id, r)| (*id, (r.to_string(), starts.get(id).copied())))
-                .collect(),
-        );
+        api.set_pending_reasons(crate::sched::PendingReasons::take(&mut plan));
         if !plan.preemptions.is_empty() {
             let cmd = Command::Preempt {
                 preemptions: plan.preemptions,
