@@ -5,13 +5,14 @@
 //!
 //! All of it is worked out in one walk over the pending jobs in the order
 //! the state keeps them, and the names a job's factors depend on (account,
-//! QoS, partition) once per distinct trio. Backfill then decides the jobs
+//! QoS, partition) once per distinct trio. The trios and requests are found
+//! again by hash (Fx): ordered maps compared up to a dozen strings a job. Backfill then decides the jobs
 //! it does not try (most of a long queue: past `max_job_test`, they wait
 //! for `Priority`) from these few bytes, without reading their records
 //! again: at 100,000 pending jobs, reading each record a second time, out
 //! of order, was most of the pass.
 
-use std::collections::BTreeMap;
+use rustc_hash::FxHashMap;
 
 use crate::model::{JobId, Millis, Placement, Policy};
 
@@ -58,8 +59,8 @@ struct Named {
 pub(super) fn build<'v>(view: &ViewRef<'v>, now: Millis, parts: &Partitions) -> Queue<'v> {
     let policy = &view.rest.policy.policy;
     let ranker = Ranker::new(view, now);
-    let mut named: BTreeMap<(&str, &str, &str), Named> = BTreeMap::new();
-    let mut requests: BTreeMap<Request, usize> = BTreeMap::new();
+    let mut named: FxHashMap<(&str, &str, &str), Named> = FxHashMap::default();
+    let mut requests: FxHashMap<Request, usize> = FxHashMap::default();
     let mut keyed: Vec<(priority::Key, usize, Queued)> = view
         .pending
         .iter()
