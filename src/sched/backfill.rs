@@ -41,7 +41,6 @@
 //! first: conservative, so a backfilled job may be turned away needlessly,
 //! never let in wrongly. GPUs are exact (indices).
 
-use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
@@ -210,20 +209,27 @@ pub(super) fn run<'v>(
         let attempt = match failed.get(&key) {
             Some(r) => Err(r.clone()),
             None => {
-                let free = free_during(&pool, &holds, now, end);
-                free.place(job, resolved, allowed, packing)
-                    .map_err(|reason| {
-                        // Would it fit but for the reservations?
-                        let taken_by_holds = matches!(free, Cow::Owned(_))
-                            && pool.place(job, resolved, allowed, packing).is_ok();
-                        let r = if taken_by_holds {
-                            PendingReason::ReservedForOthers
-                        } else {
-                            reason
-                        };
-                        failed.insert(key, r.clone());
-                        r
-                    })
+                let (placed, held) = place_during(
+                    &mut pool,
+                    &holds,
+                    (now, end),
+                    job,
+                    resolved,
+                    allowed,
+                    packing,
+                );
+                placed.map_err(|reason| {
+                    // Would it fit but for the reservations?
+                    let taken_by_holds =
+                        held && pool.place(job, resolved, allowed, packing).is_ok();
+                    let r = if taken_by_holds {
+                        PendingReason::ReservedForOthers
+                    } else {
+                        reason
+                    };
+                    failed.insert(key, r.clone());
+                    r
+                })
             }
         };
         match attempt {
@@ -384,22 +390,30 @@ fn end_of(start: Millis, secs: u64) -> Millis {
     start.saturating_add(secs.saturating_mul(1000))
 }
 
-/// `pool` less the reservations overlapping `[from, to)`: borrowed when none do.
-fn free_during<'p, 'v>(
-    pool: &'p Pool<'v>,
+/// Where `job` would go on `pool` less the reservations overlapping
+/// `during` (`[from, to)`), and whether any does. The reservations are
+/// charged to the nodes they name and those nodes put back after: `pool`
+/// is as it was, and no copy of it is made.
+fn place_during(
+    pool: &mut Pool,
     holds: &[Hold],
-    from: Millis,
-    to: Option<Millis>,
-) -> Cow<'p, Pool<'v>> {
-    let mut over = holds.iter().filter(|h| h.overlaps(from, to)).peekable();
-    if over.peek().is_none() {
-        return Cow::Borrowed(pool);
+    (from, to): (Millis, Option<Millis>),
+    job: &PendingJob,
+    resolved: Resolved,
+    allowed: &[bool],
+    packing: Packing,
+) -> (Result<Allocation, PendingReason>, bool) {
+    let over: Vec<&Hold> = holds.iter().filter(|h| h.overlaps(from, to)).collect();
+    if over.is_empty() {
+        return (pool.place(job, resolved, allowed, packing), false);
     }
-    let mut p = pool.clone();
-    for h in over {
-        p.charge(&h.alloc);
+    let saved = pool.save(over.iter().map(|h| &h.alloc));
+    for h in &over {
+        pool.charge(&h.alloc);
     }
-    Cow::Owned(p)
+    let placed = pool.place(job, resolved, allowed, packing);
+    pool.restore(saved);
+    (placed, true)
 }
 
 /// Running jobs' releases for backfill's timeline, sorted once per pass:
@@ -519,8 +533,16 @@ impl Timeline<'_, '_> {
             if at.free_gpus.saturating_sub(taken) < need {
                 continue;
             }
-            let free = free_during(&at, self.holds, t, to);
-            if let Ok(alloc) = free.place(job, resolved, allowed, packing) {
+            let (placed, _) = place_during(
+                &mut at,
+                self.holds,
+                (t, to),
+                job,
+                resolved,
+                allowed,
+                packing,
+            );
+            if let Ok(alloc) = placed {
                 return Some((t, alloc));
             }
         }

@@ -9,8 +9,10 @@
 //! held there), worked out once per pass, not allocations by name. A GPU
 //! job's scan for nodes visits only those with a GPU free.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::rc::Rc;
+
+use rustc_hash::FxHashMap;
 
 use crate::model::{Allocation, Millis, NodeAllocation, Placement};
 
@@ -33,7 +35,7 @@ pub(super) struct Pool<'v> {
     /// Sum of free GPUs over `nodes`, to turn a job away without a scan.
     pub free_gpus: u64,
     /// Node position by name, for charging an allocation; shared by copies.
-    by_name: Rc<BTreeMap<&'v str, usize>>,
+    by_name: Rc<FxHashMap<&'v str, usize>>,
 }
 
 #[derive(Clone)]
@@ -78,7 +80,7 @@ impl<'v> Pool<'v> {
         master_ports: Option<u32>,
         running: &[view::RunningJob],
     ) -> Pool<'v> {
-        let by_name: BTreeMap<&str, usize> = up
+        let by_name: FxHashMap<&str, usize> = up
             .iter()
             .enumerate()
             .map(|(i, n)| (n.name.as_str(), i))
@@ -128,7 +130,7 @@ impl<'v> Pool<'v> {
         Pool::of(nodes, Rc::new(by_name))
     }
 
-    fn of(nodes: Vec<FreeNode<'v>>, by_name: Rc<BTreeMap<&'v str, usize>>) -> Pool<'v> {
+    fn of(nodes: Vec<FreeNode<'v>>, by_name: Rc<FxHashMap<&'v str, usize>>) -> Pool<'v> {
         let gpu_count: Vec<u32> = nodes.iter().map(|n| n.gpus.len() as u32).collect();
         let free_gpus = gpu_count.iter().map(|&c| u64::from(c)).sum();
         let mut with_gpus = NodeBits::new(nodes.len());
@@ -348,6 +350,36 @@ impl<'v> Pool<'v> {
         Ok(())
     }
 
+    /// The state of the nodes `allocs` name, for [`Pool::restore`] after
+    /// charging them: a trial charge that costs what it touches, not a copy
+    /// of the whole pool.
+    pub fn save<'a>(&self, allocs: impl IntoIterator<Item = &'a Allocation>) -> Saved<'v> {
+        let mut at: Vec<usize> = allocs
+            .into_iter()
+            .flat_map(|a| a.nodes.iter())
+            .filter_map(|na| self.position(&na.node))
+            .collect();
+        at.sort_unstable();
+        at.dedup();
+        Saved {
+            nodes: at
+                .into_iter()
+                .map(|i| (i, self.nodes[i].clone(), self.gpu_count[i]))
+                .collect(),
+            free_gpus: self.free_gpus,
+        }
+    }
+
+    /// Puts back what [`Pool::save`] saved.
+    pub fn restore(&mut self, saved: Saved<'v>) {
+        for (i, node, count) in saved.nodes {
+            self.nodes[i] = node;
+            self.gpu_count[i] = count;
+            self.with_gpus.set(i, count > 0);
+        }
+        self.free_gpus = saved.free_gpus;
+    }
+
     /// Takes what `alloc` holds out of the pool.
     pub fn charge(&mut self, alloc: &Allocation) {
         for (rank, na) in alloc.nodes.iter().enumerate() {
@@ -372,6 +404,12 @@ impl<'v> Pool<'v> {
             n.memory_mb = n.memory_mb.saturating_sub(na.memory_mb);
         }
     }
+}
+
+/// Nodes of a pool as they were before a trial charge ([`Pool::save`]).
+pub(super) struct Saved<'v> {
+    nodes: Vec<(usize, FreeNode<'v>, u32)>,
+    free_gpus: u64,
 }
 
 /// One part of an allocation, resolved for release: its node's position in
@@ -434,7 +472,60 @@ impl NodeBits {
 
 #[cfg(test)]
 mod tests {
-    use super::NodeBits;
+    use super::{NodeBits, Pool};
+    use crate::model::{Allocation, JobId, NodeAllocation};
+    use crate::sched::tests::dgx;
+
+    /// What a pass can see of a pool: free GPUs, per-node counts, nodes
+    /// with a GPU free, and each node's free GPUs, CPUs, memory and ports.
+    type Seen = (u64, Vec<u32>, Vec<usize>, Vec<(u64, u64, u64, u32)>);
+
+    fn seen(p: &Pool) -> Seen {
+        let nodes = p
+            .nodes
+            .iter()
+            .map(|n| {
+                let f = n.free();
+                (f.gpus, f.cpus, f.memory_mb, n.ports)
+            })
+            .collect();
+        (
+            p.free_gpus,
+            p.gpu_count.clone(),
+            p.with_gpus.ones().collect(),
+            nodes,
+        )
+    }
+
+    #[test]
+    fn restore_undoes_a_trial_charge_of_the_saved_nodes() {
+        let views = [dgx("a").build(), dgx("b").build(), dgx("c").build()];
+        let up: Vec<_> = views.iter().collect();
+        let mut pool = Pool::new(&up, Some(4), &[]);
+        let part = |node: &str, gpus: Vec<u32>| NodeAllocation {
+            node: node.into(),
+            gpus,
+            cpus: vec![0, 1],
+            cpu_count: 2,
+            memory_mb: 1024,
+        };
+        // A start earlier in the pass, kept.
+        pool.charge(&Allocation {
+            job: JobId(1),
+            nodes: vec![part("a", vec![0, 1])],
+        });
+        let before = seen(&pool);
+        let hold = Allocation {
+            job: JobId(2),
+            nodes: vec![part("b", (0..8).collect()), part("a", vec![2, 3])],
+        };
+        let saved = pool.save([&hold, &hold]);
+        pool.charge(&hold);
+        assert_ne!(seen(&pool), before);
+        assert_eq!(pool.with_gpus.ones().collect::<Vec<_>>(), vec![0, 2]);
+        pool.restore(saved);
+        assert_eq!(seen(&pool), before);
+    }
 
     #[test]
     fn node_bits_iterate_the_set_positions_in_order_across_words() {
