@@ -332,6 +332,15 @@ pub(super) fn run<'v>(
     out
 }
 
+/// Whether nothing but resources and quotas can keep `job` back at `now`:
+/// [`gate`] holds no such job, whatever the pass has started.
+pub(super) fn ungated(job: &PendingJob, now: Millis) -> bool {
+    job.blocked.is_none()
+        && job.begin_time.is_none_or(|b| b <= now)
+        && job.array_throttle.is_none()
+        && job.singleton.is_none()
+}
+
 /// Why a job may not even be tried now, if something other than resources
 /// keeps it back.
 fn gate(

@@ -27,27 +27,19 @@ pub fn priorities(view: &ClusterView, now: Millis) -> BTreeMap<JobId, Factors> {
         .collect()
 }
 
-/// The pending jobs in queue order, with their priorities.
+/// The pending jobs in queue order, with their priorities: the order of a
+/// pass's queue (`super::queue`), which this builds.
 ///
-/// The sort key is computed once per job and the keys sorted in one flat
-/// vector; ids are unique, so the order is total and the same as a stable
-/// sort of the jobs would give (the view's order breaks a tie of ids).
+/// Ids are unique, so the order is total and the same as a stable sort of
+/// the jobs would give (the view's order breaks a tie of ids).
 pub fn order(view: &ClusterView, now: Millis) -> Vec<(&PendingJob, i64)> {
-    order_ref(&view.by_ref(), now)
-}
-
-/// [`order`] over a [`ViewRef`].
-pub fn order_ref<'v>(view: &ViewRef<'v>, now: Millis) -> Vec<(&'v PendingJob, i64)> {
-    let ranker = Ranker::new(view, now);
-    let mut keys: Vec<(Key, usize)> = view
-        .pending
-        .iter()
-        .enumerate()
-        .map(|(i, j)| (key(j, ranker.factors(j, now).total), i))
-        .collect();
-    keys.sort_unstable();
-    keys.into_iter()
-        .map(|(k, i)| (view.pending[i], k.0 .0))
+    let v = view.by_ref();
+    let up = super::up_nodes(&v.nodes);
+    let parts = super::Partitions::new(&v.rest.policy.policy, &up);
+    super::queue::build(&v, now, &parts)
+        .jobs
+        .into_iter()
+        .map(|q| (q.job, q.priority))
         .collect()
 }
 

@@ -14,16 +14,18 @@
 
 use rustc_hash::FxHashMap;
 
-use crate::model::{JobId, Millis, Placement, Policy};
+use crate::model::{JobId, Millis, Placement};
 
-use super::policy::{account_of, qos_of};
 use super::priority::{self, ByName, Ranker};
 use super::view::{PendingJob, Shape};
+use super::{backfill, quota};
 use super::{Partitions, ViewRef};
 
 /// One job of the queue.
 pub(super) struct Queued<'v> {
     pub id: JobId,
+    /// Its total priority ([`super::priority`]).
+    pub priority: i64,
     pub job: &'v PendingJob,
     /// Its partition's index in [`Partitions`], `None` when that is down.
     pub part: Option<usize>,
@@ -71,7 +73,7 @@ pub(super) fn build<'v>(view: &ViewRef<'v>, now: Millis, parts: &Partitions) -> 
                 .or_insert_with(|| Named {
                     factors: ranker.by_name(job),
                     part: parts.of(job),
-                    capped: capped(policy, job),
+                    capped: quota::caps(policy, job) != (None, None),
                 });
             let total = ranker.factors_with(job, now, n.factors).total;
             let request = match n.part {
@@ -81,12 +83,10 @@ pub(super) fn build<'v>(view: &ViewRef<'v>, now: Millis, parts: &Partitions) -> 
                 }
                 None => 0,
             };
-            let plain = job.blocked.is_none()
-                && job.begin_time.is_none_or(|b| b <= now)
-                && job.array_throttle.is_none()
-                && job.singleton.is_none();
+            let plain = backfill::ungated(job, now);
             let q = Queued {
                 id: job.id,
+                priority: total,
                 job,
                 part: n.part,
                 request,
@@ -113,17 +113,4 @@ pub(super) fn request_of(job: &PendingJob, part: usize) -> Request<'_> {
         &job.placement,
         part,
     )
-}
-
-/// Whether the job's account has a GPU cap or its QoS one per user.
-fn capped(policy: &Policy, job: &PendingJob) -> bool {
-    let account = policy
-        .accounts
-        .get(account_of(&job.account))
-        .is_some_and(|a| a.max_gpus.is_some());
-    let qos = policy
-        .qos
-        .get(qos_of(&job.qos))
-        .is_some_and(|q| q.max_gpus_per_user.is_some());
-    account || qos
 }

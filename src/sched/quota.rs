@@ -52,15 +52,15 @@ impl<'v> Quotas<'v> {
 
     /// Whether `job`, holding `gpus`, may start now as far as quotas go.
     pub fn gate(&self, job: &PendingJob, gpus: u64) -> Result<(), PendingReason> {
+        let (account_max, qos_max) = caps(self.policy, job);
         let account = account_of(&job.account);
-        // The built-in account and QoS (absent from the maps) have no caps.
-        if let Some(max) = self.policy.accounts.get(account).and_then(|a| a.max_gpus) {
+        if let Some(max) = account_max {
             if self.account_gpus(account) + gpus > u64::from(max) {
                 return Err(PendingReason::QuotaExceeded);
             }
         }
         let qos = qos_of(&job.qos);
-        if let Some(max) = self.policy.qos.get(qos).and_then(|q| q.max_gpus_per_user) {
+        if let Some(max) = qos_max {
             let held = self
                 .by_qos_user
                 .get(qos)
@@ -78,4 +78,19 @@ impl<'v> Quotas<'v> {
     pub fn charge(&mut self, job: &'v PendingJob, gpus: u64) {
         self.add(&job.account, &job.qos, &job.user, gpus);
     }
+}
+
+/// The caps on `job`: its account's GPUs, and its QoS's GPUs per user. The
+/// built-in account and QoS (absent from the maps) have none. A job with
+/// neither is never held by [`Quotas::gate`].
+pub(super) fn caps(policy: &Policy, job: &PendingJob) -> (Option<u32>, Option<u32>) {
+    let account = policy
+        .accounts
+        .get(account_of(&job.account))
+        .and_then(|a| a.max_gpus);
+    let qos = policy
+        .qos
+        .get(qos_of(&job.qos))
+        .and_then(|q| q.max_gpus_per_user);
+    (account, qos)
 }
