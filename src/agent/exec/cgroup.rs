@@ -3,7 +3,7 @@
 //! tree at once (cgroup.kill).
 //!
 //! Layout: `<mount>/gpuq/<job>.<attempt>.<rank>` per task, and
-//! `<mount>/gpuq/shims` where every shim moves itself, so a shim is neither
+//! `<mount>/gpuq/shims` where every shim starts (see `fork`), so a shim is neither
 //! counted against its task's limits nor killed with it, and a service manager
 //! stopping the agent's own cgroup does not take the shims (and their tasks)
 //! down with it.
@@ -27,6 +27,7 @@ use std::path::{Path, PathBuf};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 
+use super::fork::Target;
 use super::task::TaskSpec;
 
 /// The controllers gpuq needs to enforce limits.
@@ -65,7 +66,7 @@ pub struct CgroupError {
     source: io::Error,
 }
 
-fn cg_err(action: &'static str, path: &Path) -> impl FnOnce(io::Error) -> CgroupError {
+pub(super) fn cg_err(action: &'static str, path: &Path) -> impl FnOnce(io::Error) -> CgroupError {
     let path = path.to_path_buf();
     move |source| CgroupError {
         action,
@@ -218,7 +219,7 @@ impl CgroupMode {
         }
     }
 
-    fn gpuq_dir(&self) -> Option<PathBuf> {
+    pub(super) fn gpuq_dir(&self) -> Option<PathBuf> {
         match self {
             CgroupMode::Limits { mount, .. } | CgroupMode::TrackingOnly { mount, .. } => {
                 Some(mount.join(GPUQ_DIR))
@@ -232,15 +233,15 @@ impl CgroupMode {
         matches!(self, CgroupMode::Limits { .. })
     }
 
-    /// Moves the calling process (a shim) to `<mount>/gpuq/shims`.
-    pub fn move_self_to_shims(&self) -> Result<(), CgroupError> {
+    /// `<mount>/gpuq/shims`, created if need be, for a shim to start in
+    /// (`super::fork`); `None` without a cgroup2 mount.
+    pub fn shims_target(&self) -> Result<Option<Target>, CgroupError> {
         let Some(dir) = self.gpuq_dir() else {
-            return Ok(());
+            return Ok(None);
         };
         let shims = dir.join(SHIMS_DIR);
         create_dir(&shims)?;
-        let procs = shims.join("cgroup.procs");
-        fs::write(&procs, "0").map_err(cg_err("move the shim into", &procs))
+        Target::open(&shims).map(Some)
     }
 
     /// Creates the task's cgroup with the spec's limits. `None` when the node

@@ -13,12 +13,13 @@ use std::fs::File;
 use std::io::{self, Read};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::ptr;
 
 use nix::fcntl::OFlag;
 use nix::unistd::{pipe2, Pid};
 
+use super::fork::{fork_into, Forked, Target};
 use super::task::TaskSpec;
 
 /// The PATH used to find a command when the task's environment has none.
@@ -76,7 +77,8 @@ pub struct Prepared {
     workdir: CString,
     stdout: CString,
     stderr: Option<CString>,
-    cgroup_procs: Option<(OwnedFd, PathBuf)>,
+    /// The task's cgroup, which the child starts in.
+    cgroup: Option<Target>,
     affinity: Option<(libc::cpu_set_t, String)>,
 }
 
@@ -87,14 +89,14 @@ fn cstring(s: impl AsRef<OsStr>, what: &str) -> Result<CString, String> {
 
 impl Prepared {
     /// Converts the spec into what the child needs. `script` is the written
-    /// `script` file of a script job, `cgroup_procs` the task cgroup's
-    /// `cgroup.procs`, `pin_cpus` whether the child pins itself to `spec.cpus`
+    /// `script` file of a script job, `cgroup` the task cgroup's directory,
+    /// `pin_cpus` whether the child pins itself to `spec.cpus`
     /// (when no cpuset did it). Errors are sentences for the user.
     pub fn new(
         spec: &TaskSpec,
         identity: Identity,
         script: Option<&Path>,
-        cgroup_procs: Option<PathBuf>,
+        cgroup: Option<&Path>,
         pin_cpus: bool,
     ) -> Result<Prepared, String> {
         let argv: Vec<String> = match (&spec.program, script) {
@@ -134,16 +136,10 @@ impl Prepared {
                 envp.push(cstring(format!("{name}={value}"), "environment variable")?);
             }
         }
-        let cgroup_procs = match cgroup_procs {
-            Some(path) => {
-                let file = std::fs::OpenOptions::new()
-                    .write(true)
-                    .open(&path)
-                    .map_err(|e| format!("cannot open {}: {e}", path.display()))?;
-                Some((OwnedFd::from(file), path))
-            }
-            None => None,
-        };
+        let cgroup = cgroup
+            .map(Target::open)
+            .transpose()
+            .map_err(|e| e.to_string())?;
         let affinity = (pin_cpus && !spec.cpus.is_empty()).then(|| {
             // SAFETY: cpu_set_t is a plain bit array; all zeroes is the empty set.
             let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
@@ -172,7 +168,7 @@ impl Prepared {
             } else {
                 Some(cstring(&spec.stderr, "error path")?)
             },
-            cgroup_procs,
+            cgroup,
             affinity,
             identity,
         })
@@ -186,10 +182,11 @@ impl Prepared {
         let envp = null_terminated(&self.envp);
         // SAFETY: the shim is single-threaded; the child only makes system
         // calls on memory prepared above and then execs or exits.
-        match unsafe { libc::fork() } {
-            -1 => Err(io::Error::last_os_error()),
-            0 => unsafe { self.child(write.as_raw_fd(), &argv, &envp) },
-            pid => {
+        match unsafe { fork_into(self.cgroup.as_ref()) }? {
+            Forked::Child { joined } => unsafe {
+                self.child(write.as_raw_fd(), joined, &argv, &envp)
+            },
+            Forked::Parent(pid) => {
                 drop(write);
                 Ok((Pid::from_raw(pid), LaunchReport { pipe: read }))
             }
@@ -200,6 +197,7 @@ impl Prepared {
     unsafe fn child(
         &self,
         report: RawFd,
+        joined: bool,
         argv: &[*const libc::c_char],
         envp: &[*const libc::c_char],
     ) -> ! {
@@ -229,8 +227,8 @@ impl Prepared {
             libc::c_uint::MAX,
             libc::CLOSE_RANGE_CLOEXEC,
         );
-        if let Some((fd, _)) = &self.cgroup_procs {
-            if libc::write(fd.as_raw_fd(), b"0".as_ptr().cast(), 1) != 1 {
+        if let Some(cgroup) = self.cgroup.as_ref().filter(|_| !joined) {
+            if cgroup.join_self().is_err() {
                 fail(Step::JoinCgroup, 0);
             }
         }
@@ -305,9 +303,9 @@ impl Prepared {
         match step {
             Step::JoinCgroup => format!(
                 "cannot join cgroup {}: {err}",
-                self.cgroup_procs
+                self.cgroup
                     .as_ref()
-                    .map_or(String::new(), |(_, p)| p.display().to_string())
+                    .map_or(String::new(), |c| c.path().display().to_string())
             ),
             Step::NewSession => format!("cannot start a new session: {err}"),
             Step::Groups => format!(

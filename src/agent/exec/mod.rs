@@ -16,6 +16,7 @@
 
 mod cgroup;
 pub mod env;
+mod fork;
 mod launch;
 mod process;
 mod shim;

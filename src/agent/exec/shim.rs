@@ -40,15 +40,37 @@ const CLEANUP_LIMIT: Duration = Duration::from_secs(30);
 /// Runs one task from its directory; returns the shim's exit code (0 once
 /// `status.json` is written).
 pub fn shim_main(task_dir: &Path) -> i32 {
-    if let Err(e) = super::spawn::detach(&shim_signals()) {
-        eprintln!("gpuq shim: cannot detach from the agent: {e}");
-        return 1;
-    }
+    let mode = CgroupMode::detect();
+    let shims = mode.shims_target();
+    let joined = match super::spawn::detach(
+        &shim_signals(),
+        shims.as_ref().ok().and_then(Option::as_ref),
+    ) {
+        Ok(joined) => joined,
+        Err(e) => {
+            eprintln!("gpuq shim: cannot detach from the agent: {e}");
+            return 1;
+        }
+    };
     let _ = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_ansi(false)
         .try_init();
-    let (outcome, start_ms) = run(task_dir);
+    if let Some(warning) = mode.degraded_warning() {
+        tracing::info!("{warning}");
+    }
+    let moved = match &shims {
+        Ok(Some(t)) if !joined => t
+            .join_self()
+            .map_err(|e| format!("cannot move the shim into {}: {e}", t.path().display())),
+        Ok(_) => Ok(()),
+        Err(e) => Err(e.to_string()),
+    };
+    if let Err(e) = moved {
+        tracing::warn!("{e}; the shim stays in the agent's cgroup");
+    }
+    drop(shims);
+    let (outcome, start_ms) = run(task_dir, &mode);
     let status = TaskStatus {
         outcome,
         start_ms,
@@ -82,7 +104,7 @@ fn stop_requested(dir: &Path) -> Option<StopReason> {
         .map(|word| StopReason::parse(&word))
 }
 
-fn run(dir: &Path) -> (TaskOutcome, Option<Millis>) {
+fn run(dir: &Path, mode: &CgroupMode) -> (TaskOutcome, Option<Millis>) {
     // First, so that a stop request arriving now is queued, not fatal.
     let signals = shim_signals();
     if let Err(e) = signals.thread_block() {
@@ -118,13 +140,6 @@ fn run(dir: &Path) -> (TaskOutcome, Option<Millis>) {
             std::io::Error::last_os_error()
         );
     }
-    let mode = CgroupMode::detect();
-    if let Some(warning) = mode.degraded_warning() {
-        tracing::info!("{warning}");
-    }
-    if let Err(e) = mode.move_self_to_shims() {
-        tracing::warn!("{e}; the shim stays in the agent's cgroup");
-    }
     if let Some(reason) = stop_requested(dir) {
         return (TaskOutcome::Cancelled { reason }, None);
     }
@@ -152,7 +167,7 @@ fn run(dir: &Path) -> (TaskOutcome, Option<Millis>) {
         &spec,
         identity,
         script.as_deref(),
-        cgroup.as_ref().map(TaskCgroup::procs_file),
+        cgroup.as_ref().map(TaskCgroup::path),
         pin_cpus,
     ) {
         Ok(prepared) => prepared,

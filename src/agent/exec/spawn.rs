@@ -9,9 +9,10 @@
 //!
 //! 1. it blocks the signals the shim waits on with `sigtimedwait`, so a stop
 //!    sent while it starts is queued instead of killing it;
-//! 2. it forks; the parent writes the child's pid to its stdout (a pipe the
-//!    agent reads) and exits, so the agent reaps it at once and the shim is
-//!    nobody's zombie;
+//! 2. it forks, the child born in `gpuq/shims` where the node has a cgroup2
+//!    mount (see `fork`); the parent writes the child's pid to its stdout (a
+//!    pipe the agent reads) and exits, so the agent reaps it at once and the
+//!    shim is nobody's zombie;
 //! 3. the child starts a new session (the task's own, away from the agent's
 //!    terminal and process group) and points its stdout at its log, off the
 //!    agent's pipe.
@@ -19,6 +20,8 @@
 use std::io::{self, Read, Write};
 use std::path::Path;
 use std::process::{Command, Stdio};
+
+use super::fork::{fork_into, Forked, Target};
 
 /// Starts the shim for the task in `dir`, its stderr going to `log`, and
 /// returns the detached shim's pid once the intermediate process is reaped.
@@ -45,15 +48,15 @@ pub fn spawn_shim(program: &Path, dir: &Path, log: std::fs::File) -> io::Result<
 }
 
 /// The shim's first step, before any thread exists: block the shim's
-/// signals, fork, and return in the detached child. The parent never
+/// signals, fork (the child into `cgroup` if given), and return in the
+/// detached child whether it is in `cgroup` already. The parent never
 /// returns: it reports the child's pid and exits.
-pub fn detach(signals: &nix::sys::signal::SigSet) -> io::Result<()> {
+pub fn detach(signals: &nix::sys::signal::SigSet, cgroup: Option<&Target>) -> io::Result<bool> {
     signals.thread_block().map_err(io::Error::from)?;
     // SAFETY: the process is single-threaded here (called first thing in
     // main for the shim subcommand), so the child may run any code.
-    match unsafe { libc::fork() } {
-        -1 => Err(io::Error::last_os_error()),
-        0 => {
+    match unsafe { fork_into(cgroup) }? {
+        Forked::Child { joined } => {
             // SAFETY: plain system calls on this process's own descriptors.
             unsafe {
                 if libc::setsid() < 0 {
@@ -64,9 +67,9 @@ pub fn detach(signals: &nix::sys::signal::SigSet) -> io::Result<()> {
                     return Err(io::Error::last_os_error());
                 }
             }
-            Ok(())
+            Ok(joined)
         }
-        child => {
+        Forked::Parent(child) => {
             let mut out = io::stdout().lock();
             let code = match writeln!(out, "{child}").and_then(|()| out.flush()) {
                 Ok(()) => 0,
