@@ -1,10 +1,10 @@
-//! The leader's scheduling loop: on state changes (debounced) and every
+//! The leader's scheduling loop: on state changes (debounced while busy) and every
 //! second, it reads the applied state, calls the pure `sched::plan`, and
 //! proposes the allocations as one `Command::Schedule`. Apply re-validates
 //! each allocation, so a stale plan can only start less, never oversubscribe.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
@@ -14,12 +14,16 @@ use super::{now_ms, Api};
 
 /// How long a burst of state changes is collected before a pass.
 const DEBOUNCE: Duration = Duration::from_millis(2);
+/// A change this long after the last pass finds an idle scheduler:
+/// it is passed on at once, not debounced (a lone submit's latency).
+const QUIET: Duration = Duration::from_millis(50);
 
 /// Runs scheduling passes while this server leads, until `shutdown`.
 pub async fn run(api: Arc<Api>, mut shutdown: watch::Receiver<bool>) {
     let mut metrics = api.metrics();
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     let mut last_seen_index = None;
+    let mut last_pass: Option<Instant> = None;
     loop {
         tokio::select! {
             r = metrics.changed() => if r.is_err() { return },
@@ -29,7 +33,9 @@ pub async fn run(api: Arc<Api>, mut shutdown: watch::Receiver<bool>) {
         if !api.is_leader() {
             continue;
         }
-        tokio::time::sleep(DEBOUNCE).await;
+        if last_pass.is_some_and(|t| t.elapsed() < QUIET) {
+            tokio::time::sleep(DEBOUNCE).await;
+        }
         let index = api.applied_index();
         let periodic = last_seen_index == Some(index);
         last_seen_index = Some(index);
@@ -42,6 +48,7 @@ pub async fn run(api: Arc<Api>, mut shutdown: watch::Receiver<bool>) {
                 api.set_pending_reasons(Default::default());
                 continue;
             }
+            last_pass = Some(Instant::now());
             // The nodes and pending jobs are borrowed from the state's index,
             // which keeps them between passes; the read lock is held for the
             // pass, so it must stay short.
