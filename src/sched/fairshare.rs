@@ -15,6 +15,7 @@
 use std::collections::BTreeMap;
 
 use super::policy::{account_of, PolicyView};
+use crate::model::policy::DEFAULT_ACCOUNT;
 use crate::model::{Account, Millis, ShareRow};
 
 /// Fair-share for every account.
@@ -35,7 +36,14 @@ impl FairShare {
 /// Computes shares, usage and factors at `now`.
 pub fn compute(view: &PolicyView, now: Millis) -> FairShare {
     let policy = &view.policy;
-    let accounts = policy.all_accounts();
+    // Borrowed, not cloned (`Policy::all_accounts`): this runs every pass.
+    let builtin = Account::new(DEFAULT_ACCOUNT);
+    let mut accounts: BTreeMap<&str, &Account> = policy
+        .accounts
+        .iter()
+        .map(|(name, a)| (name.as_str(), a))
+        .collect();
+    accounts.entry(DEFAULT_ACCOUNT).or_insert(&builtin);
     // Usage per (account, user) in GPU-seconds at `now`.
     let mut user_usage: BTreeMap<(&str, &str), f64> = BTreeMap::new();
     for (account, users) in &view.usage {
@@ -56,21 +64,24 @@ pub fn compute(view: &PolicyView, now: Millis) -> FairShare {
     }
     // Parents first: depth order. An account whose parent is unknown (it
     // cannot be: apply refuses it) counts as top-level.
-    let parent_of =
-        |a: &Account| -> Option<String> { a.parent.clone().filter(|p| accounts.contains_key(p)) };
+    let parent_of = |a: &Account| -> Option<String> {
+        a.parent
+            .clone()
+            .filter(|p| accounts.contains_key(p.as_str()))
+    };
     let depth = |name: &str| {
         let mut d = 0;
-        let mut cur = accounts.get(name).and_then(parent_of);
+        let mut cur = accounts.get(name).and_then(|a| parent_of(a));
         while let Some(p) = cur {
             d += 1;
             if d > accounts.len() {
                 break;
             }
-            cur = accounts.get(&p).and_then(parent_of);
+            cur = accounts.get(p.as_str()).and_then(|a| parent_of(a));
         }
         d
     };
-    let mut order: Vec<&Account> = accounts.values().collect();
+    let mut order: Vec<&Account> = accounts.values().copied().collect();
     order.sort_by_key(|a| (depth(&a.name), a.name.clone()));
 
     let mut sibling_shares: BTreeMap<Option<String>, u64> = BTreeMap::new();
@@ -90,7 +101,7 @@ pub fn compute(view: &PolicyView, now: Millis) -> FairShare {
     // Subtree usage: children into parents, deepest first.
     let mut subtree: BTreeMap<String, f64> = accounts
         .keys()
-        .map(|n| (n.clone(), direct.get(n.as_str()).copied().unwrap_or(0.0)))
+        .map(|&n| (n.to_string(), direct.get(n).copied().unwrap_or(0.0)))
         .collect();
     for a in order.iter().rev() {
         if let Some(p) = parent_of(a) {

@@ -35,25 +35,30 @@ pub(super) fn candidates<'v>(
     account_gpus: &dyn Fn(&str) -> u64,
 ) -> Vec<&'v ActiveJob> {
     let policy = &view.policy;
+    // Borrowed from the maps, not cloned (this runs for every blocked job
+    // tried): the built-in QoS preempts nothing, the built-in account is
+    // guaranteed nothing.
     let preempts = policy
-        .qos(qos_of(&job.qos))
-        .map(|q| q.preempts)
-        .unwrap_or_default();
+        .qos
+        .get(qos_of(&job.qos))
+        .map(|q| &q.preempts)
+        .filter(|p| !p.is_empty());
     let mine = account_of(&job.account);
     let guarantee = |a: &str| {
         policy
-            .account(a)
+            .accounts
+            .get(a)
             .map_or(0, |a| u64::from(a.guaranteed_gpus))
     };
     let reclaim = guarantee(mine) > 0 && account_gpus(mine) + gpus <= guarantee(mine);
-    if preempts.is_empty() && !reclaim {
+    if preempts.is_none() && !reclaim {
         return Vec::new();
     }
     view.running
         .iter()
         .filter(|r| !r.completing && r.preempted_for.is_none() && r.id != job.id)
         .filter(|r| {
-            preempts.contains(qos_of(&r.qos)) || {
+            preempts.is_some_and(|p| p.contains(qos_of(&r.qos))) || {
                 let theirs = account_of(&r.account);
                 reclaim && theirs != mine && account_gpus(theirs) > guarantee(theirs)
             }
