@@ -22,6 +22,7 @@ use super::{backfill, quota};
 use super::{Partitions, ViewRef};
 
 /// One job of the queue.
+#[derive(Clone, Copy)]
 pub(super) struct Queued<'v> {
     pub id: JobId,
     /// Its total priority ([`super::priority`]).
@@ -57,17 +58,25 @@ struct Named {
     capped: bool,
 }
 
+/// How many jobs ahead of the one being read the walk asks for records
+/// ([`PendingJob::prefetch`]).
+const PREFETCH_AHEAD: usize = 8;
+
 /// The queue of `view`'s pending jobs at `now` (see the module comment).
 pub(super) fn build<'v>(view: &ViewRef<'v>, now: Millis, parts: &Partitions) -> Queue<'v> {
     let policy = &view.rest.policy.policy;
     let ranker = Ranker::new(view, now);
     let mut named: FxHashMap<(&str, &str, &str), Named> = FxHashMap::default();
     let mut requests: FxHashMap<Request, usize> = FxHashMap::default();
-    let mut keyed: Vec<(priority::Key, usize, Queued)> = view
+    let mut keys: Vec<(priority::Key, u32)> = Vec::with_capacity(view.pending.len());
+    let queued: Vec<Queued> = view
         .pending
         .iter()
         .enumerate()
         .map(|(i, &job)| {
+            if let Some(ahead) = view.pending.get(i + PREFETCH_AHEAD) {
+                ahead.prefetch();
+            }
             let n = *named
                 .entry((&job.account, &job.qos, &job.partition))
                 .or_insert_with(|| Named {
@@ -94,12 +103,14 @@ pub(super) fn build<'v>(view: &ViewRef<'v>, now: Millis, parts: &Partitions) -> 
                 capped: n.capped,
             };
             // The view's order breaks a tie of ids (a hand-built view).
-            (priority::key(job, total), i, q)
+            keys.push((priority::key(job, total), i as u32));
+            q
         })
         .collect();
-    keyed.sort_unstable_by(|a, b| (&a.0, a.1).cmp(&(&b.0, b.1)));
+    // Sorted apart from the rows: the sort moves 40 bytes a job, not 100.
+    keys.sort_unstable();
     Queue {
-        jobs: keyed.into_iter().map(|(_, _, q)| q).collect(),
+        jobs: keys.iter().map(|&(_, i)| queued[i as usize]).collect(),
         requests: requests.len(),
     }
 }

@@ -300,6 +300,24 @@ impl PendingJob {
         }
     }
 
+    /// Asks the CPU to start loading this record's cache lines. A pass walks
+    /// 100,000 of them, cold, and waiting for each in turn was most of the
+    /// cost of building its queue; asked for a few jobs ahead, the loads
+    /// overlap.
+    #[inline]
+    pub(super) fn prefetch(&self) {
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+            let base = (self as *const PendingJob).cast::<i8>();
+            for offset in (0..std::mem::size_of::<PendingJob>()).step_by(64) {
+                // SAFETY: a prefetch is a hint: it never faults and loads
+                // nothing the program reads; the addresses are in `self`.
+                unsafe { _mm_prefetch::<_MM_HINT_T0>(base.add(offset)) };
+            }
+        }
+    }
+
     /// The invariants `JobSpec::check_invariants` gives every accepted job,
     /// re-checked because a view can be built by hand.
     pub fn check_shape(&self) -> Result<(), String> {
