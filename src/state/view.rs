@@ -106,7 +106,7 @@ impl State {
         let mut others: Option<HoldingSets> = None;
         let mut fixed = Vec::new();
         let mut pending = Vec::with_capacity(self.index.queued.len());
-        for (p, derived) in self.index.queued.values() {
+        for (p, derived) in self.index.queued.iter() {
             // Most jobs are not derived: they skip the lookup of the job.
             let Some(job) = derived.then(|| self.jobs.get(&p.id)).flatten() else {
                 pending.push((p, None));
@@ -172,13 +172,19 @@ impl State {
             kept.len() == built.len() && kept.iter().zip(&built).all(|(a, b)| *a == b),
             "the index's node views are out of step with the state"
         );
+        let mut ids: Vec<JobId> = self.index.queued.iter().map(|(p, _)| p.id).collect();
+        ids.sort_unstable();
         assert!(
-            self.index.queued.keys().eq(self.index.pending.iter()),
+            ids.iter().eq(self.index.pending.iter()),
             "the index's queued jobs are not the pending ones"
         );
-        for (p, _) in self.index.queued.values() {
-            let (fresh, _) = super::index::queued(&self.jobs[&p.id]);
-            assert!(*p == fresh, "the index's view of job {} is stale", p.id);
+        for (p, derived) in self.index.queued.iter() {
+            let fresh = super::index::queued(&self.jobs[&p.id]);
+            assert!(
+                (p, derived) == (&fresh.0, fresh.1),
+                "the index's view of job {} is stale",
+                p.id
+            );
         }
     }
 
@@ -207,7 +213,7 @@ pub struct SchedInput<'s> {
     /// pending jobs: those are borrowed).
     pub rest: ClusterView,
     nodes: Vec<&'s NodeView>,
-    /// In id order; `Some(i)`: this pass's copy `fixed[i]` stands in for
+    /// In no particular order; `Some(i)`: this pass's copy `fixed[i]` stands in for
     /// it (it is held, waits on dependencies or has an array throttle).
     pending: Vec<(&'s PendingJob, Option<usize>)>,
     fixed: Vec<PendingJob>,
