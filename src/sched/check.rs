@@ -376,6 +376,16 @@ pub fn check_allocation(
     alloc: &Allocation,
     job: &PendingJob,
 ) -> Result<(), String> {
+    check_allocation_by(|name| nodes.iter().find(|n| n.name == name), alloc, job)
+}
+
+/// [`check_allocation`] with each node found by name through `node` (apply
+/// looks them up in the state's index instead of scanning every node).
+pub fn check_allocation_by<'n>(
+    node: impl Fn(&str) -> Option<&'n NodeView>,
+    alloc: &Allocation,
+    job: &PendingJob,
+) -> Result<(), String> {
     if alloc.job != job.id {
         return Err(format!(
             "the allocation is for job {}, not job {}",
@@ -404,7 +414,7 @@ pub fn check_allocation(
         if !seen.insert(na.node.as_str()) {
             return Err(format!("node {} appears twice in the allocation", na.node));
         }
-        let Some(node) = nodes.iter().find(|n| n.name == na.node) else {
+        let Some(node) = node(&na.node) else {
             return Err(format!("node {} is not in the cluster", na.node));
         };
         if node.state != NodeState::Up {

@@ -75,7 +75,7 @@ use std::collections::BTreeSet;
 use crate::model::{Allocation, Millis};
 
 pub use backfill::BackfillConfig;
-pub use check::{check_allocation, feasible};
+pub use check::{check_allocation, check_allocation_by, feasible};
 pub use cpus::pick_cpus;
 pub use gpus::pick_gpus;
 pub use plan::{PendingReason, PendingReasons, Plan, Preemption, Reservation};

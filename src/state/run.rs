@@ -4,13 +4,15 @@
 //! its final state once every rank has ended, so its GPUs are never handed
 //! out while a rank may still hold them.
 
-use std::collections::BTreeMap;
+use std::collections::hash_map::Entry;
+use std::collections::{BTreeMap, HashMap};
 
 use super::{Dirty, DrainSource, NodeRecord, NodeStatus, Rejection, State};
 use crate::model::{
     Allocation, JobId, JobRun, JobState, Millis, NodeInventory, RequeuePolicy, TaskEnd, TaskEvent,
     TaskEventKind,
 };
+use crate::sched::NodeView;
 use crate::state::CommandResult;
 
 /// The host part of `host:port` (IPv6 brackets removed).
@@ -71,7 +73,12 @@ impl State {
     ) -> CommandResult {
         let mut started = Vec::new();
         let mut skipped = Vec::new();
-        let mut views = self.node_views();
+        // The nodes as this command's allocations find them: the index's
+        // views (in step with the state before the command), and a copy of
+        // each node an accepted allocation charged. Building every view
+        // afresh and scanning them by name cost about 90 ms a pass's plan on
+        // 10,000 nodes, on every server.
+        let mut charged: HashMap<String, NodeView> = HashMap::new();
         // Ports given out by this command (the index catches up after it).
         let mut ports_given: Vec<(String, u16)> = Vec::new();
         for alloc in allocations {
@@ -84,7 +91,12 @@ impl State {
                 continue;
             }
             let pending = crate::sched::PendingJob::from(job);
-            if let Err(why) = crate::sched::check_allocation(&views, alloc, &pending) {
+            let view_of = |name: &str| {
+                charged
+                    .get(name)
+                    .or_else(|| self.index.node_views.get(name))
+            };
+            if let Err(why) = crate::sched::check_allocation_by(view_of, alloc, &pending) {
                 skipped.push((alloc.job, why));
                 continue;
             }
@@ -127,7 +139,20 @@ impl State {
                 continue;
             };
             ports_given.push((first.node.clone(), master_port));
-            super::view::add_usage(&mut views, alloc);
+            for (rank, na) in alloc.nodes.iter().enumerate() {
+                let view = match charged.entry(na.node.clone()) {
+                    Entry::Occupied(e) => e.into_mut(),
+                    Entry::Vacant(e) => match self.index.node_views.get(&na.node) {
+                        Some(v) => e.insert(v.clone()),
+                        None => continue,
+                    },
+                };
+                view.used.charge(na);
+                // Rank 0 holds one of the node's MASTER_PORTs.
+                if rank == 0 {
+                    view.used.master_ports += 1;
+                }
+            }
             if let Some(job) = self.jobs.get_mut(&alloc.job) {
                 // A `--gpus N` job runs in the shape the pass chose (checked
                 // above: equal GPUs per node, N in all); the rest of the state,

@@ -7,23 +7,11 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use super::{NodeStatus, State};
-use crate::model::{Allocation, Job, JobId, JobState};
+use crate::model::{Job, JobId, JobState};
 use crate::sched::{
     ArrayThrottle, BackfillConfig, ClusterView, NodeState, NodeView, PendingJob, RunningJob, Usage,
     ViewRef,
 };
-
-/// Adds an allocation's resources to the usage of the nodes it names.
-pub fn add_usage(views: &mut [NodeView], alloc: &Allocation) {
-    for (rank, na) in alloc.nodes.iter().enumerate() {
-        if let Some(v) = views.iter_mut().find(|v| v.name == na.node) {
-            v.used.charge(na);
-            if rank == 0 {
-                v.used.master_ports += 1;
-            }
-        }
-    }
-}
 
 impl State {
     /// Every node with what active jobs use on it, in name order.
