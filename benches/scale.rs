@@ -8,6 +8,8 @@
 //! Prints per configuration: the scheduling pass (`sched_input`, `plan_ref`
 //! and the pending reasons kept from it: what the leader's loop does per pass
 //! before it proposes) p50/p99, CPU ms per pass, the
+//! time to apply the `Schedule` of one such pass (what every server does with
+//! the plan: re-check and start its allocations), the
 //! process's peak RSS (VmHWM: state + redb cache; each configuration runs in
 //! its own child process so the peaks do not mix), and an `acct` query over
 //! the archive. Asserts nothing. Results go to target/bench/scale.json.
@@ -230,6 +232,25 @@ fn one(nodes: u64, jobs: u64, pending: u64, passes: usize) {
     let cpu_ms_per_pass = (cpu_ticks() - ticks0) as f64 * 10.0 / passes as f64;
     times.sort_by(|a, b| a.total_cmp(b));
 
+    // What every server then does with such a plan: apply its `Schedule`
+    // (re-check each allocation against current usage, start the jobs).
+    let input = s.sched_input();
+    let plan = gpuq::sched::plan_ref(&input.view(), 7, gpuq::sched::Packing::BestFit);
+    drop(input);
+    let t = Instant::now();
+    let applied = s.apply(
+        &Command::Schedule {
+            allocations: plan.allocations,
+            now: 8,
+        },
+        &mut Dirty::default(),
+    );
+    let apply_ms = t.elapsed().as_secs_f64() * 1e3;
+    let started = match applied {
+        gpuq::state::CommandResult::Scheduled { started, .. } => started.len(),
+        _ => 0,
+    };
+
     // acct over the archive: one user's jobs.
     let t = Instant::now();
     let txn = db.begin_read().unwrap();
@@ -257,6 +278,8 @@ fn one(nodes: u64, jobs: u64, pending: u64, passes: usize) {
         "pass_p99_ms": pct(&times, 0.99),
         "pass_cpu_ms": cpu_ms_per_pass,
         "placed_per_pass": placed,
+        "apply_schedule_ms": apply_ms,
+        "apply_schedule_started": started,
         "vm_hwm_mib": proc_status("VmHWM:") as f64 / 1024.0,
         "vm_rss_mib": proc_status("VmRSS:") as f64 / 1024.0,
         "acct_user_ms": acct_ms,
@@ -284,7 +307,7 @@ fn main() {
     };
     let me = std::env::current_exe().unwrap();
     println!(
-        "{:>6} {:>8} {:>8} {:>9} {:>9} {:>9} {:>8} {:>7} {:>9} {:>8} {:>8} {:>6}",
+        "{:>6} {:>8} {:>8} {:>9} {:>9} {:>9} {:>8} {:>7} {:>9} {:>8} {:>8} {:>6} {:>9}",
         "nodes",
         "jobs",
         "pending",
@@ -296,7 +319,8 @@ fn main() {
         "hwm_MiB",
         "acct_ms",
         "build_s",
-        "cpu%"
+        "cpu%",
+        "apply_ms"
     );
     let mut rows = Vec::new();
     for &n in &nodes {
@@ -320,7 +344,7 @@ fn main() {
             };
             let f = |k: &str| row[k].as_f64().unwrap_or(f64::NAN);
             println!(
-                "{:>6} {:>8} {:>8} {:>9} {:>9} {:>9.1} {:>8.1} {:>7.1} {:>9.0} {:>8.1} {:>8.1} {:>6.1}",
+                "{:>6} {:>8} {:>8} {:>9} {:>9} {:>9.1} {:>8.1} {:>7.1} {:>9.0} {:>8.1} {:>8.1} {:>6.1} {:>9.1}",
                 n,
                 j,
                 row["pending"],
@@ -333,6 +357,7 @@ fn main() {
                 f("acct_user_ms"),
                 f("build_s"),
                 f("pass_cpu_ms") / 10.0,
+                f("apply_schedule_ms"),
             );
             rows.push(row);
         }
