@@ -242,6 +242,11 @@ fn all_ranks_completing_completes_the_job_and_repeats_change_nothing() {
         },
         &mut d,
     );
+    // What `gpuq nodes` reads: the index's view, charged by the start.
+    for n in ["n1", "n2"] {
+        assert_eq!(s.node_view(n).map(|v| v.used.gpus.len()), Some(8), "{n}");
+    }
+    assert_eq!(s.node_view("nowhere"), None);
     assert_eq!(
         report(&mut s, &mut d, "n1", vec![ev(a, 0, TaskEventKind::Started)]),
         1
@@ -279,6 +284,7 @@ fn all_ranks_completing_completes_the_job_and_repeats_change_nothing() {
             .sum::<usize>(),
         0
     );
+    assert_eq!(s.node_view("n1").map(|v| v.used.gpus.len()), Some(0));
 }
 
 #[test]

@@ -14,7 +14,14 @@ use crate::sched::{
 };
 
 impl State {
-    /// Every node with what active jobs use on it, in name order.
+    /// Node `name` with what active jobs use on it, as the index keeps it
+    /// (in step with every applied command; no copy).
+    pub fn node_view(&self, name: &str) -> Option<&NodeView> {
+        self.index.node_views.get(name)
+    }
+
+    /// Every node with what active jobs use on it, in name order, built
+    /// from the records (the index's are [`State::node_view`]).
     pub fn node_views(&self) -> Vec<NodeView> {
         let mut views: Vec<NodeView> = self
             .nodes
