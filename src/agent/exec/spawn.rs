@@ -53,8 +53,9 @@ pub fn spawn_shim(program: &Path, dir: &Path, log: std::fs::File) -> io::Result<
 /// returns: it reports the child's pid and exits.
 pub fn detach(signals: &nix::sys::signal::SigSet, cgroup: Option<&Target>) -> io::Result<bool> {
     signals.thread_block().map_err(io::Error::from)?;
-    // SAFETY: the process is single-threaded here (called first thing in
-    // main for the shim subcommand), so the child may run any code.
+    // SAFETY: the process is single-threaded here (the shim subcommand
+    // calls this before anything that could start a thread), so the child
+    // may run any code.
     match unsafe { fork_into(cgroup) }? {
         Forked::Child { joined } => {
             // SAFETY: plain system calls on this process's own descriptors.
