@@ -149,8 +149,19 @@ mod tests {
         }
     }
 
+    /// Whether this kernel has `CLONE_INTO_CGROUP` (Linux 5.7).
+    fn kernel_has_clone_into_cgroup() -> bool {
+        let release = fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+        let mut parts = release
+            .split(['.', '-'])
+            .map(|p| p.trim().parse::<u32>().unwrap_or(0));
+        let (major, minor) = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
+        (major, minor) >= (5, 7)
+    }
+
     /// As root on a host with a cgroup2 mount (CI), the child starts in the
-    /// target cgroup, by clone3 or by the fallback.
+    /// target cgroup; on a kernel that has it, by clone3 (the fallback would
+    /// hide a broken `clone_args` and bring back the slow move).
     #[test]
     fn the_child_starts_in_the_target_cgroup() {
         let mode = super::super::CgroupMode::detect();
@@ -170,9 +181,13 @@ mod tests {
         // into the pipe, exit.
         match unsafe { fork_into(Some(&target)) }.unwrap() {
             Forked::Child { joined } => unsafe {
-                let ok = joined || target.join_self().is_ok();
+                let flag: &[u8; 1] = match (joined, joined || target.join_self().is_ok()) {
+                    (true, _) => b"c",
+                    (false, true) => b"f",
+                    (false, false) => b"0",
+                };
                 let w = write.as_raw_fd();
-                libc::write(w, if ok { b"1".as_ptr() } else { b"0".as_ptr() }.cast(), 1);
+                libc::write(w, flag.as_ptr().cast(), 1);
                 let fd = libc::open(c"/proc/self/cgroup".as_ptr(), libc::O_RDONLY);
                 let mut buf = [0u8; 4096];
                 let n = libc::read(fd, buf.as_mut_ptr().cast(), buf.len());
@@ -189,7 +204,13 @@ mod tests {
                 let _ = fs::remove_dir(&path);
                 let name = path.file_name().unwrap().to_str().unwrap();
                 let unified = said[1..].lines().find_map(|l| l.strip_prefix("0::"));
-                assert!(said.starts_with('1'), "the child could not join: {said}");
+                assert!(!said.starts_with('0'), "the child could not join: {said}");
+                if kernel_has_clone_into_cgroup() {
+                    assert!(
+                        said.starts_with('c'),
+                        "clone3 was refused and the child fell back to a move: {said}"
+                    );
+                }
                 assert_eq!(unified, Some(format!("/gpuq/{name}").as_str()), "{said}");
             }
         }
