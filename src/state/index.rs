@@ -245,6 +245,30 @@ impl Queued {
         self.jobs.len()
     }
 
+    /// Test and debug builds: every position map entry points at its job
+    /// (a stale one would make a later removal take out the wrong job).
+    #[cfg(any(test, debug_assertions))]
+    pub(super) fn check(&self) {
+        assert_eq!(
+            self.jobs.len(),
+            self.derived.len(),
+            "queued flags out of step"
+        );
+        assert_eq!(
+            self.at.len(),
+            self.jobs.len(),
+            "queued positions out of step"
+        );
+        for (i, p) in self.jobs.iter().enumerate() {
+            assert_eq!(
+                self.at.get(&p.id),
+                Some(&i),
+                "queued position of job {}",
+                p.id
+            );
+        }
+    }
+
     /// Every job with its `derived` flag, in no particular order.
     pub(super) fn iter(&self) -> impl Iterator<Item = (&PendingJob, bool)> {
         self.jobs.iter().zip(self.derived.iter().copied())

@@ -167,6 +167,7 @@ impl State {
             kept.len() == built.len() && kept.iter().zip(&built).all(|(a, b)| *a == b),
             "the index's node views are out of step with the state"
         );
+        self.index.queued.check();
         let mut ids: Vec<JobId> = self.index.queued.iter().map(|(p, _)| p.id).collect();
         ids.sort_unstable();
         assert!(
