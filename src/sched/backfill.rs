@@ -131,6 +131,8 @@ pub(super) fn run<'v>(
     // Running jobs' releases, in time order, by node position: worked out
     // once for every reservation of the pass.
     let releases = Releases::new(&pool, &view.running, now);
+    // The timeline's pool at a time, carried from one reservation to the next.
+    let mut ahead: Option<Ahead> = None;
     // Preemption simulates on copies of the pool: a few per pass.
     let mut preempt_tries = MAX_PREEMPT_TRIES;
     // Each request's satisfiability, worked out for the first job making it.
@@ -283,6 +285,9 @@ pub(super) fn run<'v>(
                     // the jobs behind it.
                     pool.charge(&reserved);
                     started.push((end, reserved));
+                    // It may charge what victims still hold, and they are not
+                    // released any more: the timeline's pool is stale.
+                    ahead = None;
                     if let Some(p) = preemption {
                         stopping.extend(p.victims.iter().copied());
                         out.preemptions.push(p);
@@ -303,7 +308,8 @@ pub(super) fn run<'v>(
                         now,
                         max_times: cfg.max_times,
                     };
-                    if let Some((start, alloc)) = timeline.earliest(job, resolved, allowed, packing)
+                    if let Some((start, alloc)) =
+                        timeline.earliest(&mut ahead, job, resolved, allowed, packing)
                     {
                         let end = job.time_limit_secs.map(|s| end_of(start, s));
                         out.reservations.push(Reservation {
@@ -429,33 +435,126 @@ fn place_during(
 /// each with its expected end (a past one counts as "any moment", now + 1)
 /// and its parts resolved to node positions in the pass's pool (parts on
 /// nodes that are not up are dropped: they free nothing the pass uses).
-/// Jobs never known to end are not in it.
+/// Jobs never known to end are not in it. The parts of all jobs are one
+/// vector: a release is a range of it, not an allocation of its own.
 struct Releases<'v> {
-    ends: Vec<Release<'v>>,
+    ends: Vec<Release>,
+    parts: Vec<Part<'v>>,
 }
 
-/// When a running job ends, which, and its parts by node position.
-type Release<'v> = (Millis, JobId, Vec<Part<'v>>);
+/// When a running job ends, which, and its parts (a range of
+/// [`Releases::parts`]).
+struct Release {
+    at: Millis,
+    job: JobId,
+    parts: std::ops::Range<usize>,
+}
 
 impl<'v> Releases<'v> {
     fn new(pool: &Pool, running: &'v [RunningJob], now: Millis) -> Releases<'v> {
+        let mut parts = Vec::with_capacity(running.len());
         let mut ends: Vec<Release> = running
             .iter()
             .filter_map(|r| {
                 let at = r.expected_end?.max(now + 1);
-                let parts = r
-                    .allocation
-                    .nodes
-                    .iter()
-                    .filter_map(|na| Some(Part::new(pool.position(&na.node)?, na)))
-                    .collect();
-                Some((at, r.id, parts))
+                let from = parts.len();
+                parts.extend(
+                    r.allocation
+                        .nodes
+                        .iter()
+                        .filter_map(|na| Some(Part::new(pool.position(&na.node)?, na))),
+                );
+                Some(Release {
+                    at,
+                    job: r.id,
+                    parts: from..parts.len(),
+                })
             })
             .collect();
         // Stable: releases at one time keep the view's order (their order
         // does not change what is free after them anyway).
-        ends.sort_by_key(|e| e.0);
-        Releases { ends }
+        ends.sort_by_key(|e| e.at);
+        Releases { ends, parts }
+    }
+}
+
+/// The pool as it will be at a time `t` of the timeline: what is free now
+/// plus every release up to `t`. Built by the pass's first reservation and
+/// carried to the next ones, which mostly look at the same or later times
+/// (a busy fleet's blocked jobs wait for the same releases): a copy of the
+/// pool and the releases into it cost O(nodes + running jobs), and were most
+/// of a 10,000-node pass when each reservation made its own.
+///
+/// It moves forward only. A reservation that looks at an earlier time gets
+/// a new one made from the pool. The pass's starts since it was made are
+/// charged to it before it is used (a start takes GPUs free now, which no
+/// release gives back, so charging it before or after the releases comes
+/// to the same), and released again at their ends. Anything else the pass
+/// does to its pool (a preemptor's charge, a new victim whose release no
+/// longer counts) makes it stale, and the pass drops it.
+struct Ahead<'v> {
+    at: Pool<'v>,
+    /// Every release with an end up to `t` is in `at`.
+    t: Millis,
+    /// Running jobs' releases applied: a prefix of [`Releases::ends`].
+    next_run: usize,
+    /// This pass's starts charged to `at`: a prefix of the pass's list.
+    charged: usize,
+    /// Those of them still to be released, by end.
+    ending: std::collections::BinaryHeap<std::cmp::Reverse<(Millis, usize)>>,
+}
+
+impl<'v> Ahead<'v> {
+    fn new(pool: &Pool<'v>, started: &[(Option<Millis>, Allocation)], now: Millis) -> Ahead<'v> {
+        // The starts are in `pool` already; they are released at their ends.
+        let ending = started
+            .iter()
+            .enumerate()
+            .filter_map(|(i, (e, _))| Some(std::cmp::Reverse(((*e)?.max(now + 1), i))))
+            .collect();
+        Ahead {
+            at: pool.clone(),
+            t: now,
+            next_run: 0,
+            charged: started.len(),
+            ending,
+        }
+    }
+
+    /// Moves to time `t` (not before the current one): charges the pass's
+    /// starts made since, then releases what ends up to `t`.
+    fn advance(
+        &mut self,
+        t: Millis,
+        running: &Releases<'v>,
+        stopping: &BTreeSet<JobId>,
+        started: &[(Option<Millis>, Allocation)],
+        now: Millis,
+    ) {
+        debug_assert!(t >= self.t);
+        for (i, (end, alloc)) in started.iter().enumerate().skip(self.charged) {
+            self.at.charge(alloc);
+            if let Some(e) = end {
+                self.ending.push(std::cmp::Reverse(((*e).max(now + 1), i)));
+            }
+        }
+        self.charged = started.len();
+        self.t = t;
+        while let Some(r) = running.ends.get(self.next_run).filter(|r| r.at <= t) {
+            if stopping.is_empty() || !stopping.contains(&r.job) {
+                for part in &running.parts[r.parts.clone()] {
+                    self.at.release_part(part);
+                }
+            }
+            self.next_run += 1;
+        }
+        while let Some(&std::cmp::Reverse((e, i))) = self.ending.peek() {
+            if e > t {
+                break;
+            }
+            self.at.release(&started[i].1);
+            self.ending.pop();
+        }
     }
 }
 
@@ -472,59 +571,50 @@ struct Timeline<'a, 'v> {
     max_times: usize,
 }
 
-impl Timeline<'_, '_> {
+impl<'v> Timeline<'_, 'v> {
     /// The earliest time after now at which `job` fits for its whole time
-    /// limit, and where; `None` if the timeline does not know one.
+    /// limit, and where; `None` if the timeline does not know one. `ahead`
+    /// is the pool at a time of the timeline, carried between reservations.
     fn earliest(
         &self,
+        ahead: &mut Option<Ahead<'v>>,
         job: &PendingJob,
         resolved: Resolved,
         allowed: &[bool],
         packing: Packing,
     ) -> Option<(Millis, Allocation)> {
-        // Releases in time order: the running jobs' (sorted once per pass)
-        // and this pass's starts'.
-        let running: Vec<&Release> = self
-            .running
-            .ends
-            .iter()
-            .filter(|e| self.stopping.is_empty() || !self.stopping.contains(&e.1))
-            .collect();
-        let mut started: Vec<(Millis, &Allocation)> = self
-            .started
-            .iter()
-            .filter_map(|(e, a)| Some(((*e)?.max(self.now + 1), a)))
-            .collect();
-        started.sort_by_key(|e| e.0);
-        let mut times: Vec<Millis> = Vec::with_capacity(running.len() + started.len());
-        for e in &running {
-            if times.last() != Some(&e.0) {
-                times.push(e.0);
+        // Candidate times, in order: the running jobs' ends (sorted once per
+        // pass), this pass's starts' and the reservations' ends.
+        let mut times: Vec<Millis> =
+            Vec::with_capacity(self.running.ends.len() + self.started.len());
+        for e in &self.running.ends {
+            if times.last() != Some(&e.at)
+                && (self.stopping.is_empty() || !self.stopping.contains(&e.job))
+            {
+                times.push(e.at);
             }
         }
-        times.extend(started.iter().map(|e| e.0));
+        times.extend(
+            self.started
+                .iter()
+                .filter_map(|(e, _)| Some((*e)?.max(self.now + 1))),
+        );
         times.extend(self.holds.iter().filter_map(|h| h.end));
         times.retain(|&t| t > self.now);
         times.sort_unstable();
         times.dedup();
 
         let need = u64::from(resolved.per_node.gpus) * u64::from(resolved.nodes);
-        let mut at = self.pool.clone();
-        let (mut next_run, mut next_started) = (0, 0);
         for (i, &t) in times.iter().enumerate() {
             if i >= self.max_times {
                 return None;
             }
-            while next_run < running.len() && running[next_run].0 <= t {
-                for part in &running[next_run].2 {
-                    at.release_part(part);
-                }
-                next_run += 1;
+            if ahead.as_ref().is_some_and(|a| a.t > t) {
+                *ahead = None;
             }
-            while next_started < started.len() && started[next_started].0 <= t {
-                at.release(started[next_started].1);
-                next_started += 1;
-            }
+            let at = ahead.get_or_insert_with(|| Ahead::new(self.pool, self.started, self.now));
+            at.advance(t, self.running, self.stopping, self.started, self.now);
+            let at = &mut at.at;
             let to = job.time_limit_secs.map(|s| end_of(t, s));
             // Free GPUs the overlapping reservations take: an exact count.
             let taken: u64 = self
@@ -542,15 +632,8 @@ impl Timeline<'_, '_> {
             if at.free_gpus.saturating_sub(taken) < need {
                 continue;
             }
-            let (placed, _) = place_during(
-                &mut at,
-                self.holds,
-                (t, to),
-                job,
-                resolved,
-                allowed,
-                packing,
-            );
+            let (placed, _) =
+                place_during(at, self.holds, (t, to), job, resolved, allowed, packing);
             if let Ok(alloc) = placed {
                 return Some((t, alloc));
             }

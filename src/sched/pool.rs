@@ -2,8 +2,10 @@
 //! places on, what starts are charged to and what backfill's timeline and
 //! preemption's simulations give running jobs' resources back to.
 //!
-//! A pass copies the pool for every reservation it looks for and releases
-//! every running job into the copy, so copies and releases are kept cheap:
+//! Backfill's timeline copies the pool and releases every running job into
+//! the copy (once a pass when its reservations look at later and later
+//! times, again for one that looks earlier), and preemption simulates on
+//! copies, so copies and releases are kept cheap:
 //! free GPUs are bit sets ([`GpuSet`]), the name map is shared between
 //! copies, and the timeline releases [`Part`]s (node position and what is
 //! held there), worked out once per pass, not allocations by name. A GPU

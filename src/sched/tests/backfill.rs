@@ -246,3 +246,56 @@ fn a_long_queue_behind_a_blocked_head_is_cheap_and_sound() {
         .iter()
         .all(|a| a.job.0 % 2 == 1 && a.job.0 < 20));
 }
+
+#[test]
+fn the_timeline_carried_between_reservations_counts_the_starts_made_since() {
+    // Job 1's reservation leaves the timeline's pool at +1h. Job 2 then
+    // starts on d until +2h; job 3's search starts at +1h on that same
+    // pool, which must hold job 2 too: d is not whole before +2h.
+    let out = at_now([dgx("a"), dgx("b"), dgx("c"), dgx("d")])
+        .running_until(held(90, "a", ALL8), NOW + HOUR)
+        .running_until(held(91, "b", ALL8), NOW + HOUR)
+        .running_until(held(92, "c", ALL8), NOW + HOUR)
+        .running_until(held(93, "d", &[0, 1]), NOW + HOUR)
+        .pending([
+            job(1).nodes(3).gpus(8).time(3600),
+            job(2).gpus(6).time(7200),
+            job(3).gpus(8).time(600),
+        ])
+        .run();
+    assert_eq!(out.expected_start(1), Some(NOW + HOUR));
+    assert!(
+        out.plan.allocations.iter().any(|a| a.job == JobId(2)),
+        "{:?}",
+        out.plan
+    );
+    assert_eq!(out.expected_start(3), Some(NOW + 2 * HOUR));
+}
+
+#[test]
+fn a_reservation_earlier_than_the_last_one_is_found() {
+    // Job 1 is reserved at +2h; job 2 starts on c now and ends in 30
+    // minutes; job 3 fits a at +1h, before job 1's reservation, so its
+    // search must look at times before the timeline's last one.
+    let out = at_now([dgx("a"), dgx("b"), dgx("c")])
+        .running_until(held(90, "a", ALL8), NOW + HOUR)
+        .running_until(held(91, "b", ALL8), NOW + 2 * HOUR)
+        .running_until(held(92, "c", &[0, 1, 2, 3]), NOW + 3 * HOUR)
+        .pending([
+            job(1).nodes(2).gpus(8).time(3600),
+            job(2).gpus(4).time(1800),
+            job(3).gpus(8).time(600),
+            job(4).gpus(8).time(3600),
+        ])
+        .run();
+    assert_eq!(out.expected_start(1), Some(NOW + 2 * HOUR));
+    assert!(
+        out.plan.allocations.iter().any(|a| a.job == JobId(2)),
+        "{:?}",
+        out.plan
+    );
+    assert_eq!(out.expected_start(3), Some(NOW + HOUR));
+    // a is job 3's for 10 minutes, then job 1's from +2h; b is job 1's
+    // from +2h; c is whole at +3h.
+    assert_eq!(out.expected_start(4), Some(NOW + 3 * HOUR));
+}
