@@ -6,8 +6,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use crate::model::NodeInventory;
 
-/// Picks `count` CPU ids out of `free` (the node's CPU ids no cpuset holds)
-/// for a job given `gpus` on the node:
+/// Picks `count` CPU ids out of `free` (the node's CPU ids no cpuset holds,
+/// ascending) for a job given `gpus` on the node:
 /// - a GPU job takes them from its GPUs' NUMA nodes, shared in proportion to
 ///   its GPUs on each, then from the other NUMA nodes if those run short;
 /// - a CPU-only job takes one NUMA node that holds it whole, preferring the
@@ -21,9 +21,14 @@ pub fn pick_cpus(
     inventory: &NodeInventory,
     gpus: &[u32],
     free_gpus: &BTreeSet<u32>,
-    free: &BTreeSet<u32>,
+    free: &[u32],
     count: u32,
 ) -> Vec<u32> {
+    debug_assert!(
+        free.windows(2).all(|w| w[0] < w[1]),
+        "free CPU ids ascending"
+    );
+    let is_free = |c: &u32| free.binary_search(c).is_ok();
     let count = count as usize;
     if count == 0 || free.len() < count {
         return Vec::new();
@@ -31,12 +36,7 @@ pub fn pick_cpus(
     // Free CPU ids per NUMA node, in id order; CPUs in no NUMA node last.
     let mut by_numa: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
     for n in &inventory.numa {
-        let ids: Vec<u32> = n
-            .cpus
-            .iter()
-            .copied()
-            .filter(|c| free.contains(c))
-            .collect();
+        let ids: Vec<u32> = n.cpus.iter().copied().filter(is_free).collect();
         by_numa.entry(n.id).or_default().extend(ids);
     }
     for ids in by_numa.values_mut() {
@@ -126,8 +126,7 @@ pub fn pick_cpus(
     }
     // CPU ids in no NUMA node (an odd inventory): lowest first.
     if picked.len() < count {
-        let loose: Vec<u32> = free.iter().copied().collect();
-        take(&loose, count - picked.len(), &mut picked);
+        take(free, count - picked.len(), &mut picked);
     }
     picked.into_iter().collect()
 }

@@ -254,8 +254,14 @@ impl<'v> Pool<'v> {
                 let gpus_left: BTreeSet<u32> =
                     free.iter().copied().filter(|g| !gpus.contains(g)).collect();
                 let mut cpu_ids = n.view.free_cpu_ids();
-                cpu_ids.extend(n.cpu_ids_freed.iter().copied());
-                cpu_ids.retain(|c| !n.cpu_ids_taken.contains(c));
+                if !n.cpu_ids_freed.is_empty() {
+                    cpu_ids.extend(n.cpu_ids_freed.iter().copied());
+                    cpu_ids.sort_unstable();
+                    cpu_ids.dedup();
+                }
+                if !n.cpu_ids_taken.is_empty() {
+                    cpu_ids.retain(|c| !n.cpu_ids_taken.contains(c));
+                }
                 let cpus = pick_cpus(&n.view.inventory, &gpus, &gpus_left, &cpu_ids, cpu_count);
                 Some(NodeAllocation {
                     node: n.view.name.clone(),

@@ -158,13 +158,25 @@ impl NodeView {
         u64::from(self.inventory.cpus.saturating_sub(self.used.cpus))
     }
 
-    /// CPU ids no cpuset holds, or none when the node's NUMA layout does not
-    /// name exactly its `cpus` (see [`cpu_layout`]).
-    pub fn free_cpu_ids(&self) -> BTreeSet<u32> {
-        match cpu_layout(&self.inventory) {
-            Some(ids) => ids.difference(&self.used.cpu_ids).copied().collect(),
-            None => BTreeSet::new(),
+    /// CPU ids no cpuset holds, ascending, or none when the node's NUMA
+    /// layout does not name exactly its `cpus` (see [`cpu_layout`]). A sorted
+    /// vector: a pass works this out for every node it places a job on.
+    pub fn free_cpu_ids(&self) -> Vec<u32> {
+        let mut ids: Vec<u32> = self
+            .inventory
+            .numa
+            .iter()
+            .flat_map(|n| n.cpus.iter().copied())
+            .collect();
+        ids.sort_unstable();
+        ids.dedup();
+        if ids.is_empty() || ids.len() != self.inventory.cpus as usize {
+            return Vec::new();
         }
+        if !self.used.cpu_ids.is_empty() {
+            ids.retain(|c| !self.used.cpu_ids.contains(c));
+        }
+        ids
     }
 
     /// Memory no job holds, in MiB.
