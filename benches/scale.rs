@@ -111,6 +111,8 @@ fn pct(sorted: &[f64], p: f64) -> f64 {
 
 /// One configuration, in this (child) process; prints one JSON line.
 fn one(nodes: u64, jobs: u64, pending: u64, passes: usize) {
+    // The allocator settings a server makes as it starts.
+    gpuq::server::keep_freed_memory();
     let dir = tempfile::tempdir().unwrap();
     let db = redb::Database::create(dir.path().join("state.redb")).unwrap();
     let txn = db.begin_write().unwrap();
