@@ -55,10 +55,15 @@ pub enum LocalError {
 /// A CLI's connection to its local daemon.
 pub struct LocalClient {
     stream: UnixStream,
+    path: PathBuf,
+    /// Whether the daemon's hello has been read and its protocol checked.
+    checked: bool,
 }
 
 impl LocalClient {
-    /// Connects to the daemon's socket and checks the protocol version.
+    /// Connects to the daemon's socket and sends this side's hello. The
+    /// daemon's hello is read, and its protocol version checked, before the
+    /// answer to the first request: the hello costs no round trip of its own.
     pub async fn connect(path: &Path) -> Result<LocalClient, LocalError> {
         let mut stream = UnixStream::connect(path)
             .await
@@ -67,23 +72,34 @@ impl LocalClient {
                 source,
             })?;
         write_frame(&mut stream, &LocalHello::ours()).await?;
-        let theirs: LocalHello = read_frame(&mut stream, DEFAULT_MAX_FRAME)
-            .await?
-            .ok_or(LocalError::Closed)?;
-        if theirs.protocol != PROTOCOL_VERSION {
-            return Err(LocalError::Version {
-                path: path.to_path_buf(),
-                ours: PROTOCOL_VERSION,
-                theirs: theirs.protocol,
-                build: theirs.build,
-            });
-        }
-        Ok(LocalClient { stream })
+        Ok(LocalClient {
+            stream,
+            path: path.to_path_buf(),
+            checked: false,
+        })
     }
 
     /// Sends one request and waits for its answer.
     pub async fn call(&mut self, req: &ApiRequest) -> Result<ApiResponse, LocalError> {
-        write_frame(&mut self.stream, req).await?;
+        let sent = write_frame(&mut self.stream, req).await;
+        if !self.checked {
+            // A daemon of another protocol answers its hello and hangs up
+            // without reading the request, which may then fail to send: its
+            // hello says why.
+            let theirs: LocalHello = read_frame(&mut self.stream, DEFAULT_MAX_FRAME)
+                .await?
+                .ok_or(LocalError::Closed)?;
+            if theirs.protocol != PROTOCOL_VERSION {
+                return Err(LocalError::Version {
+                    path: self.path.clone(),
+                    ours: PROTOCOL_VERSION,
+                    theirs: theirs.protocol,
+                    build: theirs.build,
+                });
+            }
+            self.checked = true;
+        }
+        sent?;
         read_frame(&mut self.stream, DEFAULT_MAX_FRAME)
             .await?
             .ok_or(LocalError::Closed)
@@ -210,4 +226,66 @@ pub fn resolve_caller(
         uid: cred.uid,
         admin,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::net::proto::ErrorKind;
+
+    /// A daemon at `path` answering every request with an error naming the
+    /// caller's uid.
+    fn daemon(path: &Path) -> watch::Sender<bool> {
+        let listener = bind(path).expect("bind");
+        let (tx, rx) = watch::channel(false);
+        let handler = Arc::new(|cred: PeerCred, _req: ApiRequest| async move {
+            ApiResponse::error(ErrorKind::NotFound, format!("uid {}", cred.uid))
+        });
+        tokio::spawn(serve(listener, handler, rx));
+        tx
+    }
+
+    #[tokio::test]
+    async fn the_hello_rides_with_the_first_request_and_later_ones_follow() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("d.sock");
+        let _stop = daemon(&path);
+        let mut c = LocalClient::connect(&path).await.expect("connect");
+        let uid = nix::unistd::getuid().as_raw();
+        for _ in 0..3 {
+            match c.call(&ApiRequest::Cluster).await.expect("call") {
+                ApiResponse::Error { message, .. } => assert_eq!(message, format!("uid {uid}")),
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn a_daemon_of_another_protocol_is_named_on_the_first_call() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("old.sock");
+        let listener = UnixListener::bind(&path).expect("bind");
+        let (gone, hung_up) = tokio::sync::oneshot::channel();
+        tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.expect("accept");
+            let _: Option<LocalHello> = read_frame(&mut s, DEFAULT_MAX_FRAME).await.expect("hello");
+            let old = LocalHello {
+                protocol: PROTOCOL_VERSION + 1,
+                build: "9.9.9".into(),
+            };
+            write_frame(&mut s, &old).await.expect("write");
+            // Hangs up without reading the request, as `serve_one` does.
+            drop(s);
+            let _ = gone.send(());
+        });
+        let mut c = LocalClient::connect(&path).await.expect("connect");
+        // The daemon has hung up before the request is sent.
+        hung_up.await.expect("daemon");
+        match c.call(&ApiRequest::Cluster).await {
+            Err(LocalError::Version { theirs, build, .. }) => {
+                assert_eq!((theirs, build.as_str()), (PROTOCOL_VERSION + 1, "9.9.9"));
+            }
+            other => panic!("expected a version error, got {:?}", other.map(|_| ())),
+        }
+    }
 }
