@@ -146,17 +146,20 @@ impl ClusterView {
 /// [`plan_with`] over a [`ViewRef`]: the same pure function of its input.
 pub fn plan_ref(view: &ViewRef, now: Millis, packing: Packing) -> Plan {
     let up = up_nodes(&view.nodes);
+    let pool = Pool::new(&up, view.rest.master_ports, &view.rest.running);
+    // Capacities from the pool's one read of each node's GPU records.
     let cands: Vec<Candidate> = up
         .iter()
-        .map(|n| Candidate {
+        .zip(pool.capacities())
+        .map(|(n, &cap)| Candidate {
             name: &n.name,
             inventory: &n.inventory,
-            cap: n.capacity(),
+            cap,
         })
         .collect();
-    let pool = Pool::new(&up, view.rest.master_ports, &view.rest.running);
+    let cluster_gpus = cands.iter().map(|c| c.cap.gpus).sum();
     let parts = Partitions::new(&view.rest.policy.policy, &up);
-    let queue = queue::build(view, now, &parts);
+    let queue = queue::build(view, now, &parts, cluster_gpus);
     backfill::run(view.rest, &queue, &parts, &cands, pool, now, packing)
 }
 

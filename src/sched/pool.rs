@@ -38,6 +38,9 @@ pub(super) struct Pool<'v> {
     pub free_gpus: u64,
     /// Node position by name, for charging an allocation; shared by copies.
     by_name: Rc<FxHashMap<&'v str, usize>>,
+    /// What each node could hold empty ([`NodeView::capacity`]), worked out
+    /// in the same read of its GPU records as its free GPUs; shared by copies.
+    capacity: Rc<Vec<Capacity>>,
 }
 
 #[derive(Clone)]
@@ -96,19 +99,27 @@ impl<'v> Pool<'v> {
                 }
             }
         }
+        let mut capacity = Vec::with_capacity(up.len());
         let nodes: Vec<FreeNode> = up
             .iter()
             .zip(busy)
             .map(|(&view, busy_until)| {
                 // One read of the inventory's GPU records (cold, about 1 KiB
                 // a node); the few GPUs in use come off a copy.
+                let mut records = 0;
                 let healthy: GpuSet = view
                     .inventory
                     .gpus
                     .iter()
                     .filter(|g| g.healthy)
+                    .inspect(|_| records += 1)
                     .map(|g| g.index)
                     .collect();
+                capacity.push(Capacity {
+                    gpus: records,
+                    cpus: u64::from(view.inventory.cpus),
+                    memory_mb: view.inventory.memory_mb,
+                });
                 let mut gpus = healthy.clone();
                 for &g in &view.used.gpus {
                     gpus.remove(g);
@@ -129,10 +140,14 @@ impl<'v> Pool<'v> {
                 }
             })
             .collect();
-        Pool::of(nodes, Rc::new(by_name))
+        Pool::of(nodes, Rc::new(by_name), Rc::new(capacity))
     }
 
-    fn of(nodes: Vec<FreeNode<'v>>, by_name: Rc<FxHashMap<&'v str, usize>>) -> Pool<'v> {
+    fn of(
+        nodes: Vec<FreeNode<'v>>,
+        by_name: Rc<FxHashMap<&'v str, usize>>,
+        capacity: Rc<Vec<Capacity>>,
+    ) -> Pool<'v> {
         let gpu_count: Vec<u32> = nodes.iter().map(|n| n.gpus.len() as u32).collect();
         let free_gpus = gpu_count.iter().map(|&c| u64::from(c)).sum();
         let mut with_gpus = NodeBits::new(nodes.len());
@@ -145,13 +160,24 @@ impl<'v> Pool<'v> {
             with_gpus,
             free_gpus,
             by_name,
+            capacity,
         }
     }
 
-    /// A pool of one node, `n` (preemption's per-node simulations).
-    pub fn single(n: &FreeNode<'v>) -> Pool<'v> {
+    /// A pool of node `i` of this one (preemption's per-node simulations).
+    pub fn single(&self, i: usize) -> Pool<'v> {
+        let n = &self.nodes[i];
         let by_name = [(n.view.name.as_str(), 0)].into_iter().collect();
-        Pool::of(vec![n.clone()], Rc::new(by_name))
+        Pool::of(
+            vec![n.clone()],
+            Rc::new(by_name),
+            Rc::new(vec![self.capacity[i]]),
+        )
+    }
+
+    /// What each node, in position order, could hold if it were empty.
+    pub fn capacities(&self) -> &[Capacity] {
+        &self.capacity
     }
 
     /// The position of node `name` in `nodes`, if it is up.

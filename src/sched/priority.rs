@@ -14,13 +14,14 @@ use std::collections::BTreeMap;
 
 use super::fairshare::FairShare;
 use super::policy::qos_of;
-use super::view::{ClusterView, NodeState, PendingJob};
+use super::view::{ClusterView, NodeView, PendingJob};
 use super::ViewRef;
 use crate::model::{JobId, Millis, PriorityFactors as Factors};
 
 /// Priorities of every pending job at `now`.
 pub fn priorities(view: &ClusterView, now: Millis) -> BTreeMap<JobId, Factors> {
-    let ranker = Ranker::new(&view.by_ref(), now);
+    let v = view.by_ref();
+    let ranker = Ranker::new(&v, now, up_gpus(&super::up_nodes(&v.nodes)));
     view.pending
         .iter()
         .map(|j| (j.id, ranker.factors(j, now)))
@@ -36,7 +37,7 @@ pub fn order(view: &ClusterView, now: Millis) -> Vec<(&PendingJob, i64)> {
     let v = view.by_ref();
     let up = super::up_nodes(&v.nodes);
     let parts = super::Partitions::new(&v.rest.policy.policy, &up);
-    super::queue::build(&v, now, &parts)
+    super::queue::build(&v, now, &parts, up_gpus(&up))
         .jobs
         .into_iter()
         .map(|q| (q.job, q.priority))
@@ -82,6 +83,12 @@ pub struct Ranker<'v> {
     default_partition: String,
 }
 
+/// The healthy GPUs of the `up` nodes: what the job-size factor is a share
+/// of.
+pub(super) fn up_gpus(up: &[&NodeView]) -> u64 {
+    up.iter().map(|n| n.capacity().gpus).sum()
+}
+
 /// Each name's priority as a share of the highest (all 0 when none is set).
 fn share_of_highest(priorities: impl Iterator<Item = (String, u32)>) -> BTreeMap<String, f64> {
     let priorities: Vec<(String, u32)> = priorities.collect();
@@ -100,14 +107,9 @@ fn share_of_highest(priorities: impl Iterator<Item = (String, u32)>) -> BTreeMap
 }
 
 impl<'v> Ranker<'v> {
-    pub fn new(view: &ViewRef<'v>, now: Millis) -> Ranker<'v> {
+    /// `cluster_gpus`: [`up_gpus`] of the view's nodes.
+    pub fn new(view: &ViewRef<'v>, now: Millis, cluster_gpus: u64) -> Ranker<'v> {
         let policy = &view.rest.policy.policy;
-        let cluster_gpus: u64 = view
-            .nodes
-            .iter()
-            .filter(|n| n.state == NodeState::Up)
-            .map(|n| n.capacity().gpus)
-            .sum();
         let qos = share_of_highest(
             policy
                 .all_qos()

@@ -62,10 +62,16 @@ struct Named {
 /// ([`PendingJob::prefetch`]).
 const PREFETCH_AHEAD: usize = 8;
 
-/// The queue of `view`'s pending jobs at `now` (see the module comment).
-pub(super) fn build<'v>(view: &ViewRef<'v>, now: Millis, parts: &Partitions) -> Queue<'v> {
+/// The queue of `view`'s pending jobs at `now` (see the module comment);
+/// `cluster_gpus` is [`priority::up_gpus`] of its nodes.
+pub(super) fn build<'v>(
+    view: &ViewRef<'v>,
+    now: Millis,
+    parts: &Partitions,
+    cluster_gpus: u64,
+) -> Queue<'v> {
     let policy = &view.rest.policy.policy;
-    let ranker = Ranker::new(view, now);
+    let ranker = Ranker::new(view, now, cluster_gpus);
     let mut named: FxHashMap<(&str, &str, &str), Named> = FxHashMap::default();
     let mut requests: FxHashMap<Request, usize> = FxHashMap::default();
     let mut keys: Vec<(priority::Key, u32)> = Vec::with_capacity(view.pending.len());
