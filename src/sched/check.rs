@@ -17,9 +17,12 @@ use super::view::{
 /// queueing it forever. Counts every GPU, healthy or not: a faulty GPU is
 /// repaired, a missing one is not. The error names what is missing: a GPU
 /// type, a feature, a node of `--nodelist`, or the number that is short.
-pub fn feasible(nodes: &[NodeInventory], job: &PendingJob) -> Result<(), String> {
+pub fn feasible<'a>(
+    nodes: impl IntoIterator<Item = &'a NodeInventory>,
+    job: &PendingJob,
+) -> Result<(), String> {
     let cands: Vec<Candidate> = nodes
-        .iter()
+        .into_iter()
         .map(|n| Candidate {
             name: &n.name,
             inventory: n,

@@ -14,8 +14,14 @@ use super::Api;
 
 impl Api {
     pub(super) async fn submit(&self, caller: Caller, spec: Box<JobSpec>) -> ApiResponse {
-        let inventories = self.inventories();
-        if let Err((kind, why)) = check(&caller, &spec, &inventories) {
+        // Checked against the registered nodes where they are, under the
+        // state's read lock: a copy of every inventory per submit cost more
+        // than the check, and grew with the fleet.
+        let checked = {
+            let s = self.state();
+            check(&caller, &spec, s.nodes.values().map(|n| &n.inventory))
+        };
+        if let Err((kind, why)) = checked {
             return ApiResponse::error(kind, why);
         }
         let cmd = Command::Submit {
@@ -57,6 +63,8 @@ impl Api {
                 ),
             );
         }
+        // A copy, checked outside the lock: a bulk submit checks up to
+        // 10,000 specs, and apply must not wait for them.
         let inventories = self.inventories();
         for (i, spec) in specs.iter().enumerate() {
             if let Err((kind, why)) = check(&caller, spec, &inventories) {
@@ -86,10 +94,10 @@ impl Api {
 }
 
 /// The checks of one spec before it is proposed.
-fn check(
+fn check<'a>(
     caller: &Caller,
     spec: &JobSpec,
-    inventories: &[NodeInventory],
+    inventories: impl IntoIterator<Item = &'a NodeInventory>,
 ) -> Result<(), (ErrorKind, String)> {
     spec.check_invariants()
         .map_err(|why| (ErrorKind::BadInput, why))?;
@@ -107,8 +115,12 @@ fn check(
 
 /// Refuses at submit a job no registered node set could ever hold. With no
 /// nodes registered yet, the job waits instead.
-fn feasible(inventories: &[NodeInventory], spec: &JobSpec) -> Result<(), String> {
-    if inventories.is_empty() {
+fn feasible<'a>(
+    inventories: impl IntoIterator<Item = &'a NodeInventory>,
+    spec: &JobSpec,
+) -> Result<(), String> {
+    let mut inventories = inventories.into_iter().peekable();
+    if inventories.peek().is_none() {
         return Ok(());
     }
     let probe = crate::model::Job {
