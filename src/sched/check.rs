@@ -539,7 +539,7 @@ fn check_cpuset(node: &NodeView, na: &crate::model::NodeAllocation) -> Result<()
         ));
     }
     let layout = cpu_layout(&node.inventory).unwrap_or_default();
-    if let Some(c) = ids.iter().find(|c| !layout.contains(c)) {
+    if let Some(c) = ids.iter().find(|c| layout.binary_search(c).is_err()) {
         return Err(format!("CPU {c} is not one node {} gives to jobs", na.node));
     }
     if let Some(c) = ids.iter().find(|c| node.used.cpu_ids.contains(c)) {

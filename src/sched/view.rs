@@ -162,17 +162,9 @@ impl NodeView {
     /// layout does not name exactly its `cpus` (see [`cpu_layout`]). A sorted
     /// vector: a pass works this out for every node it places a job on.
     pub fn free_cpu_ids(&self) -> Vec<u32> {
-        let mut ids: Vec<u32> = self
-            .inventory
-            .numa
-            .iter()
-            .flat_map(|n| n.cpus.iter().copied())
-            .collect();
-        ids.sort_unstable();
-        ids.dedup();
-        if ids.is_empty() || ids.len() != self.inventory.cpus as usize {
+        let Some(mut ids) = cpu_layout(&self.inventory) else {
             return Vec::new();
-        }
+        };
         if !self.used.cpu_ids.is_empty() {
             ids.retain(|c| !self.used.cpu_ids.contains(c));
         }
@@ -197,13 +189,15 @@ impl NodeView {
 /// The CPU ids jobs on this node may be pinned to: those of its NUMA nodes,
 /// when they number exactly its `cpus`. Otherwise (a node whose CPU count was
 /// declared in its config, as simulated nodes are) `None`, and jobs there get
-/// a CPU count without a cpuset.
-pub fn cpu_layout(inventory: &NodeInventory) -> Option<BTreeSet<u32>> {
-    let ids: BTreeSet<u32> = inventory
+/// a CPU count without a cpuset. Ascending, each once.
+pub fn cpu_layout(inventory: &NodeInventory) -> Option<Vec<u32>> {
+    let mut ids: Vec<u32> = inventory
         .numa
         .iter()
         .flat_map(|n| n.cpus.iter().copied())
         .collect();
+    ids.sort_unstable();
+    ids.dedup();
     (ids.len() == inventory.cpus as usize && !ids.is_empty()).then_some(ids)
 }
 
