@@ -146,12 +146,12 @@ impl ClusterView {
 /// [`plan_with`] over a [`ViewRef`]: the same pure function of its input.
 pub fn plan_ref(view: &ViewRef, now: Millis, packing: Packing) -> Plan {
     let up = up_nodes(&view.nodes);
-    let pool = Pool::new(&up, view.rest.master_ports, &view.rest.running);
-    // Capacities from the pool's one read of each node's GPU records.
+    // The capacities come from the pool's one read of each node's GPU records.
+    let (pool, capacities) = Pool::new(&up, view.rest.master_ports, &view.rest.running);
     let cands: Vec<Candidate> = up
         .iter()
-        .zip(pool.capacities())
-        .map(|(n, &cap)| Candidate {
+        .zip(capacities)
+        .map(|(n, cap)| Candidate {
             name: &n.name,
             inventory: &n.inventory,
             cap,

@@ -38,9 +38,6 @@ pub(super) struct Pool<'v> {
     pub free_gpus: u64,
     /// Node position by name, for charging an allocation; shared by copies.
     by_name: Rc<FxHashMap<&'v str, usize>>,
-    /// What each node could hold empty ([`NodeView::capacity`]), worked out
-    /// in the same read of its GPU records as its free GPUs; shared by copies.
-    capacity: Rc<Vec<Capacity>>,
 }
 
 #[derive(Clone)]
@@ -80,11 +77,14 @@ impl FreeNode<'_> {
 }
 
 impl<'v> Pool<'v> {
+    /// The pool of the `up` nodes, and what each could hold if it were empty
+    /// ([`NodeView::capacity`], in the same order), worked out in the same
+    /// read of its GPU records.
     pub fn new(
         up: &[&'v NodeView],
         master_ports: Option<u32>,
         running: &[view::RunningJob],
-    ) -> Pool<'v> {
+    ) -> (Pool<'v>, Vec<Capacity>) {
         let by_name: FxHashMap<&str, usize> = up
             .iter()
             .enumerate()
@@ -140,14 +140,10 @@ impl<'v> Pool<'v> {
                 }
             })
             .collect();
-        Pool::of(nodes, Rc::new(by_name), Rc::new(capacity))
+        (Pool::of(nodes, Rc::new(by_name)), capacity)
     }
 
-    fn of(
-        nodes: Vec<FreeNode<'v>>,
-        by_name: Rc<FxHashMap<&'v str, usize>>,
-        capacity: Rc<Vec<Capacity>>,
-    ) -> Pool<'v> {
+    fn of(nodes: Vec<FreeNode<'v>>, by_name: Rc<FxHashMap<&'v str, usize>>) -> Pool<'v> {
         let gpu_count: Vec<u32> = nodes.iter().map(|n| n.gpus.len() as u32).collect();
         let free_gpus = gpu_count.iter().map(|&c| u64::from(c)).sum();
         let mut with_gpus = NodeBits::new(nodes.len());
@@ -160,24 +156,13 @@ impl<'v> Pool<'v> {
             with_gpus,
             free_gpus,
             by_name,
-            capacity,
         }
     }
 
-    /// A pool of node `i` of this one (preemption's per-node simulations).
-    pub fn single(&self, i: usize) -> Pool<'v> {
-        let n = &self.nodes[i];
+    /// A pool of one node, `n` (preemption's per-node simulations).
+    pub fn single(n: &FreeNode<'v>) -> Pool<'v> {
         let by_name = [(n.view.name.as_str(), 0)].into_iter().collect();
-        Pool::of(
-            vec![n.clone()],
-            Rc::new(by_name),
-            Rc::new(vec![self.capacity[i]]),
-        )
-    }
-
-    /// What each node, in position order, could hold if it were empty.
-    pub fn capacities(&self) -> &[Capacity] {
-        &self.capacity
+        Pool::of(vec![n.clone()], Rc::new(by_name))
     }
 
     /// The position of node `name` in `nodes`, if it is up.
@@ -535,7 +520,7 @@ mod tests {
     fn restore_undoes_a_trial_charge_of_the_saved_nodes() {
         let views = [dgx("a").build(), dgx("b").build(), dgx("c").build()];
         let up: Vec<_> = views.iter().collect();
-        let mut pool = Pool::new(&up, Some(4), &[]);
+        let (mut pool, _) = Pool::new(&up, Some(4), &[]);
         let part = |node: &str, gpus: Vec<u32>| NodeAllocation {
             node: node.into(),
             gpus,

@@ -140,7 +140,7 @@ pub(super) fn find(
             .copied()
             .filter(|r| held_here(r).is_some())
             .collect();
-        let mut single = pool.single(i);
+        let mut single = Pool::single(n);
         if single.nodes[0].free().holds(&shape) {
             per_node.push((i, Vec::new()));
             continue;
