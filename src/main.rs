@@ -36,11 +36,14 @@ enum Cmd {
     Sim(SimCmd),
     #[command(flatten)]
     Client(ClientCommand),
-    /// Parent of one task's process, started detached by the agent.
+    /// Parent of one task's process, started detached by the agent; with
+    /// --serve, the agent's shim launcher (task directories on stdin).
     #[command(hide = true)]
     Shim {
-        #[arg(long)]
-        task_dir: PathBuf,
+        #[arg(long, required_unless_present = "serve")]
+        task_dir: Option<PathBuf>,
+        #[arg(long, conflicts_with = "task_dir")]
+        serve: bool,
     },
 }
 
@@ -361,11 +364,17 @@ async fn daemon(cmd: Cmd) -> anyhow::Result<()> {
 fn main() -> ExitCode {
     // The agent starts a shim per task exactly so: skip building the parser
     // for every other command (a measurable part of a shim's start).
+    // The launcher is started so too: its forks (the shims) copy its memory,
+    // so it never builds the parser either.
     let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
-    if let [_, shim, flag, task_dir] = args.as_slice() {
-        if shim == "shim" && flag == "--task-dir" {
+    match args.as_slice() {
+        [_, shim, flag, task_dir] if shim == "shim" && flag == "--task-dir" => {
             std::process::exit(gpuq::agent::exec::shim_main(std::path::Path::new(task_dir)));
         }
+        [_, shim, flag] if shim == "shim" && flag == "--serve" => {
+            std::process::exit(gpuq::agent::exec::serve_shims());
+        }
+        _ => {}
     }
     let cli = match Cli::try_parse() {
         Ok(c) => c,
@@ -375,9 +384,12 @@ fn main() -> ExitCode {
             return ExitCode::from(code);
         }
     };
-    if let Cmd::Shim { task_dir } = &cli.cmd {
-        // Before any runtime or thread exists: the shim forks.
-        std::process::exit(gpuq::agent::exec::shim_main(task_dir));
+    if let Cmd::Shim { task_dir, serve } = &cli.cmd {
+        // Before any runtime or thread exists: the shim and the launcher fork.
+        std::process::exit(match task_dir {
+            Some(dir) if !serve => gpuq::agent::exec::shim_main(dir),
+            _ => gpuq::agent::exec::serve_shims(),
+        });
     }
     // A client command is one round trip: a single-threaded runtime starts
     // faster than a pool of workers.

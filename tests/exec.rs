@@ -10,8 +10,8 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use gpuq::agent::exec::{
-    CgroupMode, ExecError, Executor, LimitSignal, StopReason, TaskKey, TaskObserved, TaskOutcome,
-    TaskSpec, TaskStatus,
+    CgroupMode, ExecError, Executor, Identity, LimitSignal, ProcessId, StopReason, TaskKey,
+    TaskObserved, TaskOutcome, TaskSpec, TaskStatus,
 };
 use gpuq::model::{JobId, Program};
 
@@ -68,6 +68,7 @@ fn command(job: u64, argv: &[&str], workdir: &Path) -> TaskSpec {
         time_limit_secs: None,
         kill_grace_secs: 2,
         signal_before_limit: None,
+        identity: None,
     }
 }
 
@@ -229,6 +230,96 @@ fn an_unknown_user_is_a_launch_failure_naming_the_user() {
         "{reason}"
     );
     assert_eq!(status.start_ms, None);
+}
+
+#[test]
+fn the_identity_the_agent_resolved_is_used_as_given() {
+    let f = fixture();
+    let uid = test_user();
+    let out = user_dir(&f.work, "ident");
+    let mut spec = sh(40, "id -u; id -g", &out);
+    spec.stdout = out.join("out");
+    spec.stderr = out.join("out");
+    // The name says root; the ids the agent looked up win (no second lookup).
+    spec.identity = Some(Identity {
+        name: "root".into(),
+        uid,
+        gid: uid,
+        groups: vec![uid],
+    });
+    f.exec.start(&spec).unwrap();
+    assert_eq!(
+        wait_ended(&f.exec, spec.key()).outcome,
+        TaskOutcome::Completed
+    );
+    assert_eq!(
+        fs::read_to_string(out.join("out")).unwrap(),
+        format!("{uid}\n{uid}\n")
+    );
+}
+
+#[test]
+fn the_agent_writes_the_users_identity_into_the_task() {
+    let f = fixture();
+    let spec = sh(41, "sleep 30", &f.work);
+    f.exec.start(&spec).unwrap();
+    let written: TaskSpec =
+        serde_json::from_slice(&fs::read(f.exec.task_dir(spec.key()).join("task.json")).unwrap())
+            .unwrap();
+    let identity = written.identity.expect("the agent resolved root");
+    assert_eq!(
+        (identity.name.as_str(), identity.uid, identity.gid),
+        ("root", 0, 0)
+    );
+    f.exec.stop(spec.key(), StopReason::Cancel).unwrap();
+    wait_ended(&f.exec, spec.key());
+}
+
+#[test]
+fn a_shim_is_named_gpuq_shim() {
+    let f = fixture();
+    let spec = sh(45, "sleep 30", &f.work);
+    f.exec.start(&spec).unwrap();
+    wait_running(&f.exec, spec.key());
+    let dir = f.exec.task_dir(spec.key());
+    let shim: ProcessId = serde_json::from_slice(&fs::read(dir.join("shim.pid")).unwrap()).unwrap();
+    let comm = fs::read_to_string(format!("/proc/{}/comm", shim.pid)).unwrap();
+    assert_eq!(comm, "gpuq-shim\n");
+    f.exec.stop(spec.key(), StopReason::Cancel).unwrap();
+    wait_ended(&f.exec, spec.key());
+}
+
+#[test]
+fn a_launcher_that_died_is_replaced() {
+    let f = fixture();
+    let first = sh(42, "exit 0", &f.work);
+    f.exec.start(&first).unwrap();
+    assert_eq!(
+        wait_ended(&f.exec, first.key()).outcome,
+        TaskOutcome::Completed
+    );
+    let launcher = f
+        .exec
+        .shim_launcher()
+        .expect("the first task started a launcher");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(launcher as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    // The next task notices, starts its own shim directly; the one after
+    // gets a new launcher.
+    for job in [43, 44] {
+        let spec = sh(job, "exit 0", &f.work);
+        f.exec.start(&spec).unwrap();
+        assert_eq!(
+            wait_ended(&f.exec, spec.key()).outcome,
+            TaskOutcome::Completed
+        );
+    }
+    let again = f.exec.shim_launcher().expect("a new launcher");
+    assert_ne!(again, launcher);
+    assert!(process_gone(launcher));
 }
 
 #[test]

@@ -104,6 +104,7 @@ pub fn task_spec(t: &DesiredTask, allow_root: bool, kill_grace_secs: u64) -> Tas
             secs_before: s.secs_before,
             batch_only: s.batch_only,
         }),
+        identity: None,
     }
 }
 

@@ -32,7 +32,9 @@ use nix::sys::signal::{kill, killpg, Signal};
 use nix::unistd::Pid;
 
 pub use cgroup::CgroupMode;
+pub use launch::Identity;
 pub use shim::shim_main;
+pub use spawn::serve as serve_shims;
 pub use task::{
     LimitSignal, ProcessId, StopReason, TaskKey, TaskOutcome, TaskPid, TaskSpec, TaskStatus,
 };
@@ -91,6 +93,8 @@ pub struct Executor {
     /// The binary run as `<shim_program> shim --task-dir DIR` (usually
     /// `std::env::current_exe()`).
     pub shim_program: PathBuf,
+    /// Its `shim --serve` process, shared by the executor's clones.
+    shims: std::sync::Arc<spawn::Launcher>,
 }
 
 impl Executor {
@@ -98,7 +102,17 @@ impl Executor {
     /// resource limits on this node.
     pub fn new(root: PathBuf, shim_program: PathBuf) -> Executor {
         CgroupMode::detect().warn_if_degraded();
-        Executor { root, shim_program }
+        let shims = std::sync::Arc::new(spawn::Launcher::new(shim_program.clone()));
+        Executor {
+            root,
+            shim_program,
+            shims,
+        }
+    }
+
+    /// The pid of the shim launcher (`gpuq shim --serve`), while one runs.
+    pub fn shim_launcher(&self) -> Option<u32> {
+        self.shims.pid()
     }
 
     /// The directory of a task.
@@ -136,16 +150,31 @@ impl Executor {
         // The umask may have narrowed the mode given to mkdir.
         fs::set_permissions(dir, fs::Permissions::from_mode(0o711))
             .map_err(io_err("set the mode of", dir))?;
+        // The user is looked up here, once per task in this long-lived
+        // process; a user this cannot find is left to the shim, which fails
+        // the task with the reason.
+        let resolved;
+        let mut spec = spec;
+        if spec.identity.is_none() {
+            if let Ok(identity) = Identity::lookup(&spec.user) {
+                resolved = TaskSpec {
+                    identity: Some(identity),
+                    ..spec.clone()
+                };
+                spec = &resolved;
+            }
+        }
         let task_file = dir.join(TASK_FILE);
         write_json(&task_file, spec, Durability::PowerLoss).map_err(io_err("write", &task_file))?;
         let log_path = dir.join(SHIM_LOG_FILE);
         let log = fs::File::create(&log_path).map_err(io_err("create", &log_path))?;
-        let shim_pid = spawn::spawn_shim(&self.shim_program, dir, log).map_err(|source| {
-            ExecError::SpawnShim {
-                program: self.shim_program.clone(),
-                source,
-            }
-        })?;
+        let shim_pid =
+            self.shims
+                .spawn(dir, log, &log_path)
+                .map_err(|source| ExecError::SpawnShim {
+                    program: self.shim_program.clone(),
+                    source,
+                })?;
         match process::identify(shim_pid) {
             // The shim writes this too, first thing; whichever comes first
             // lets `scan` tell a starting shim from a dead one.

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use nix::sys::signal::{kill, killpg, SigSet, Signal};
 use nix::sys::wait::{waitpid, WaitPidFlag};
-use nix::unistd::{Pid, User};
+use nix::unistd::Pid;
 
 use super::cgroup::{CgroupMode, TaskCgroup};
 use super::launch::{Identity, Prepared};
@@ -40,6 +40,10 @@ const CLEANUP_LIMIT: Duration = Duration::from_secs(30);
 /// Runs one task from its directory; returns the shim's exit code (0 once
 /// `status.json` is written).
 pub fn shim_main(task_dir: &Path) -> i32 {
+    // One name for every shim, however it was started: a forked shim's
+    // command line is its launcher's, `gpuq shim --serve`.
+    // SAFETY: sets this thread's name from a NUL-terminated static string.
+    unsafe { libc::prctl(libc::PR_SET_NAME, c"gpuq-shim".as_ptr(), 0, 0, 0) };
     let mode = CgroupMode::detect();
     let shims = mode.shims_target();
     let joined = match super::spawn::detach(
@@ -52,10 +56,8 @@ pub fn shim_main(task_dir: &Path) -> i32 {
             return 1;
         }
     };
-    let _ = tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_ansi(false)
-        .try_init();
+    // Set already in a shim forked by the launcher.
+    init_logging();
     if let Some(warning) = mode.degraded_warning() {
         tracing::info!("{warning}");
     }
@@ -86,15 +88,17 @@ pub fn shim_main(task_dir: &Path) -> i32 {
     }
 }
 
+/// The shim's log lines go to its stderr, the task's `shim.log`.
+pub(super) fn init_logging() {
+    let _ = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .try_init();
+}
+
 fn launch_failed(reason: String) -> (TaskOutcome, Option<Millis>) {
     tracing::warn!("launch failed: {reason}");
     (TaskOutcome::LaunchFailed { reason }, None)
-}
-
-fn hostname() -> String {
-    fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim().to_string())
-        .unwrap_or_else(|_| "(unknown)".to_string())
 }
 
 /// Reads the stop file's reason, if a stop was requested.
@@ -143,7 +147,13 @@ fn run(dir: &Path, mode: &CgroupMode) -> (TaskOutcome, Option<Millis>) {
     if let Some(reason) = stop_requested(dir) {
         return (TaskOutcome::Cancelled { reason }, None);
     }
-    let identity = match resolve_user(&spec) {
+    // The agent looked the user up; the shim does so only when it could not.
+    let identity = match spec
+        .identity
+        .clone()
+        .map_or_else(|| Identity::lookup(&spec.user), Ok)
+        .and_then(|identity| identity.allowed(spec.allow_root))
+    {
         Ok(identity) => identity,
         Err(reason) => return launch_failed(reason),
     };
@@ -228,47 +238,6 @@ fn shim_signals() -> SigSet {
         set.add(sig);
     }
     set
-}
-
-fn resolve_user(spec: &TaskSpec) -> Result<Identity, String> {
-    let user = match User::from_name(&spec.user) {
-        Ok(Some(user)) => user,
-        Ok(None) => {
-            return Err(format!(
-                "user {} not found on node {}",
-                spec.user,
-                hostname()
-            ))
-        }
-        Err(e) => {
-            return Err(format!(
-                "cannot look up user {} on node {}: {e}",
-                spec.user,
-                hostname()
-            ))
-        }
-    };
-    if user.uid.is_root() && !spec.allow_root {
-        return Err(format!(
-            "refusing to run the task as {} (uid 0); root tasks are not allowed on this cluster",
-            spec.user
-        ));
-    }
-    let name = std::ffi::CString::new(spec.user.as_bytes())
-        .map_err(|_| format!("user name {:?} contains a NUL byte", spec.user))?;
-    let groups = nix::unistd::getgrouplist(&name, user.gid).map_err(|e| {
-        format!(
-            "cannot read the groups of user {} on node {}: {e}",
-            spec.user,
-            hostname()
-        )
-    })?;
-    Ok(Identity {
-        name: spec.user.clone(),
-        uid: user.uid.as_raw(),
-        gid: user.gid.as_raw(),
-        groups: groups.into_iter().map(|g| g.as_raw()).collect(),
-    })
 }
 
 /// Writes a script job's content as `script`, owned by the user and readable

@@ -12,6 +12,7 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
+use super::launch::Identity;
 use crate::model::{JobId, Millis, Program};
 
 /// The spec the agent writes for the shim.
@@ -126,6 +127,12 @@ pub struct TaskSpec {
     pub kill_grace_secs: u64,
     #[serde(default)]
     pub signal_before_limit: Option<LimitSignal>,
+    /// The user's ids and groups, looked up by the agent: one lookup in a
+    /// long-lived process instead of the node's user database (NSS modules
+    /// and all) loaded into every shim, as Slurm sends the groups with a
+    /// launch. `None`: the shim looks the user up itself.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub identity: Option<Identity>,
 }
 
 impl TaskSpec {
