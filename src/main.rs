@@ -23,6 +23,7 @@ struct Cli {
 }
 
 #[derive(Subcommand, Debug)]
+#[command(defer = true)]
 enum Cmd {
     /// Run a control-plane server (a Raft member).
     Server(ServerArgs),
@@ -47,7 +48,7 @@ enum Cmd {
     },
 }
 
-/// `gpuq server`
+// `gpuq server`
 #[derive(Args, Debug)]
 struct ServerArgs {
     /// Config file (TOML, [server] table). Default /etc/gpuq/gpuq.toml if it exists.
@@ -95,7 +96,7 @@ struct ServerArgs {
     bootstrap_secret_file: Option<PathBuf>,
 }
 
-/// `gpuq agent`
+// `gpuq agent`
 #[derive(Args, Debug)]
 struct AgentArgs {
     /// Config file (TOML, [agent] table). Default /etc/gpuq/gpuq.toml if it exists.
@@ -124,7 +125,7 @@ struct AgentArgs {
     servers: Vec<String>,
 }
 
-/// `gpuq dev`
+// `gpuq dev`
 #[derive(Args, Debug)]
 struct DevArgs {
     /// Number of compute nodes.
@@ -144,8 +145,9 @@ struct DevArgs {
     gpus: String,
 }
 
-/// `gpuq sim ...`
+// `gpuq sim ...`
 #[derive(Subcommand, Debug)]
+#[command(defer = true)]
 enum SimCmd {
     /// Run N simulated compute agents in this process: each joins with the
     /// token, connects over its own QUIC endpoint and heartbeats like a real
@@ -155,7 +157,7 @@ enum SimCmd {
     Agents(SimAgentsArgs),
 }
 
-/// `gpuq sim agents`
+// `gpuq sim agents`
 #[derive(Args, Debug)]
 struct SimAgentsArgs {
     /// Number of agents (each needs one open file and one UDP port).
@@ -439,5 +441,17 @@ fn main() -> ExitCode {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    /// Subcommands are built when they are used (`defer`), so a mistake in
+    /// one (a clash of flags, say) would show only then; this builds them all.
+    #[test]
+    fn every_command_is_well_formed() {
+        super::Cli::command().debug_assert();
     }
 }

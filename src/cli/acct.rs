@@ -11,7 +11,7 @@ use crate::agent::exec::env::compress_hostlist;
 use crate::model::{JobState, Millis};
 use crate::net::proto::{ApiRequest, ApiResponse};
 
-/// The flags of `gpuq acct`.
+// The flags of `gpuq acct`.
 #[derive(Args, Debug, Clone)]
 pub struct AcctArgs {
     /// Only this user's jobs.

@@ -13,8 +13,9 @@ use crate::model::policy_change::{
 use crate::model::{JobId, PartitionState, PreemptMode, PriorityFactors};
 use crate::net::proto::{ApiRequest, ApiResponse};
 
-/// `gpuq admin ...`
+// `gpuq admin ...`
 #[derive(Subcommand, Debug)]
+#[command(defer = true)]
 pub enum AdminCommand {
     /// Fair-share accounts: users, shares, parent, GPU cap and guarantee.
     Account {
@@ -43,8 +44,9 @@ pub enum AdminCommand {
     },
 }
 
-/// `gpuq admin account ...`
+// `gpuq admin account ...`
 #[derive(Subcommand, Debug)]
+#[command(defer = true)]
 pub enum AccountCommand {
     /// Add an account.
     Add(AccountArgs),
@@ -59,7 +61,7 @@ pub enum AccountCommand {
     },
 }
 
-/// The settings of an account.
+// The settings of an account.
 #[derive(Args, Debug)]
 pub struct AccountArgs {
     /// The account's name.
@@ -87,8 +89,9 @@ pub struct AccountArgs {
     default_for: Vec<String>,
 }
 
-/// `gpuq admin qos ...`
+// `gpuq admin qos ...`
 #[derive(Subcommand, Debug)]
+#[command(defer = true)]
 pub enum QosCommand {
     /// Add a QoS.
     Add(QosArgs),
@@ -103,7 +106,7 @@ pub enum QosCommand {
     },
 }
 
-/// The settings of a QoS.
+// The settings of a QoS.
 #[derive(Args, Debug)]
 pub struct QosArgs {
     /// The QoS's name.
@@ -129,8 +132,9 @@ pub struct QosArgs {
     max_gpus_per_job: Option<Limit>,
 }
 
-/// `gpuq admin partition ...`
+// `gpuq admin partition ...`
 #[derive(Subcommand, Debug)]
+#[command(defer = true)]
 pub enum PartitionCommand {
     /// Add a partition.
     Add(PartitionArgs),
@@ -145,7 +149,7 @@ pub enum PartitionCommand {
     },
 }
 
-/// The settings of a partition.
+// The settings of a partition.
 #[derive(Args, Debug)]
 pub struct PartitionArgs {
     /// The partition's name.
@@ -170,8 +174,9 @@ pub struct PartitionArgs {
     state: Option<PartitionState>,
 }
 
-/// `gpuq admin priority ...`
+// `gpuq admin priority ...`
 #[derive(Subcommand, Debug)]
+#[command(defer = true)]
 pub enum PriorityCommand {
     /// Set weights (each factor is 0..1 times its weight) and the half-life.
     Set {

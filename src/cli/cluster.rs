@@ -7,8 +7,9 @@ use super::table::Table;
 use super::{call, print_json, unexpected, CliError};
 use crate::net::proto::{ApiRequest, ApiResponse, ClusterStatus};
 
-/// `gpuq cluster ...`
+// `gpuq cluster ...`
 #[derive(Subcommand, Debug)]
+#[command(defer = true)]
 pub enum ClusterCommand {
     /// Remove a server from the membership (admins). It stops counting
     /// towards the quorum; to bring it back, wipe its data dir and join it
@@ -22,8 +23,9 @@ pub enum ClusterCommand {
     Snapshot(SnapshotCommand),
 }
 
-/// `gpuq cluster snapshot ...`
+// `gpuq cluster snapshot ...`
 #[derive(Subcommand, Debug)]
+#[command(defer = true)]
 pub enum SnapshotCommand {
     /// Write the state (jobs, nodes, tokens, the CA key, membership) to FILE
     /// on this server's host, atomically and mode 0600 (admins; any server).

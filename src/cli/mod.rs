@@ -88,7 +88,7 @@ impl From<ErrorKind> for u8 {
     }
 }
 
-/// `--json` for read commands.
+// `--json` for read commands.
 #[derive(Args, Debug, Clone, Default)]
 pub struct JsonFlag {
     /// Print JSON instead of a table.
@@ -96,8 +96,9 @@ pub struct JsonFlag {
     pub json: bool,
 }
 
-/// The client commands.
+// The client commands.
 #[derive(Subcommand, Debug)]
+#[command(defer = true)]
 pub enum ClientCommand {
     /// Queue a batch job (a script with #GPUQ/#SBATCH directives, or a command),
     /// or many at once with --from.
@@ -215,8 +216,9 @@ pub enum ClientCommand {
     },
 }
 
-/// `gpuq node ...`
+// `gpuq node ...`
 #[derive(Subcommand, Debug)]
+#[command(defer = true)]
 pub enum NodeCommand {
     /// Take no new work on NAME; running jobs finish (or, with --now, requeue).
     Drain {
@@ -232,8 +234,9 @@ pub enum NodeCommand {
     Resume { name: String },
 }
 
-/// `gpuq token ...`
+// `gpuq token ...`
 #[derive(Subcommand, Debug)]
+#[command(defer = true)]
 pub enum TokenCommand {
     /// Print a new join token.
     Create {

@@ -8,8 +8,9 @@ use super::{call, print_json, unexpected, CliError, JsonFlag};
 use crate::model::policy_change::PolicyChange;
 use crate::net::proto::{ApiRequest, ApiResponse};
 
-/// `gpuq admin ports ...`
+// `gpuq admin ports ...`
 #[derive(Subcommand, Debug)]
+#[command(defer = true)]
 pub enum PortsCommand {
     /// Set the range MASTER_PORT is chosen from for jobs started from now on.
     ///

@@ -48,7 +48,7 @@ looked up in their PATH: gpuq submit -- python train.py --lr 3. Everything \
 after the script or command belongs to it, not to gpuq, so put gpuq options \
 first; use -- before a command that starts with '-'.";
 
-/// The `gpuq submit` flags; also the grammar of one directive line.
+// The `gpuq submit` flags; also the grammar of one directive line.
 #[derive(Args, Clone, Debug, Default, PartialEq, Eq)]
 pub struct SubmitArgs {
     /// Job name shown in the queue [default: the script or command name]
