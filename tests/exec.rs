@@ -132,6 +132,16 @@ fn wait_running(exec: &Executor, key: TaskKey) -> u32 {
     })
 }
 
+/// A JSON file of the task's directory.
+fn task_file<T: serde::de::DeserializeOwned>(exec: &Executor, key: TaskKey, name: &str) -> T {
+    serde_json::from_slice(&fs::read(exec.task_dir(key).join(name)).unwrap()).unwrap()
+}
+
+fn cancel_and_wait(exec: &Executor, key: TaskKey) -> TaskStatus {
+    exec.stop(key, StopReason::Cancel).unwrap();
+    wait_ended(exec, key)
+}
+
 fn launch_failure(status: &TaskStatus) -> &str {
     match &status.outcome {
         TaskOutcome::LaunchFailed { reason } => reason,
@@ -263,16 +273,13 @@ fn the_agent_writes_the_users_identity_into_the_task() {
     let f = fixture();
     let spec = sh(41, "sleep 30", &f.work);
     f.exec.start(&spec).unwrap();
-    let written: TaskSpec =
-        serde_json::from_slice(&fs::read(f.exec.task_dir(spec.key()).join("task.json")).unwrap())
-            .unwrap();
+    let written: TaskSpec = task_file(&f.exec, spec.key(), "task.json");
     let identity = written.identity.expect("the agent resolved root");
     assert_eq!(
         (identity.name.as_str(), identity.uid, identity.gid),
         ("root", 0, 0)
     );
-    f.exec.stop(spec.key(), StopReason::Cancel).unwrap();
-    wait_ended(&f.exec, spec.key());
+    cancel_and_wait(&f.exec, spec.key());
 }
 
 #[test]
@@ -281,12 +288,10 @@ fn a_shim_is_named_gpuq_shim() {
     let spec = sh(45, "sleep 30", &f.work);
     f.exec.start(&spec).unwrap();
     wait_running(&f.exec, spec.key());
-    let dir = f.exec.task_dir(spec.key());
-    let shim: ProcessId = serde_json::from_slice(&fs::read(dir.join("shim.pid")).unwrap()).unwrap();
+    let shim: ProcessId = task_file(&f.exec, spec.key(), "shim.pid");
     let comm = fs::read_to_string(format!("/proc/{}/comm", shim.pid)).unwrap();
     assert_eq!(comm, "gpuq-shim\n");
-    f.exec.stop(spec.key(), StopReason::Cancel).unwrap();
-    wait_ended(&f.exec, spec.key());
+    cancel_and_wait(&f.exec, spec.key());
 }
 
 #[test]
@@ -476,8 +481,7 @@ fn stop_cancels_a_running_task_with_its_reason() {
     );
     assert!(process_gone(pid));
     // Stopping an ended task changes nothing.
-    f.exec.stop(spec.key(), StopReason::Cancel).unwrap();
-    assert_eq!(wait_ended(&f.exec, spec.key()), status);
+    assert_eq!(cancel_and_wait(&f.exec, spec.key()), status);
     f.exec.forget(spec.key()).unwrap();
     assert!(!f.exec.task_dir(spec.key()).exists());
     assert!(f.exec.scan().is_empty());
