@@ -167,14 +167,13 @@ impl Executor {
         let task_file = dir.join(TASK_FILE);
         write_json(&task_file, spec, Durability::PowerLoss).map_err(io_err("write", &task_file))?;
         let log_path = dir.join(SHIM_LOG_FILE);
-        let log = fs::File::create(&log_path).map_err(io_err("create", &log_path))?;
-        let shim_pid =
-            self.shims
-                .spawn(dir, log, &log_path)
-                .map_err(|source| ExecError::SpawnShim {
-                    program: self.shim_program.clone(),
-                    source,
-                })?;
+        let shim_pid = self
+            .shims
+            .spawn(dir, &log_path)
+            .map_err(|source| ExecError::SpawnShim {
+                program: self.shim_program.clone(),
+                source,
+            })?;
         match process::identify(shim_pid) {
             // The shim writes this too, first thing; whichever comes first
             // lets `scan` tell a starting shim from a dead one.

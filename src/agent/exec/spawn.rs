@@ -154,10 +154,10 @@ impl Launcher {
         served.as_ref().map(|s| s.child.id())
     }
 
-    /// Starts the shim for the task in `dir`, its stderr going to `log`
-    /// (which the launcher opens again by its path, `log_path`), and returns
-    /// the detached shim's pid.
-    pub fn spawn(&self, dir: &Path, log: File, log_path: &Path) -> io::Result<u32> {
+    /// Starts the shim for the task in `dir`, its stderr going to the file
+    /// `log_path` (created by whichever process starts it), and returns the
+    /// detached shim's pid.
+    pub fn spawn(&self, dir: &Path, log_path: &Path) -> io::Result<u32> {
         let request = dir
             .to_str()
             .zip(log_path.to_str())
@@ -188,7 +188,7 @@ impl Launcher {
                 }
             }
         }
-        spawn_shim(&self.program, dir, log)
+        spawn_shim(&self.program, dir, File::create(log_path)?)
     }
 }
 
@@ -235,7 +235,11 @@ pub fn serve() -> i32 {
 /// detached shim's pid and exit, as `spawn_shim` waits for the process it
 /// starts.
 fn serve_one(dir: &Path, log_path: &Path) -> io::Result<u32> {
-    let log: OwnedFd = OpenOptions::new().append(true).open(log_path)?.into();
+    let log: OwnedFd = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log_path)?
+        .into();
     let null: OwnedFd = File::open("/dev/null")?.into();
     let (from_child, to_parent) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
     // SAFETY: this process is single-threaded (see `serve`).
