@@ -22,7 +22,8 @@ use nix::sys::signal::{kill, killpg, SigSet, Signal};
 use nix::sys::wait::{waitpid, WaitPidFlag};
 use nix::unistd::Pid;
 
-use super::cgroup::{CgroupMode, TaskCgroup};
+use super::cgroup::{CgroupError, CgroupMode, TaskCgroup};
+use super::fork::Target;
 use super::launch::{Identity, Prepared};
 use super::process::{self, Snapshot};
 use super::task::{
@@ -37,15 +38,45 @@ const TICK: Duration = Duration::from_millis(100);
 /// writes the status anyway.
 const CLEANUP_LIMIT: Duration = Duration::from_secs(30);
 
+/// What a shim learns about its node before it detaches: the cgroup mode and,
+/// with a cgroup2 mount, `gpuq/shims` open to start in. A shim started on its
+/// own looks; the launcher looks once and its forks inherit it.
+pub(super) struct Node {
+    mode: CgroupMode,
+    shims: Result<Option<Target>, CgroupError>,
+}
+
+impl Node {
+    pub(super) fn detect() -> Node {
+        let mode = CgroupMode::detect();
+        let shims = mode.shims_target();
+        Node { mode, shims }
+    }
+
+    /// Whether what was detected still stands: `gpuq/shims` was not removed
+    /// since (one lookup). A failed set-up is retried.
+    pub(super) fn still_holds(&self) -> bool {
+        match &self.shims {
+            Ok(Some(t)) => t.path().join("cgroup.procs").exists(),
+            Ok(None) => true,
+            Err(_) => false,
+        }
+    }
+}
+
 /// Runs one task from its directory; returns the shim's exit code (0 once
 /// `status.json` is written).
 pub fn shim_main(task_dir: &Path) -> i32 {
+    shim_on(task_dir, &Node::detect())
+}
+
+/// `shim_main` on a node already looked at (the launcher's forks).
+pub(super) fn shim_on(task_dir: &Path, node: &Node) -> i32 {
     // One name for every shim, however it was started: a forked shim's
     // command line is its launcher's, `gpuq shim --serve`.
     // SAFETY: sets this thread's name from a NUL-terminated static string.
     unsafe { libc::prctl(libc::PR_SET_NAME, c"gpuq-shim".as_ptr(), 0, 0, 0) };
-    let mode = CgroupMode::detect();
-    let shims = mode.shims_target();
+    let Node { mode, shims } = node;
     let joined = match super::spawn::detach(
         &shim_signals(),
         shims.as_ref().ok().and_then(Option::as_ref),
@@ -61,7 +92,7 @@ pub fn shim_main(task_dir: &Path) -> i32 {
     if let Some(warning) = mode.degraded_warning() {
         tracing::info!("{warning}");
     }
-    let moved = match &shims {
+    let moved = match shims {
         Ok(Some(t)) if !joined => t
             .join_self()
             .map_err(|e| format!("cannot move the shim into {}: {e}", t.path().display())),
@@ -71,8 +102,7 @@ pub fn shim_main(task_dir: &Path) -> i32 {
     if let Err(e) = moved {
         tracing::warn!("{e}; the shim stays in the agent's cgroup");
     }
-    drop(shims);
-    let (outcome, start_ms) = run(task_dir, &mode);
+    let (outcome, start_ms) = run(task_dir, mode);
     let status = TaskStatus {
         outcome,
         start_ms,

@@ -24,7 +24,9 @@
 //! server: started once, single-threaded, small) and writes each task
 //! directory to its stdin; it forks, and the fork runs the steps above as if
 //! it had just been started, with its stdout on a pipe to the launcher and its
-//! stderr on the task's log. The launcher answers with the shim's pid. If the
+//! stderr on the task's log; what a shim would learn about the node's cgroups
+//! the launcher looked at once, and looks again only when `gpuq/shims` is
+//! gone. The launcher answers with the shim's pid. If the
 //! launcher cannot be started or dies, the agent logs it, starts that task's
 //! shim directly, and starts a new launcher for the next one.
 
@@ -37,6 +39,7 @@ use std::process::{Child, ChildStdin, ChildStdout, Command, ExitStatus, Stdio};
 use std::sync::{Mutex, PoisonError};
 
 use super::fork::{fork_into, Forked, Target};
+use super::shim::Node;
 
 /// Starts the shim for the task in `dir`, its stderr going to `log`, and
 /// returns the detached shim's pid once the intermediate process is reaped.
@@ -201,6 +204,8 @@ pub fn serve() -> i32 {
     // Once here rather than in every shim: the forks inherit it, writing to
     // their own stderr.
     super::shim::init_logging();
+    // The node's cgroups, looked at once rather than by every shim.
+    let mut node = Node::detect();
     let stdin = io::stdin();
     let mut line = String::new();
     loop {
@@ -214,8 +219,11 @@ pub fn serve() -> i32 {
             }
         }
         let request = line.trim_end_matches('\n');
+        if !node.still_holds() {
+            node = Node::detect();
+        }
         let answer = match request.split_once('\t') {
-            Some((dir, log)) => match serve_one(Path::new(dir), Path::new(log)) {
+            Some((dir, log)) => match serve_one(Path::new(dir), Path::new(log), &node) {
                 Ok(pid) => format!("pid {pid}"),
                 Err(e) => format!("error {}", e.to_string().replace('\n', " ")),
             },
@@ -234,7 +242,7 @@ pub fn serve() -> i32 {
 /// Forks the shim of the task in `dir` and waits for the fork to report the
 /// detached shim's pid and exit, as `spawn_shim` waits for the process it
 /// starts.
-fn serve_one(dir: &Path, log_path: &Path) -> io::Result<u32> {
+fn serve_one(dir: &Path, log_path: &Path, node: &Node) -> io::Result<u32> {
     let log: OwnedFd = OpenOptions::new()
         .create(true)
         .append(true)
@@ -257,7 +265,7 @@ fn serve_one(dir: &Path, log_path: &Path) -> io::Result<u32> {
                 // SAFETY: ends this fork without running the launcher's exit.
                 unsafe { libc::_exit(1) }
             }
-            std::process::exit(super::shim_main(dir))
+            std::process::exit(super::shim::shim_on(dir, node))
         }
         Forked::Parent(pid) => {
             drop((log, null, to_parent));
