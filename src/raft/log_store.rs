@@ -20,7 +20,12 @@
 //! never overtake the append it cuts back). `save_committed` is queued without
 //! waiting: the committed index is only a hint for re-applying after a restart,
 //! and a stale one is harmless, but it stays in order behind the appends it
-//! covers, so it is never durable before the entries it names.
+//! covers, so it is never durable before the entries it names. openraft saves
+//! it after every commit, and a redb commit writes several pages even without
+//! an fsync, so it is held instead: written with the next write once it is
+//! `HINT_EVERY` entries ahead of the one on disk, and when the writer stops.
+//! A restart re-applies the entries past the stale hint once the leader
+//! commits again, as it does for entries committed after the last save.
 
 use std::collections::BTreeMap;
 use std::fmt::Debug;
@@ -41,11 +46,11 @@ use super::{LogEntry, TypeConfig};
 /// Log entries: index -> MessagePack of the entry.
 const LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("raft_log");
 /// `vote`, `last_purged`, `committed`.
-const LOG_META: TableDefinition<&str, &[u8]> = TableDefinition::new("raft_log_meta");
+pub(super) const LOG_META: TableDefinition<&str, &[u8]> = TableDefinition::new("raft_log_meta");
 
 const VOTE: &str = "vote";
 const LAST_PURGED: &str = "last_purged";
-const COMMITTED: &str = "committed";
+pub(super) const COMMITTED: &str = "committed";
 
 type StorageResult<T> = Result<T, StorageError<u64>>;
 type Done = Box<dyn FnOnce(io::Result<()>) + Send>;
@@ -419,11 +424,38 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 }
 
+/// How far the committed index may run ahead of the one on disk: what a
+/// restart re-applies only after the next commit, rather than at once.
+const HINT_EVERY: u64 = 1024;
+
+fn index_of(committed: &Option<LogId<u64>>) -> u64 {
+    committed.map_or(0, |c| c.index)
+}
+
 /// The writer thread: one transaction per drain of the queue.
 fn run_writer(db: &Database, queue: &mpsc::Receiver<Op>, unflushed: &Unflushed, stats: &LogStats) {
+    // The latest committed hint not yet written, and the index of the last
+    // one written (see the module documentation).
+    let mut held = None;
+    let mut saved = 0;
     while let Ok(first) = queue.recv() {
-        let mut batch = vec![first];
-        batch.extend(queue.try_iter());
+        let mut batch = Vec::new();
+        for op in std::iter::once(first).chain(queue.try_iter()) {
+            match op {
+                Op::SaveCommitted { committed } => held = Some(committed),
+                op => batch.push(op),
+            }
+        }
+        if batch.is_empty() {
+            continue;
+        }
+        let due = held.filter(|c| index_of(c) >= saved + HINT_EVERY);
+        if let Some(committed) = due {
+            // First: it covers only entries already durable.
+            batch.insert(0, Op::SaveCommitted { committed });
+            saved = index_of(&committed);
+            held = None;
+        }
 
         let outcome = write_batch(db, &batch).map_err(|e| {
             tracing::error!(error = %e, "raft log write failed");
@@ -481,6 +513,11 @@ fn run_writer(db: &Database, queue: &mpsc::Receiver<Op>, unflushed: &Unflushed, 
             }
         }
     }
+    if let Some(committed) = held {
+        if let Err(e) = write_batch(db, &[Op::SaveCommitted { committed }]) {
+            tracing::warn!(error = %e, "cannot save the committed index on the way out");
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -495,18 +532,10 @@ fn db_err(e: impl Into<redb::Error>) -> WriteError {
     WriteError::Db(Box::new(e.into()))
 }
 
+/// Writes `batch` in one transaction, made durable (fsync) before it returns.
 fn write_batch(db: &Database, batch: &[Op]) -> Result<(), WriteError> {
     let mut txn = db.begin_write().map_err(db_err)?;
-    // Only the committed hint may ride without an fsync; the next durable commit
-    // (redb keeps commit order) carries it to disk.
-    let needs_fsync = batch
-        .iter()
-        .any(|op| !matches!(op, Op::SaveCommitted { .. }));
-    txn.set_durability(if needs_fsync {
-        Durability::Immediate
-    } else {
-        Durability::None
-    });
+    txn.set_durability(Durability::Immediate);
     for op in batch {
         apply_op(&txn, op)?;
     }

@@ -217,6 +217,57 @@ async fn a_crash_image_holds_the_log_and_a_state_the_log_completes() {
     drop((log, sm));
 }
 
+/// The committed index as the database holds it (what a read transaction
+/// sees, durable or not).
+fn stored_committed(db: &redb::Database) -> Option<LogId<u64>> {
+    let txn = db.begin_read().unwrap();
+    let meta = txn.open_table(log_store::LOG_META).unwrap();
+    let value = meta.get(log_store::COMMITTED).unwrap()?;
+    rmp_serde::from_slice::<Option<LogId<u64>>>(value.value()).unwrap()
+}
+
+#[tokio::test]
+async fn a_committed_hint_rides_with_a_later_write_and_is_saved_on_the_way_out() {
+    use openraft::storage::RaftLogStorage;
+    let dir = TempDir::new().unwrap();
+    let path = db_path(&dir);
+    let entries = sample_log(1100);
+    let (mut log, sm) = open_storage(&path).await.unwrap();
+    let db = sm.db();
+    append_durably(&log, &entries[..1000]).await;
+    log.save_committed(Some(log_id(1, 1000))).await.unwrap();
+    // Time for the writer to write it, were it to.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(
+        stored_committed(&db),
+        None,
+        "a hint alone costs no transaction"
+    );
+    assert_eq!(log.read_committed().await.unwrap(), Some(log_id(1, 1000)));
+    append_durably(&log, &entries[1000..1050]).await;
+    assert_eq!(
+        stored_committed(&db),
+        None,
+        "it waits until it is HINT_EVERY (1024) ahead of the one on disk"
+    );
+    log.save_committed(Some(log_id(1, 1050))).await.unwrap();
+    append_durably(&log, &entries[1050..]).await;
+    assert_eq!(
+        stored_committed(&db),
+        Some(log_id(1, 1050)),
+        "then it rides along"
+    );
+
+    log.save_committed(Some(log_id(1, 1101))).await.unwrap();
+    drop((log, sm, db));
+    let (mut log, _sm) = open_storage(&path).await.unwrap();
+    assert_eq!(
+        log.read_committed().await.unwrap(),
+        Some(log_id(1, 1101)),
+        "the last hint is written when the store closes"
+    );
+}
+
 #[tokio::test]
 async fn queued_appends_are_readable_at_once_and_share_commits() {
     let dir = TempDir::new().unwrap();
