@@ -24,7 +24,10 @@
 #
 # Knobs (environment), passed to both halves:
 #   N=1000 REPS=3 PAR=4 LAT_REPS=20 MN_REPS=5
-#   TESTS="lat multi seq par held array"
+#   TESTS="lat multi seq par held array"   (gpuq's half adds "floor": how
+#                                   fast this machine starts /bin/true and
+#                                   gpuq --version, the ceiling of any
+#                                   one-process-per-job submit rate)
 #   SLURM_PROFILES="tuned default"  Slurm's best profile is taken per figure
 #                                   (tuned wins end to end and srun, default
 #                                   the submit rates); "tuned" alone halves
@@ -40,7 +43,7 @@ smoke=0
 case "${1:-}" in
   --smoke) smoke=1 ;;
   "") ;;
-  -h|--help) sed -n '2,36p' "$0"; exit 0 ;;
+  -h|--help) sed -n '2,38p' "$0"; exit 0 ;;
   *) echo "bench/peer.sh: unknown argument $1 (use --smoke or nothing)" >&2; exit 1 ;;
 esac
 [ "$(id -u)" = 0 ] || { echo "bench/peer.sh: needs root (network namespaces, Slurm daemons)" >&2; exit 1; }
@@ -106,6 +109,6 @@ fi
 
 echo "== gpuq: server + 8 agents in namespaces, same tests"
 GPUQ_PEER_SLURM=$summaries GPUQ_PEER_N=$N GPUQ_PEER_REPS=$REPS GPUQ_PEER_PAR=$PAR \
-  GPUQ_PEER_LAT_REPS=$LAT_REPS GPUQ_PEER_MN_REPS=$MN_REPS GPUQ_PEER_TESTS=$TESTS \
+  GPUQ_PEER_LAT_REPS=$LAT_REPS GPUQ_PEER_MN_REPS=$MN_REPS GPUQ_PEER_TESTS="$TESTS floor" \
   cargo bench --bench peer | tee "$OUT/table.txt"
 echo "bench/peer.sh: done in $(( $(date +%s) - start )) s; target/bench/peer.json, $OUT/"

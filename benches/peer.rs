@@ -16,7 +16,10 @@
 //! - array: one `submit --array 0-(N-1)` -> queue empty;
 //! - lat: idle cluster, submit -> the job's first instruction (it writes
 //!   `$EPOCHREALTIME`, like bench.sh's stamp.sh), after a random 0-1 s pause;
-//! - multi: one 8-node x 8-GPU job, submit -> last rank started.
+//! - multi: one 8-node x 8-GPU job, submit -> last rank started;
+//! - floor: N sequential starts of `/bin/true` and of `gpuq --version`,
+//!   spawned as the submits are: the most one-process-per-job submitting can
+//!   reach on this machine, before any work (processes/s).
 //!
 //! It prints one table, gpuq against the best Slurm profile per figure (the
 //! summaries named in GPUQ_PEER_SLURM, comma-separated) with the issue's
@@ -25,7 +28,7 @@
 //!
 //! Knobs: GPUQ_PEER_N (1000), GPUQ_PEER_REPS (3), GPUQ_PEER_PAR (4),
 //! GPUQ_PEER_LAT_REPS (20), GPUQ_PEER_MN_REPS (5), GPUQ_PEER_NODES (8),
-//! GPUQ_PEER_GPUS (8), GPUQ_PEER_TESTS ("lat multi seq par held array"),
+//! GPUQ_PEER_GPUS (8), GPUQ_PEER_TESTS ("lat multi seq par held array floor"),
 //! GPUQ_PEER_SLURM (summary.txt paths), GPUQ_BENCH_SMOKE=1 (tiny sizes).
 
 #[path = "../tests/common/mod.rs"]
@@ -81,7 +84,7 @@ impl Knobs {
             nodes: knob("GPUQ_PEER_NODES", 8),
             gpus: knob("GPUQ_PEER_GPUS", 8) as u32,
             tests: std::env::var("GPUQ_PEER_TESTS")
-                .unwrap_or_else(|_| "lat multi seq par held array".into())
+                .unwrap_or_else(|_| "lat multi seq par held array floor".into())
                 .split_whitespace()
                 .map(str::to_string)
                 .collect(),
@@ -489,6 +492,31 @@ fn t_held(p: &mut Peer, k: &Knobs, f: &mut Figures) {
     f.gpuq_held_drain = report::median(&drain);
 }
 
+/// Sequential starts of a program that does nothing (`/bin/true`), and of
+/// gpuq doing nothing (`--version`): processes per second, the ceiling of any
+/// one-process-per-job submit rate here.
+fn t_floor(k: &Knobs, f: &mut Figures) {
+    let gpuq = common::gpuq_bin();
+    let rate = |program: &Path, arg: Option<&str>| {
+        let mut rates = Vec::new();
+        for _ in 0..k.reps {
+            let t0 = Instant::now();
+            for _ in 0..k.n {
+                let status = std::process::Command::new(program)
+                    .args(arg)
+                    .stdout(std::process::Stdio::null())
+                    .status()
+                    .expect("start a process");
+                assert!(status.success(), "{}: {status}", program.display());
+            }
+            rates.push(k.n as f64 / t0.elapsed().as_secs_f64());
+        }
+        report::median(&rates)
+    };
+    f.floor_true = rate(Path::new("/bin/true"), None);
+    f.floor_gpuq = rate(&gpuq, Some("--version"));
+}
+
 fn t_array(p: &mut Peer, k: &Knobs, f: &mut Figures) {
     let mut e2e = Vec::new();
     let range = format!("0-{}", k.n - 1);
@@ -543,8 +571,11 @@ fn main() {
             }
             "held" => t_held(&mut p, &k, &mut f),
             "array" => t_array(&mut p, &k, &mut f),
+            "floor" => t_floor(&k, &mut f),
             other => {
-                panic!("GPUQ_PEER_TESTS: unknown test {other:?} (lat multi seq par held array)")
+                panic!(
+                    "GPUQ_PEER_TESTS: unknown test {other:?} (lat multi seq par held array floor)"
+                )
             }
         }
         eprintln!("gpuq: {test} done in {:.1} s", t.elapsed().as_secs_f64());

@@ -72,6 +72,9 @@ pub struct Figures {
     pub gpuq_lat: Option<Stats>,
     pub gpuq_gang: Option<Stats>,
     pub gpuq_peak_rss_mb: f64,
+    /// Sequential process starts per second: `/bin/true`, `gpuq --version`.
+    pub floor_true: Option<f64>,
+    pub floor_gpuq: Option<f64>,
     pub detail: Map<String, Value>,
 }
 
@@ -365,6 +368,20 @@ fn rows(f: &Figures) -> Vec<Row> {
                 s.get("slurmctld.peak_rss_mb").and_then(first_number)
             }),
             gpuq: Some(f.gpuq_peak_rss_mb),
+            target: Target::None,
+        },
+        Row {
+            figure: "floor: sequential starts of /bin/true",
+            unit: "procs/s",
+            slurm: None,
+            gpuq: f.floor_true,
+            target: Target::None,
+        },
+        Row {
+            figure: "floor: sequential starts of gpuq --version",
+            unit: "procs/s",
+            slurm: None,
+            gpuq: f.floor_gpuq,
             target: Target::None,
         },
     ]
