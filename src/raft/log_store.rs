@@ -192,13 +192,14 @@ impl LogStore {
 
         let unflushed: Unflushed = Arc::default();
         let (tx, rx) = mpsc::channel();
+        let saved = index_of(&committed);
         let writer = {
             let db = db.clone();
             let unflushed = unflushed.clone();
             let stats = stats.clone();
             thread::Builder::new()
                 .name("raft-log-writer".into())
-                .spawn(move || run_writer(&db, &rx, &unflushed, &stats))
+                .spawn(move || run_writer(&db, &rx, &unflushed, &stats, saved))
                 .map_err(write_err)?
         };
         Ok(LogStore {
@@ -433,11 +434,16 @@ fn index_of(committed: &Option<LogId<u64>>) -> u64 {
 }
 
 /// The writer thread: one transaction per drain of the queue.
-fn run_writer(db: &Database, queue: &mpsc::Receiver<Op>, unflushed: &Unflushed, stats: &LogStats) {
-    // The latest committed hint not yet written, and the index of the last
-    // one written (see the module documentation).
+/// `saved`: the index of the committed hint on disk.
+fn run_writer(
+    db: &Database,
+    queue: &mpsc::Receiver<Op>,
+    unflushed: &Unflushed,
+    stats: &LogStats,
+    mut saved: u64,
+) {
+    // The latest committed hint not yet written (see the module documentation).
     let mut held = None;
-    let mut saved = 0;
     while let Ok(first) = queue.recv() {
         let mut batch = Vec::new();
         for op in std::iter::once(first).chain(queue.try_iter()) {
