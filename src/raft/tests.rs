@@ -231,7 +231,7 @@ async fn a_committed_hint_rides_with_a_later_write_and_is_saved_on_the_way_out()
     use openraft::storage::RaftLogStorage;
     let dir = TempDir::new().unwrap();
     let path = db_path(&dir);
-    let entries = sample_log(1100);
+    let entries = sample_log(1200);
     let (mut log, sm) = open_storage(&path).await.unwrap();
     let db = sm.db();
     append_durably(&log, &entries[..1000]).await;
@@ -251,7 +251,7 @@ async fn a_committed_hint_rides_with_a_later_write_and_is_saved_on_the_way_out()
         "it waits until it is HINT_EVERY (1024) ahead of the one on disk"
     );
     log.save_committed(Some(log_id(1, 1050))).await.unwrap();
-    append_durably(&log, &entries[1050..]).await;
+    append_durably(&log, &entries[1050..1101]).await;
     assert_eq!(
         stored_committed(&db),
         Some(log_id(1, 1050)),
@@ -260,11 +260,19 @@ async fn a_committed_hint_rides_with_a_later_write_and_is_saved_on_the_way_out()
 
     log.save_committed(Some(log_id(1, 1101))).await.unwrap();
     drop((log, sm, db));
-    let (mut log, _sm) = open_storage(&path).await.unwrap();
+    let (mut log, sm) = open_storage(&path).await.unwrap();
+    let db = sm.db();
     assert_eq!(
         log.read_committed().await.unwrap(),
         Some(log_id(1, 1101)),
         "the last hint is written when the store closes"
+    );
+    log.save_committed(Some(log_id(1, 1150))).await.unwrap();
+    append_durably(&log, &entries[1101..1150]).await;
+    assert_eq!(
+        stored_committed(&db),
+        Some(log_id(1, 1101)),
+        "after a restart, HINT_EVERY counts from the hint on disk"
     );
 }
 
