@@ -134,6 +134,7 @@ fn one(nodes: u64, jobs: u64, pending: u64, passes: usize) {
             addr: format!("10.0.{}.{}:7421", i / 250, i % 250),
             preflight: false,
             now: 1,
+            cert_sha256: String::new(),
         })
         .collect();
     apply_batch(&db, &mut s, regs);

@@ -57,7 +57,7 @@ Writes:
   /etc/gpuq/server.env        (server) or agent.env (agent, login), mode 0600:
                               GPUQ_TOKEN and the daemon's flags, read by the unit
   /etc/systemd/system/gpuq-server.service or gpuq-agent.service
-  /var/lib/gpuq/server or /var/lib/gpuq/agent (0700), /run/gpuq
+  /var/lib/gpuq/server (0700) or /var/lib/gpuq/agent (0711), /run/gpuq
 With systemd running it then runs systemctl daemon-reload and
 systemctl enable --now for the unit; without systemd it prints the command
 line to run by hand.
@@ -337,7 +337,14 @@ main() {
     bindir="$root$prefix/bin"
     etc="$root/etc/gpuq"
     mkdir -p "$bindir" "$etc" "$root/etc/systemd/system" "$root/var/lib/gpuq/$daemon" "$root/run/gpuq"
-    chmod 0700 "$root/var/lib/gpuq/$daemon"
+    # The server's dir holds the cluster's keys; the agent's is traversable
+    # (its tasks' users reach their own scripts below it) but not listable.
+    # An existing dir is closed too: gpuq refuses to start on an open one.
+    if [ "$daemon" = server ]; then
+        chmod 0700 "$root/var/lib/gpuq/$daemon"
+    else
+        chmod 0711 "$root/var/lib/gpuq/$daemon"
+    fi
 
     # Replaced by rename: a running gpuq keeps its old file, never a torn one.
     cp "$tmp/gpuq" "$bindir/.gpuq.new" || die "cannot write $bindir"
@@ -507,6 +514,22 @@ example_server_toml() {
 # Members of this Unix group are gpuq admins (as is root). Default: unset,
 # only root.
 # admin_group = "gpuq-admin"
+
+# Users who are admins when they run gpuq on another host (a login node or a
+# compute node), where that host says they are admin (root or its
+# admin_group). Default: none, so admin commands (tokens, drain, policy,
+# membership) work only on a server itself: root on one compute node is not
+# root of the cluster. Whoever controls any node can claim these names, so
+# list only what you must (and "root" only if you trust every node's root).
+# admin_users = ["alice"]
+
+# Hide other users' jobs from ordinary users in `gpuq queue`, `show` and
+# `acct` (Slurm's PrivateData=jobs). Either way, a job's environment and
+# script are shown only to its owner and admins.
+# private_jobs = false
+
+# The longest lifetime a join token may be given (`gpuq token create --ttl`).
+# max_token_ttl_secs = 604800
 
 # Seconds without a heartbeat after which a node is declared down: its tasks
 # are lost and their jobs requeue (or end NODE_FAIL, per their policy). After a
@@ -684,7 +707,11 @@ RestartSec=2
 LimitNOFILE=1048576
 RuntimeDirectory=gpuq
 RuntimeDirectoryPreserve=yes
-StateDirectory=gpuq
+# The data dir holds the replicated state, the cluster CA's key among it:
+# nobody else reads it, and every file gpuq creates is its owner's alone.
+StateDirectory=gpuq/server
+StateDirectoryMode=0700
+UMask=0077
 # The Raft log is fsynced; give shutdown time to finish a write.
 TimeoutStopSec=30
 
@@ -715,7 +742,12 @@ RestartSec=2
 LimitNOFILE=1048576
 RuntimeDirectory=gpuq
 RuntimeDirectoryPreserve=yes
-StateDirectory=gpuq
+# 0711: the tasks' users pass through to their own task's script and list
+# nothing; the node's key sits in a 0700 tls/ below. The daemon's files are
+# its own (UMask); tasks get the usual umask 022.
+StateDirectory=gpuq/agent
+StateDirectoryMode=0711
+UMask=0077
 # Tasks run under their own shims in their own cgroups and must outlive an
 # agent restart or upgrade: stop only the agent process itself.
 KillMode=process

@@ -39,6 +39,14 @@ pub struct ServerConfig {
     pub advertise: Option<SocketAddr>,
     pub socket: PathBuf,
     pub admin_group: Option<String>,
+    /// Users whose requests count as an admin's when another host (a login
+    /// or compute agent) vouches for them as admin there. Empty: admin
+    /// requests are honoured only from a server's own socket.
+    pub admin_users: Vec<String>,
+    /// Hide other users' jobs from ordinary users (Slurm's PrivateData=jobs).
+    pub private_jobs: bool,
+    /// The longest `--ttl` a join token may be given.
+    pub max_token_ttl_secs: u64,
     /// A node whose agent is silent this long is declared down.
     pub node_ttl_secs: u64,
     /// Finished jobs move from memory to the on-disk history archive this
@@ -137,6 +145,9 @@ impl Default for ServerConfig {
             advertise: None,
             socket: "/run/gpuq/gpuq.sock".into(),
             admin_group: None,
+            admin_users: Vec::new(),
+            private_jobs: false,
+            max_token_ttl_secs: 7 * 24 * 3600,
             node_ttl_secs: 10,
             history_retention_secs: 300,
             master_port_range: Default::default(),
@@ -294,6 +305,18 @@ impl ServerConfig {
         check_path("server.data_dir", &self.data_dir)?;
         check_path("server.socket", &self.socket)?;
         check_group("server.admin_group", &self.admin_group)?;
+        if self.admin_users.iter().any(|u| u.trim().is_empty()) {
+            return Err(ConfigError::Invalid {
+                key: "server.admin_users".into(),
+                problem: "holds an empty name: list user names, e.g. [\"alice\"]".into(),
+            });
+        }
+        if self.max_token_ttl_secs == 0 {
+            return Err(ConfigError::Invalid {
+                key: "server.max_token_ttl_secs".into(),
+                problem: "must be positive, e.g. 604800 (a week)".into(),
+            });
+        }
         self.raft.validate()
     }
 

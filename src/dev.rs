@@ -81,8 +81,12 @@ pub async fn start(
         std::fs::remove_dir_all(&opts.dir)
             .with_context(|| format!("cannot remove {}", opts.dir.display()))?;
     }
-    std::fs::create_dir_all(&opts.dir)
-        .with_context(|| format!("cannot create {}", opts.dir.display()))?;
+    // Traversable, not listable: other local users reach the socket in it,
+    // tasks their scripts; the server's and agents' secrets sit in 0700
+    // directories below.
+    crate::owner_only::ensure_dir(&opts.dir, crate::owner_only::DirMode::Traverse)
+        .context("the dev cluster's directory is not usable")?;
+    crate::owner_only::ensure_dir(&opts.dir.join("agents"), crate::owner_only::DirMode::Traverse)?;
     let (me, root) = current_user()?;
     let socket = socket_in(&opts.dir);
 
@@ -94,6 +98,9 @@ pub async fn start(
         advertise: None,
         socket: socket.clone(),
         admin_group: None,
+        admin_users: Vec::new(),
+        private_jobs: false,
+        max_token_ttl_secs: 7 * 24 * 3600,
         node_ttl_secs: 10,
         history_retention_secs: 300,
         master_port_range: Default::default(),
@@ -125,6 +132,7 @@ pub async fn start(
                     ApiRequest::TokenCreate {
                         role: Role::Agent,
                         ttl_secs: 600,
+                        uses: None,
                     },
                 )
                 .await
@@ -167,7 +175,7 @@ pub async fn start(
             kill_grace_secs: 2,
             ..Default::default()
         };
-        std::fs::create_dir_all(tasks_root(&data_dir))?;
+        crate::agent::data_dirs(&data_dir)?;
         let runner = Arc::new(ExecRunner {
             executor: crate::agent::exec::Executor::new(
                 tasks_root(&data_dir),

@@ -12,6 +12,7 @@ pub mod cli;
 pub mod config;
 pub mod dev;
 pub mod model;
+pub mod owner_only;
 pub mod net;
 pub mod raft;
 pub mod sched;

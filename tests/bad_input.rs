@@ -183,7 +183,7 @@ fn bad_config_files_are_refused_naming_the_key() {
             .unwrap()
             .write_all(body.as_bytes())
             .unwrap();
-        std::process::Command::new(common::gpuq_bin())
+        common::gpuq_command()
             .args(["server", "--config"])
             .arg(&p)
             .arg("--data-dir")
@@ -197,7 +197,7 @@ fn bad_config_files_are_refused_naming_the_key() {
         &run("[server]\n[server.raft]\nheartbeat_ms = \"fast\"\n"),
         "heartbeat_ms",
     );
-    let out = std::process::Command::new(common::gpuq_bin())
+    let out = common::gpuq_command()
         .args(["server", "--config", "/nonexistent/gpuq.toml"])
         .output()
         .unwrap();

@@ -124,7 +124,7 @@ fn joins_that_cannot_work_are_refused_with_a_reason() {
     assert_eq!(members, 1);
 
     // --join is not a HOST:PORT.
-    let out = std::process::Command::new(common::gpuq_bin())
+    let out = common::gpuq_command()
         .args(["server", "--join", "nowhere", "--token", &token])
         .output()
         .unwrap();
@@ -285,7 +285,7 @@ fn servers_started_at_once_form_one_cluster() {
         log.contains("does not contain this server's address"),
         "{log}"
     );
-    let out = std::process::Command::new(common::gpuq_bin())
+    let out = common::gpuq_command()
         .args(["server", "--bootstrap-expect", "3", "--peers", "a:7420"])
         .output()
         .unwrap();
@@ -327,7 +327,7 @@ fn a_saved_snapshot_restores_into_a_new_cluster() {
     }
     let mut r = Server::joining(&dir.path().join("r1"), "r1", "", "");
     let restore = |file: &std::path::Path, data: &std::path::Path, addr: &str| {
-        std::process::Command::new(common::gpuq_bin())
+        common::gpuq_command()
             .args(["cluster", "snapshot", "restore"])
             .arg(file)
             .arg("--data-dir")

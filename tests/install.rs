@@ -164,6 +164,9 @@ fn compute_agent_gets_binary_config_env_file_unit_and_dirs() {
     for line in [
         "KillMode=process",
         "Delegate=yes",
+        "StateDirectory=gpuq/agent",
+        "StateDirectoryMode=0711",
+        "UMask=0077",
         "EnvironmentFile=-/etc/gpuq/agent.env",
         "ExecStart=/usr/local/bin/gpuq agent --config /etc/gpuq/gpuq.toml $GPUQ_AGENT_ARGS",
     ] {
@@ -171,7 +174,7 @@ fn compute_agent_gets_binary_config_env_file_unit_and_dirs() {
     }
     assert!(!root.join("etc/systemd/system/gpuq-server.service").exists());
 
-    assert_eq!(mode(&root.join("var/lib/gpuq/agent")), 0o700);
+    assert_eq!(mode(&root.join("var/lib/gpuq/agent")), 0o711);
     assert!(root.join("run/gpuq").is_dir());
 
     assert_start_hint(
@@ -254,6 +257,14 @@ fn first_server_bootstraps_and_advertises_the_given_address() {
     assert!(unit
         .lines()
         .any(|l| l == "EnvironmentFile=-/etc/gpuq/server.env"));
+    // The state (the CA's key among it) is closed to everyone else.
+    for line in [
+        "StateDirectory=gpuq/server",
+        "StateDirectoryMode=0700",
+        "UMask=0077",
+    ] {
+        assert!(unit.lines().any(|l| l == line), "unit has {line}");
+    }
     assert_eq!(mode(&root.join("var/lib/gpuq/server")), 0o700);
     assert!(!root.join("var/lib/gpuq/agent").exists());
 

@@ -329,13 +329,23 @@ fn tasks_run_as_the_submitting_user() {
     c.wait_state(&id, "COMPLETED", LONG);
 }
 
+/// A data dir as a daemon makes it: closed to group and others.
+fn private_dir(path: &std::path::Path) {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(path)
+        .unwrap();
+}
+
 #[test]
 fn an_agent_claiming_another_name_or_a_live_duplicate_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let c = Cluster::start(dir.path(), 1, 8);
     // A copy of n1's identity that registers as n9: the certificate says n1.
     let imp = dir.path().join("imp");
-    std::fs::create_dir_all(imp.join("data")).unwrap();
+    private_dir(&imp.join("data"));
     let copy = |to: &std::path::Path| {
         let st = std::process::Command::new("cp")
             .arg("-a")
@@ -352,7 +362,7 @@ fn an_agent_claiming_another_name_or_a_live_duplicate_is_refused() {
     );
     std::fs::write(imp.join("agent.toml"), cfg).unwrap();
     let log = std::fs::File::create(imp.join("agent.log")).unwrap();
-    let mut child = std::process::Command::new(common::gpuq_bin())
+    let mut child = common::gpuq_command()
         .args(["agent", "--config"])
         .arg(imp.join("agent.toml"))
         .args(["--servers", &c.server.addr()])
@@ -369,7 +379,7 @@ fn an_agent_claiming_another_name_or_a_live_duplicate_is_refused() {
 
     // A second live agent for n1 (same identity) is refused while n1 is up.
     let dup = dir.path().join("dup");
-    std::fs::create_dir_all(dup.join("data")).unwrap();
+    private_dir(&dup.join("data"));
     copy(&dup);
     let cfg = format!(
         "[agent]\nnode_name = \"n1\"\ndata_dir = \"{d}/data\"\nsocket = \"{d}/agent.sock\"\ngpus = \"none\"\n",
@@ -377,7 +387,7 @@ fn an_agent_claiming_another_name_or_a_live_duplicate_is_refused() {
     );
     std::fs::write(dup.join("agent.toml"), cfg).unwrap();
     let log = std::fs::File::create(dup.join("agent.log")).unwrap();
-    let mut child = std::process::Command::new(common::gpuq_bin())
+    let mut child = common::gpuq_command()
         .args(["agent", "--config"])
         .arg(dup.join("agent.toml"))
         .args(["--servers", &c.server.addr()])
@@ -449,7 +459,7 @@ fn a_bulk_submit_from_a_file_or_stdin_queues_every_line_in_one_call() {
 
     // From stdin, with --json.
     use std::io::Write;
-    let mut child = std::process::Command::new(common::gpuq_bin())
+    let mut child = common::gpuq_command()
         .args(["submit", "--json", "-D", chdir, "--from", "-"])
         .env("GPUQ_SOCKET", &c.server.socket)
         .stdin(std::process::Stdio::piped())

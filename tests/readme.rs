@@ -34,7 +34,7 @@ fn the_readme_quick_start_works_as_written() {
         std::env::var("PATH").unwrap_or_default()
     );
     let dev_log = std::fs::File::create(home.path().join("dev.log")).unwrap();
-    let mut dev = Command::new(common::gpuq_bin())
+    let mut dev = common::gpuq_command()
         .arg("dev")
         .env("HOME", home.path())
         .env_remove("XDG_STATE_HOME")

@@ -35,7 +35,7 @@ pub async fn ensure_identity(
     let identity = join::join(addr, &token, role, name)
         .await
         .with_context(|| format!("joining the cluster at {addr} failed"))?;
-    std::fs::create_dir_all(&tls).with_context(|| format!("cannot create {}", tls.display()))?;
+    crate::owner_only::ensure_dir(&tls, crate::owner_only::DirMode::Private)?;
     identity.save(&tls)?;
     tracing::info!(node = name, %role, server = %addr, "joined the cluster");
     Ok(identity)

@@ -170,8 +170,8 @@ impl Forwarder {
         join_addr: Option<SocketAddr>,
         token: Option<&str>,
     ) -> anyhow::Result<Forwarder> {
-        std::fs::create_dir_all(&cfg.data_dir)
-            .with_context(|| format!("cannot create data dir {}", cfg.data_dir.display()))?;
+        crate::owner_only::ensure_dir(&cfg.data_dir, crate::owner_only::DirMode::Private)
+            .context("the login agent's data dir is not usable")?;
         let identity =
             super::ensure_identity(&cfg.data_dir, role, &cfg.node_name, join_addr, token).await?;
         let configured = resolve_servers(cfg, join_addr)?;

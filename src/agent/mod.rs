@@ -18,4 +18,4 @@ pub mod servers;
 
 pub use identity::ensure_identity;
 pub use login::{run_login, start_login, Forwarder};
-pub use node::{exec_runner, run_compute, start_compute, RunningAgent};
+pub use node::{data_dirs, exec_runner, run_compute, start_compute, RunningAgent};

@@ -22,11 +22,20 @@ pub struct RunningAgent {
     pub task: tokio::task::JoinHandle<anyhow::Result<()>>,
 }
 
+/// A compute agent's data dir (0711: the tasks' users pass through it to
+/// their own task's script, and list nothing) and its task directories.
+pub fn data_dirs(data_dir: &std::path::Path) -> anyhow::Result<()> {
+    use crate::owner_only::{ensure_dir, DirMode};
+    ensure_dir(data_dir, DirMode::Traverse).context("the agent's data dir is not usable")?;
+    ensure_dir(&tasks_root(data_dir), DirMode::Traverse)?;
+    Ok(())
+}
+
 /// The task runner a real agent uses: shims started from this binary.
 pub fn exec_runner(cfg: &AgentConfig) -> anyhow::Result<Arc<dyn TaskRunner>> {
     let shim = std::env::current_exe().context("cannot find the gpuq binary to run shims")?;
     let root = tasks_root(&cfg.data_dir);
-    std::fs::create_dir_all(&root).with_context(|| format!("cannot create {}", root.display()))?;
+    data_dirs(&cfg.data_dir)?;
     Ok(Arc::new(ExecRunner {
         executor: Executor::new(root, shim),
         allow_root: cfg.allow_root,
@@ -44,8 +53,7 @@ pub async fn start_compute(
     runner: Arc<dyn TaskRunner>,
     shutdown: watch::Receiver<bool>,
 ) -> anyhow::Result<RunningAgent> {
-    std::fs::create_dir_all(&cfg.data_dir)
-        .with_context(|| format!("cannot create data dir {}", cfg.data_dir.display()))?;
+    data_dirs(&cfg.data_dir)?;
     let backend = super::gpu::open_backend(&cfg.gpus, &cfg.node_name)
         .context("cannot read this node's GPUs")?;
     let host = HostConfig {

@@ -130,6 +130,13 @@ pub struct QosArgs {
     /// GPUs one job of this QoS may ask for, or "none".
     #[arg(long, value_parser = parse_limit)]
     max_gpus_per_job: Option<Limit>,
+    /// Only jobs of these accounts may use it (comma list; "" with no
+    /// --allow-users opens it to everyone again).
+    #[arg(long, value_delimiter = ',')]
+    allow_accounts: Option<Vec<String>>,
+    /// These users may use it whatever their account (comma list).
+    #[arg(long, value_delimiter = ',')]
+    allow_users: Option<Vec<String>>,
 }
 
 // `gpuq admin partition ...`
@@ -280,15 +287,20 @@ fn qos_change(op: Op, q: QosArgs) -> PolicyChange {
         name: q.name,
         patch: QosPatch {
             priority: q.priority,
-            preempts: q
-                .preempts
-                .map(|v| v.into_iter().filter(|s| !s.is_empty()).collect()),
+            preempts: q.preempts.map(non_empty),
             preempt_mode: q.preempt_mode,
             grace_secs: q.grace,
             max_gpus_per_user: q.max_gpus_per_user,
             max_gpus_per_job: q.max_gpus_per_job,
+            allowed_accounts: q.allow_accounts.map(non_empty),
+            allowed_users: q.allow_users.map(non_empty),
         },
     }
+}
+
+/// A comma list as typed, less the empty items (`""` is the empty list).
+fn non_empty(v: Vec<String>) -> Vec<String> {
+    v.into_iter().filter(|s| !s.is_empty()).collect()
 }
 
 fn partition_change(op: Op, p: PartitionArgs) -> PolicyChange {
@@ -326,6 +338,21 @@ fn capitalise(s: &str) -> String {
 
 fn opt<T: ToString>(v: Option<T>) -> String {
     v.map(|v| v.to_string()).unwrap_or_else(|| "-".into())
+}
+
+/// Who may use a QoS: `all`, or `accounts:a,b users:u`.
+fn allowed(q: &crate::model::Qos) -> String {
+    let list = |s: &std::collections::BTreeSet<String>| s.iter().cloned().collect::<Vec<_>>();
+    match (q.allowed_accounts.is_empty(), q.allowed_users.is_empty()) {
+        (true, true) => "all".into(),
+        (false, true) => format!("accounts:{}", list(&q.allowed_accounts).join(",")),
+        (true, false) => format!("users:{}", list(&q.allowed_users).join(",")),
+        (false, false) => format!(
+            "accounts:{} users:{}",
+            list(&q.allowed_accounts).join(","),
+            list(&q.allowed_users).join(",")
+        ),
+    }
 }
 
 async fn policy() -> Result<crate::model::Policy, CliError> {
@@ -414,6 +441,7 @@ pub async fn run(cmd: AdminCommand) -> Result<(), CliError> {
                     "GRACE",
                     "MAX_GPUS_USER",
                     "MAX_GPUS_JOB",
+                    "ALLOWED",
                 ]);
                 for q in p.qos.values() {
                     t.row(vec![
@@ -430,6 +458,7 @@ pub async fn run(cmd: AdminCommand) -> Result<(), CliError> {
                             .unwrap_or_else(|| "agent".into()),
                         opt(q.max_gpus_per_user),
                         opt(q.max_gpus_per_job),
+                        allowed(q),
                     ]);
                 }
                 print!("{}", t.render());

@@ -232,6 +232,10 @@ pub enum NodeCommand {
     },
     /// Let NAME take work again.
     Resume { name: String },
+    /// Let a new machine take the name NAME (admins): its next join with a
+    /// token and --node-name NAME is admitted; the old machine's certificate
+    /// is refused from then on.
+    Replace { name: String },
 }
 
 // `gpuq token ...`
@@ -243,9 +247,14 @@ pub enum TokenCommand {
         /// Who may join with it: agent (compute and login agents) or server.
         #[arg(long, default_value = "agent", value_parser = parse_role)]
         role: Role,
-        /// How long it is valid, e.g. 30m, 24h, 7d.
+        /// How long it is valid, e.g. 30m, 24h, 7d (at most the servers'
+        /// max_token_ttl_secs, a week by default).
         #[arg(long, default_value = "24h", value_parser = parse_ttl)]
         ttl: u64,
+        /// How many daemons may join with it, e.g. 1 for one machine.
+        /// Default: any number until it expires.
+        #[arg(long)]
+        uses: Option<u64>,
         #[command(flatten)]
         json: JsonFlag,
     },
@@ -410,6 +419,10 @@ pub async fn run(cmd: ClientCommand) -> Result<(), CliError> {
                     "Drained",
                 ),
                 NodeCommand::Resume { name } => (ApiRequest::NodeResume { node: name }, "Resumed"),
+                NodeCommand::Replace { name } => (
+                    ApiRequest::NodeReplace { node: name },
+                    "A new machine may now join (with a token and --node-name) as",
+                ),
             };
             match call(req).await? {
                 ApiResponse::NodeUpdated { node } => {
@@ -463,10 +476,16 @@ async fn logs(id: JobId, rank: u32, follow: bool) -> Result<(), CliError> {
 
 async fn token(cmd: TokenCommand) -> Result<(), CliError> {
     match cmd {
-        TokenCommand::Create { role, ttl, json } => {
+        TokenCommand::Create {
+            role,
+            ttl,
+            uses,
+            json,
+        } => {
             match call(ApiRequest::TokenCreate {
                 role,
                 ttl_secs: ttl,
+                uses,
             })
             .await?
             {
@@ -496,6 +515,8 @@ async fn token(cmd: TokenCommand) -> Result<(), CliError> {
                 for k in tokens {
                     let st = if k.revoked {
                         "revoked"
+                    } else if k.max_uses.is_some_and(|max| k.uses >= max) {
+                        "used up"
                     } else if now >= k.expires_at {
                         "expired"
                     } else {
@@ -506,7 +527,10 @@ async fn token(cmd: TokenCommand) -> Result<(), CliError> {
                         k.role.to_string(),
                         fmt_time(k.expires_at),
                         k.created_by,
-                        k.uses.to_string(),
+                        match k.max_uses {
+                            Some(max) => format!("{}/{max}", k.uses),
+                            None => k.uses.to_string(),
+                        },
                         st.into(),
                     ]);
                 }

@@ -31,6 +31,7 @@ pub(super) async fn run(
     let Some(from) = from else {
         let spec = crate::spec::build_spec(args, &env, &cwd)
             .map_err(|e| CliError::input(e.to_string()))?;
+        check_output_files(&spec).map_err(CliError::input)?;
         return match call(ApiRequest::Submit {
             spec: Box::new(spec),
         })
@@ -70,6 +71,45 @@ pub(super) async fn run(
             Err(e)
         }
     }
+}
+
+/// Refuses an `--output` or `--error` that names, as this host sees it, a
+/// named pipe, socket, directory or device other than `/dev/null`: a task
+/// could not write it, and a pipe would hang its start. Patterns with `%`
+/// name a file per job or rank, so only fixed paths can be looked at here
+/// (the agent checks again before serving a file).
+fn check_output_files(spec: &JobSpec) -> Result<(), String> {
+    use std::os::unix::fs::FileTypeExt;
+    for (flag, pattern) in [("--output", &spec.output), ("--error", &spec.error)] {
+        let Some(pattern) = pattern.as_deref().filter(|p| !p.contains('%')) else {
+            continue;
+        };
+        let path = Path::new(&spec.workdir).join(pattern);
+        if path == Path::new("/dev/null") {
+            continue;
+        }
+        let Ok(meta) = std::fs::metadata(&path) else {
+            continue;
+        };
+        let t = meta.file_type();
+        let what = if t.is_dir() {
+            "a directory"
+        } else if t.is_fifo() {
+            "a named pipe"
+        } else if t.is_socket() {
+            "a socket"
+        } else if t.is_char_device() || t.is_block_device() {
+            "a device"
+        } else {
+            continue;
+        };
+        return Err(format!(
+            "{flag} {pattern}: {} is {what}, not a file a job can write its output to; \
+             name a regular file (or /dev/null to drop the output)",
+            path.display()
+        ));
+    }
+    Ok(())
 }
 
 fn print_ids(ids: &[crate::model::JobId], parsable: bool, json: bool) -> Result<(), CliError> {
@@ -156,6 +196,7 @@ fn parse_lines(
         })?;
         let args = defaults.overlay(&parsed.args);
         let spec = crate::spec::build_spec(&args, env, cwd).map_err(|e| fail(e.to_string()))?;
+        check_output_files(&spec).map_err(fail)?;
         jobs.push((n, spec));
         if jobs.len() > MAX_SUBMIT_MANY {
             return Err(CliError::input(format!(

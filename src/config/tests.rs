@@ -131,6 +131,7 @@ fn the_examples_document_every_key_with_its_default() {
         node_name: parsed.node_name.clone(),
         advertise: parsed.advertise,
         admin_group: parsed.admin_group.clone(),
+        admin_users: parsed.admin_users.clone(),
         bootstrap: BootstrapConfig {
             peers: parsed.bootstrap.peers.clone(),
             secret_file: parsed.bootstrap.secret_file.clone(),

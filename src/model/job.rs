@@ -427,7 +427,20 @@ pub struct Job {
     pub expected_start: Option<Millis>,
 }
 
+/// What stands in for a script's body that only its owner may read.
+pub const REDACTED: &str = "(hidden: only the job's owner and admins see its script)";
+
 impl Job {
+    /// What other users see of this job: everything but its environment
+    /// and its script's body, which carry tokens and passwords (as Slurm
+    /// shows neither to other users).
+    pub fn redact(&mut self) {
+        self.spec.env.clear();
+        if let Program::Script { content, .. } = &mut self.spec.program {
+            *content = REDACTED.to_string();
+        }
+    }
+
     /// The id users see: `12` or, for an array task, `12_3`.
     pub fn display_id(&self) -> String {
         match &self.array {

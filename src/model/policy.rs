@@ -109,9 +109,23 @@ pub struct Qos {
     /// GPUs one job of this QoS may ask for.
     #[serde(default)]
     pub max_gpus_per_job: Option<u32>,
+    /// Accounts whose jobs may use this QoS. With `allowed_users`, both
+    /// empty: everyone may.
+    #[serde(default)]
+    pub allowed_accounts: BTreeSet<String>,
+    /// Users who may use this QoS whatever their account.
+    #[serde(default)]
+    pub allowed_users: BTreeSet<String>,
 }
 
 impl Qos {
+    /// Whether `user` submitting under `account` may use this QoS.
+    pub fn admits(&self, user: &str, account: &str) -> bool {
+        (self.allowed_accounts.is_empty() && self.allowed_users.is_empty())
+            || self.allowed_accounts.contains(account)
+            || self.allowed_users.contains(user)
+    }
+
     pub fn new(name: &str) -> Qos {
         Qos {
             name: name.to_string(),
@@ -121,6 +135,8 @@ impl Qos {
             grace_secs: None,
             max_gpus_per_user: None,
             max_gpus_per_job: None,
+            allowed_accounts: BTreeSet::new(),
+            allowed_users: BTreeSet::new(),
         }
     }
 }
@@ -399,6 +415,12 @@ impl Policy {
                 names.join(", ")
             )
         })?;
+        if !qos.admits(user, &account) {
+            return Err(format!(
+                "QoS {qos_name} is not open to user {user} in account {account}; use another \
+                 --qos, or ask an admin (gpuq admin qos modify {qos_name} --allow-users {user})"
+            ));
+        }
         let gpus = spec.total_gpus();
         if let Some(max) = qos.max_gpus_per_job {
             if gpus > u64::from(max) {

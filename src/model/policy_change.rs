@@ -74,6 +74,12 @@ pub struct QosPatch {
     pub max_gpus_per_user: Option<Limit>,
     #[serde(default)]
     pub max_gpus_per_job: Option<Limit>,
+    /// Replaces the accounts allowed to use it (empty, with no users: all).
+    #[serde(default)]
+    pub allowed_accounts: Option<Vec<String>>,
+    /// Replaces the users allowed to use it whatever their account.
+    #[serde(default)]
+    pub allowed_users: Option<Vec<String>>,
 }
 
 /// What `gpuq admin partition add|modify` sets.

@@ -62,4 +62,15 @@ pub struct TokenRecord {
     /// Number of daemons that joined with it.
     #[serde(default)]
     pub uses: u64,
+    /// How many daemons may join with it (`--uses N`); `None`: any number
+    /// until it expires.
+    #[serde(default)]
+    pub max_uses: Option<u64>,
+}
+
+impl TokenRecord {
+    /// Whether every use it allows has been taken.
+    pub fn used_up(&self) -> bool {
+        self.max_uses.is_some_and(|max| self.uses >= max)
+    }
 }

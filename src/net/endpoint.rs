@@ -240,6 +240,15 @@ impl Peer {
         self.identity.as_ref().map(|(_, n)| n.as_str())
     }
 
+    /// Hex SHA-256 of the peer's certificate (DER); empty without one. Tells
+    /// two certificates for the same name apart.
+    pub fn cert_sha256(&self) -> String {
+        use sha2::Digest;
+        peer_certificate(&self.conn)
+            .map(|der| hex::encode(sha2::Sha256::digest(der.as_ref())))
+            .unwrap_or_default()
+    }
+
     /// A short description for logs: `name (role) at addr` or `addr`.
     pub fn describe(&self) -> String {
         match &self.identity {

@@ -6,7 +6,10 @@
 //! neither breaks an older reader nor a newer reader of older frames.
 //!
 //! The reader checks the announced length against a caller-given cap before it
-//! allocates anything: a peer cannot make us reserve 4 GiB by sending four bytes.
+//! allocates anything, and then grows the body's buffer only as bytes arrive
+//! (doubling, never past the announced length): a peer cannot make us
+//! reserve 16 MiB by sending four bytes. A caller that must bound what many
+//! peers hold at once (the local socket) charges each growth to a budget.
 //! A clean end of stream before a frame starts is not an error (`Ok(None)`); an
 //! end of stream inside a frame is.
 
@@ -55,6 +58,9 @@ pub enum FrameError {
     /// The message could not be encoded (a bug in the sender, never the peer's fault).
     #[error("a message could not be encoded: {0}")]
     Encode(#[from] rmp_serde::encode::Error),
+    /// The reader's budget refused to hold more of the frame.
+    #[error("{0}")]
+    OverBudget(String),
     /// The encoded message does not fit in a `u32` length prefix.
     #[error("a message of {len} bytes is too large to send in one frame (at most 4 GiB)")]
     EncodeTooLarge {
@@ -88,6 +94,20 @@ where
     R: AsyncRead + Unpin,
     T: DeserializeOwned,
 {
+    read_frame_charged(r, max_len, &mut |_| Ok(())).await
+}
+
+/// [`read_frame`], calling `charge` with each growth of the body's buffer
+/// (in bytes) before it happens; an error from `charge` ends the read.
+pub async fn read_frame_charged<R, T>(
+    r: &mut R,
+    max_len: usize,
+    charge: &mut (dyn FnMut(usize) -> Result<(), FrameError> + Send),
+) -> Result<Option<T>, FrameError>
+where
+    R: AsyncRead + Unpin,
+    T: DeserializeOwned,
+{
     let mut prefix = [0u8; 4];
     let got = read_full(r, &mut prefix).await?;
     if got == 0 {
@@ -101,12 +121,39 @@ where
     if len > max_len {
         return Err(FrameError::TooLarge { len, max: max_len });
     }
-    let mut body = vec![0u8; len];
-    let got = read_full(r, &mut body).await?;
-    if got < len {
-        return Err(FrameError::Truncated { expected: len, got });
-    }
+    let body = read_body(r, len, charge).await?;
     Ok(Some(rmp_serde::from_slice(&body)?))
+}
+
+/// The first buffer a body gets; it doubles from there as bytes arrive.
+const FIRST_CHUNK: usize = 16 << 10;
+
+/// Reads a body of `len` bytes into a buffer that grows with what arrives.
+async fn read_body<R: AsyncRead + Unpin>(
+    r: &mut R,
+    len: usize,
+    charge: &mut (dyn FnMut(usize) -> Result<(), FrameError> + Send),
+) -> Result<Vec<u8>, FrameError> {
+    let mut body: Vec<u8> = Vec::new();
+    while body.len() < len {
+        if body.len() == body.capacity() {
+            let grown = (body.capacity() * 2).max(FIRST_CHUNK).min(len);
+            charge(grown - body.capacity())?;
+            body.reserve_exact(grown - body.len());
+        }
+        let filled = body.len();
+        let room = body.capacity().min(len) - filled;
+        body.resize(filled + room, 0);
+        let n = r.read(&mut body[filled..]).await?;
+        body.truncate(filled + n);
+        if n == 0 {
+            return Err(FrameError::Truncated {
+                expected: len,
+                got: filled,
+            });
+        }
+    }
+    Ok(body)
 }
 
 /// Fills `buf` unless the stream ends first; returns how many bytes arrived.
@@ -270,6 +317,42 @@ mod tests {
             matches!(err, FrameError::TooLarge { len, max } if len == u32::MAX as usize && max == DEFAULT_MAX_FRAME),
             "{err}"
         );
+    }
+
+    #[tokio::test]
+    async fn a_bodys_buffer_grows_with_what_arrives_not_with_what_is_announced() {
+        // 16 MiB announced, 10 bytes sent: the reader held one small chunk.
+        let mut buf = (16u32 << 20).to_be_bytes().to_vec();
+        buf.extend([0u8; 10]);
+        let mut charged = 0;
+        let err = read_frame_charged::<_, Old>(&mut buf.as_slice(), DEFAULT_MAX_FRAME, &mut |n| {
+            charged += n;
+            Ok(())
+        })
+        .await
+        .unwrap_err();
+        assert!(
+            matches!(err, FrameError::Truncated { expected, got: 10 } if expected == 16 << 20),
+            "{err}"
+        );
+        assert_eq!(charged, FIRST_CHUNK);
+        // A whole frame is charged about its size, and a refusal ends the read.
+        let big = encode(&"x".repeat(100_000)).await;
+        let mut charged = 0;
+        let got: Option<String> = read_frame_charged(&mut big.as_slice(), 1 << 20, &mut |n| {
+            charged += n;
+            Ok(())
+        })
+        .await
+        .unwrap();
+        assert_eq!(got.map(|s| s.len()), Some(100_000));
+        assert!((100_000..=200_000).contains(&charged), "{charged}");
+        let err = read_frame_charged::<_, String>(&mut big.as_slice(), 1 << 20, &mut |_| {
+            Err(FrameError::OverBudget("no more".into()))
+        })
+        .await
+        .unwrap_err();
+        assert!(matches!(err, FrameError::OverBudget(_)), "{err}");
     }
 
     #[tokio::test]

@@ -2,6 +2,12 @@
 //! learns who is calling from the kernel (SO_PEERCRED), never from the client,
 //! and vouches for that user to the leader. One connection carries any number
 //! of request/response frame pairs, after a version hello.
+//!
+//! The socket is open to every local user (authorisation is by uid), so what
+//! one user can make the daemon hold is bounded ([`Limits`]): connections per
+//! uid, the bytes of requests still arriving per uid and in all, the size of
+//! one request, and how long a request may take to arrive once begun or a
+//! connection may sit idle. A caller over a bound is told which, and why.
 
 use std::future::Future;
 use std::os::unix::fs::PermissionsExt;
@@ -11,7 +17,7 @@ use std::sync::Arc;
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::watch;
 
-use super::frame::{read_frame, write_frame, FrameError, DEFAULT_MAX_FRAME};
+use super::frame::{read_frame, read_frame_charged, write_frame, FrameError, DEFAULT_MAX_FRAME};
 use super::hello::PROTOCOL_VERSION;
 use super::proto::{ApiRequest, ApiResponse, ErrorKind};
 
@@ -48,6 +54,8 @@ pub enum LocalError {
     },
     #[error("the daemon closed the connection without answering")]
     Closed,
+    #[error("the request was refused: {0}")]
+    Refused(String),
     #[error("talking to the daemon failed: {0}")]
     Frame(#[from] FrameError),
 }
@@ -136,16 +144,136 @@ pub fn bind(path: &Path) -> std::io::Result<UnixListener> {
     Ok(listener)
 }
 
+/// What one local user can make the daemon hold.
+#[derive(Clone, Debug)]
+pub struct Limits {
+    /// The largest request: fits the largest script or `--from` batch a
+    /// user should submit (Slurm's default cap on a batch script is 4 MB).
+    pub max_request: usize,
+    /// Open connections per uid.
+    pub conns_per_uid: usize,
+    /// Bytes of requests still arriving, per uid.
+    pub inflight_per_uid: usize,
+    /// Bytes of requests still arriving, all users together.
+    pub inflight_total: usize,
+    /// How long a request may take to arrive once its first byte has.
+    pub stall: std::time::Duration,
+    /// How long a connection may wait between requests.
+    pub idle: std::time::Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits {
+            max_request: DEFAULT_MAX_FRAME,
+            conns_per_uid: 128,
+            inflight_per_uid: DEFAULT_MAX_FRAME + (8 << 20),
+            inflight_total: 256 << 20,
+            stall: std::time::Duration::from_secs(30),
+            idle: std::time::Duration::from_secs(600),
+        }
+    }
+}
+
+#[derive(Default)]
+struct Usage {
+    conns: usize,
+    bytes: usize,
+}
+
+/// What each uid holds now, against the [`Limits`].
+struct Budget {
+    limits: Limits,
+    held: std::sync::Mutex<(std::collections::HashMap<u32, Usage>, usize)>,
+}
+
+impl Budget {
+    fn lock(&self) -> std::sync::MutexGuard<'_, (std::collections::HashMap<u32, Usage>, usize)> {
+        self.held.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Counts a new connection of `uid`, or says why it is refused.
+    fn connect(&self, uid: u32) -> Result<(), String> {
+        let mut held = self.lock();
+        let usage = held.0.entry(uid).or_default();
+        if usage.conns >= self.limits.conns_per_uid {
+            return Err(format!(
+                "uid {uid} already has {} connections open to this daemon (the limit): \
+                 close some and retry",
+                usage.conns
+            ));
+        }
+        usage.conns += 1;
+        Ok(())
+    }
+
+    fn disconnect(&self, uid: u32) {
+        let mut held = self.lock();
+        if let Some(usage) = held.0.get_mut(&uid) {
+            usage.conns = usage.conns.saturating_sub(1);
+            if usage.conns == 0 && usage.bytes == 0 {
+                held.0.remove(&uid);
+            }
+        }
+    }
+
+    /// Lets `uid` hold `n` more bytes of arriving requests.
+    fn charge(&self, uid: u32, n: usize) -> Result<(), FrameError> {
+        let mut held = self.lock();
+        let (by_uid, total) = &mut *held;
+        let usage = by_uid.entry(uid).or_default();
+        if usage.bytes + n > self.limits.inflight_per_uid {
+            return Err(FrameError::OverBudget(format!(
+                "uid {uid} has {} MiB of requests arriving at once (the limit is {} MiB): \
+                 send fewer large requests at a time",
+                usage.bytes >> 20,
+                self.limits.inflight_per_uid >> 20
+            )));
+        }
+        if *total + n > self.limits.inflight_total {
+            return Err(FrameError::OverBudget(
+                "the daemon holds as many arriving requests as it takes: retry in a moment".into(),
+            ));
+        }
+        usage.bytes += n;
+        *total += n;
+        Ok(())
+    }
+
+    fn release(&self, uid: u32, n: usize) {
+        let mut held = self.lock();
+        let (by_uid, total) = &mut *held;
+        *total = total.saturating_sub(n);
+        if let Some(usage) = by_uid.get_mut(&uid) {
+            usage.bytes = usage.bytes.saturating_sub(n);
+        }
+    }
+}
+
 /// Serves the local API until `shutdown` turns true. `handler` answers each
 /// request for the kernel-attested caller.
-pub async fn serve<H, F>(
+pub async fn serve<H, F>(listener: UnixListener, handler: Arc<H>, shutdown: watch::Receiver<bool>)
+where
+    H: Fn(PeerCred, ApiRequest) -> F + Send + Sync + 'static,
+    F: Future<Output = ApiResponse> + Send + 'static,
+{
+    serve_with(listener, handler, shutdown, Limits::default()).await
+}
+
+/// [`serve`] within `limits`.
+pub async fn serve_with<H, F>(
     listener: UnixListener,
     handler: Arc<H>,
     mut shutdown: watch::Receiver<bool>,
+    limits: Limits,
 ) where
     H: Fn(PeerCred, ApiRequest) -> F + Send + Sync + 'static,
     F: Future<Output = ApiResponse> + Send + 'static,
 {
+    let budget = Arc::new(Budget {
+        limits,
+        held: Default::default(),
+    });
     loop {
         let accepted = tokio::select! {
             a = listener.accept() => a,
@@ -159,47 +287,124 @@ pub async fn serve<H, F>(
             }
         };
         let handler = handler.clone();
+        let budget = budget.clone();
         tokio::spawn(async move {
-            if let Err(e) = serve_one(stream, handler).await {
+            let mut stream = stream;
+            let cred = match stream.peer_cred() {
+                Ok(c) => PeerCred {
+                    uid: c.uid(),
+                    gid: c.gid(),
+                },
+                Err(e) => return tracing::debug!(error = %e, "no peer credentials"),
+            };
+            if let Err(why) = budget.connect(cred.uid) {
+                tracing::warn!(uid = cred.uid, "local connection refused: {why}");
+                let _ = write_frame(&mut stream, &LocalHello::ours()).await;
+                let _ = write_frame(&mut stream, &ApiResponse::error(ErrorKind::Unavailable, why))
+                    .await;
+                return;
+            }
+            if let Err(e) = serve_one(&mut stream, cred, handler, &budget).await {
                 tracing::debug!(error = %e, "local client connection ended");
             }
+            budget.disconnect(cred.uid);
         });
     }
 }
 
-async fn serve_one<H, F>(mut stream: UnixStream, handler: Arc<H>) -> Result<(), LocalError>
+/// Why reading a request from a local client stopped.
+enum Read<T> {
+    Frame(T),
+    Closed,
+    Failed(String),
+}
+
+/// Reads one frame within the limits: at most `idle` until it begins, then
+/// `stall` for the rest of it; its buffer charged to the caller's budget.
+async fn read_limited<T: serde::de::DeserializeOwned>(
+    stream: &mut UnixStream,
+    uid: u32,
+    budget: &Budget,
+) -> Read<T> {
+    let limits = &budget.limits;
+    match tokio::time::timeout(limits.idle, stream.readable()).await {
+        Err(_) => return Read::Closed,
+        Ok(Err(e)) => return Read::Failed(e.to_string()),
+        Ok(Ok(())) => {}
+    }
+    let mut charged = 0;
+    let read = tokio::time::timeout(
+        limits.stall,
+        read_frame_charged::<_, T>(stream, limits.max_request, &mut |n| {
+            budget.charge(uid, n)?;
+            charged += n;
+            Ok(())
+        }),
+    )
+    .await;
+    budget.release(uid, charged);
+    match read {
+        Err(_) => Read::Failed(format!(
+            "the request did not arrive within {} s of its start",
+            limits.stall.as_secs()
+        )),
+        Ok(Ok(Some(frame))) => Read::Frame(frame),
+        Ok(Ok(None)) => Read::Closed,
+        Ok(Err(FrameError::TooLarge { len, max })) => Read::Failed(format!(
+            "a request of {} KiB is over this daemon's limit of {} KiB; a script or \
+             --from file that large cannot be submitted: keep large data in files the job reads",
+            len >> 10,
+            max >> 10
+        )),
+        Ok(Err(FrameError::OverBudget(why))) => {
+            tracing::warn!(uid, "local request refused: {why}");
+            Read::Failed(why)
+        }
+        Ok(Err(e)) => Read::Failed(e.to_string()),
+    }
+}
+
+async fn serve_one<H, F>(
+    stream: &mut UnixStream,
+    cred: PeerCred,
+    handler: Arc<H>,
+    budget: &Budget,
+) -> Result<(), LocalError>
 where
     H: Fn(PeerCred, ApiRequest) -> F + Send + Sync + 'static,
     F: Future<Output = ApiResponse> + Send + 'static,
 {
-    let cred = stream.peer_cred().map_err(FrameError::Io)?;
-    let cred = PeerCred {
-        uid: cred.uid(),
-        gid: cred.gid(),
+    let hello: LocalHello = match read_limited(stream, cred.uid, budget).await {
+        Read::Frame(h) => h,
+        Read::Closed => return Ok(()),
+        Read::Failed(why) => {
+            // The client reads a hello before any answer: give it one, then why.
+            let _ = write_frame(stream, &LocalHello::ours()).await;
+            let refused = ApiResponse::error(ErrorKind::Unavailable, why.clone());
+            let _ = write_frame(stream, &refused).await;
+            return Err(LocalError::Refused(why));
+        }
     };
-    let Some(hello) = read_frame::<_, LocalHello>(&mut stream, DEFAULT_MAX_FRAME).await? else {
-        return Ok(());
-    };
-    write_frame(&mut stream, &LocalHello::ours()).await?;
+    write_frame(stream, &LocalHello::ours()).await?;
     if hello.protocol != PROTOCOL_VERSION {
         return Ok(());
     }
     loop {
-        let req = match read_frame::<_, ApiRequest>(&mut stream, DEFAULT_MAX_FRAME).await {
-            Ok(Some(r)) => r,
-            Ok(None) => return Ok(()),
-            Err(e) => {
+        let req = match read_limited::<ApiRequest>(stream, cred.uid, budget).await {
+            Read::Frame(r) => r,
+            Read::Closed => return Ok(()),
+            Read::Failed(why) => {
                 // Tell the client why, then drop the connection.
                 let _ = write_frame(
-                    &mut stream,
-                    &ApiResponse::error(ErrorKind::BadInput, format!("bad request: {e}")),
+                    stream,
+                    &ApiResponse::error(ErrorKind::BadInput, format!("bad request: {why}")),
                 )
                 .await;
-                return Err(e.into());
+                return Err(LocalError::Refused(why));
             }
         };
         let resp = handler(cred, req).await;
-        write_frame(&mut stream, &resp).await?;
+        write_frame(stream, &resp).await?;
     }
 }
 
@@ -257,6 +462,100 @@ mod tests {
                 ApiResponse::Error { message, .. } => assert_eq!(message, format!("uid {uid}")),
                 other => panic!("unexpected {other:?}"),
             }
+        }
+    }
+
+    /// A daemon within `limits` answering every request with an error.
+    fn limited_daemon(path: &Path, limits: Limits) -> watch::Sender<bool> {
+        let listener = bind(path).expect("bind");
+        let (tx, rx) = watch::channel(false);
+        let handler = Arc::new(|_: PeerCred, _req: ApiRequest| async move {
+            ApiResponse::error(ErrorKind::NotFound, "answered")
+        });
+        tokio::spawn(serve_with(listener, handler, rx, limits));
+        tx
+    }
+
+    /// A raw connection that has said hello and read the daemon's.
+    async fn raw(path: &Path) -> UnixStream {
+        let mut s = UnixStream::connect(path).await.expect("connect");
+        write_frame(&mut s, &LocalHello::ours()).await.expect("hello");
+        let _: LocalHello = read_frame(&mut s, DEFAULT_MAX_FRAME)
+            .await
+            .expect("their hello")
+            .expect("a hello");
+        s
+    }
+
+    /// Starts a frame announcing `len` bytes and sends `sent` of them.
+    async fn start_frame(s: &mut UnixStream, len: u32, sent: usize) {
+        use tokio::io::AsyncWriteExt;
+        s.write_all(&len.to_be_bytes()).await.expect("prefix");
+        s.write_all(&vec![0x90; sent]).await.expect("body");
+    }
+
+    async fn refusal(s: &mut UnixStream) -> String {
+        match read_frame::<_, ApiResponse>(s, DEFAULT_MAX_FRAME).await {
+            Ok(Some(ApiResponse::Error { message, .. })) => message,
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_request_that_stalls_midway_is_dropped_with_a_reason() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("d.sock");
+        let limits = Limits {
+            stall: std::time::Duration::from_millis(300),
+            ..Limits::default()
+        };
+        let _stop = limited_daemon(&path, limits);
+        let mut s = raw(&path).await;
+        start_frame(&mut s, 1000, 10).await;
+        let why = refusal(&mut s).await;
+        assert!(why.contains("did not arrive within"), "{why}");
+        // An idle connection between requests is fine meanwhile.
+        let mut c = LocalClient::connect(&path).await.expect("connect");
+        assert!(matches!(
+            c.call(&ApiRequest::Cluster).await,
+            Ok(ApiResponse::Error { .. })
+        ));
+    }
+
+    #[tokio::test]
+    async fn a_user_cannot_hold_more_than_their_budget_or_connections() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("d.sock");
+        let limits = Limits {
+            max_request: 4 << 20,
+            conns_per_uid: 3,
+            inflight_per_uid: (1 << 20) + 1024,
+            ..Limits::default()
+        };
+        let _stop = limited_daemon(&path, limits);
+        // A request of 3 MiB: its buffer grows to 1 MiB for the first MiB,
+        // and is refused when it would grow past the uid's limit (after
+        // exactly what was sent, so the answer is not lost to a reset).
+        let mut a = raw(&path).await;
+        start_frame(&mut a, 3 << 20, 1 << 20).await;
+        let why = refusal(&mut a).await;
+        assert!(why.contains("the limit is 1 MiB"), "{why}");
+        // One over the request cap is refused by its announced size.
+        let mut b = raw(&path).await;
+        start_frame(&mut b, 5 << 20, 0).await;
+        let why = refusal(&mut b).await;
+        assert!(why.contains("over this daemon's limit of 4096 KiB"), "{why}");
+        // The refused ones were closed: three idle connections are what a
+        // uid may have, and a fourth is refused, saying why.
+        drop((a, b));
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        let _held = [raw(&path).await, raw(&path).await, raw(&path).await];
+        let mut c = LocalClient::connect(&path).await.expect("connect");
+        match c.call(&ApiRequest::Cluster).await {
+            Ok(ApiResponse::Error { message, .. }) => {
+                assert!(message.contains("connections open"), "{message}")
+            }
+            other => panic!("expected a refusal, got {:?}", other.map(|_| ())),
         }
     }
 

@@ -50,8 +50,14 @@ pub enum ApiRequest {
     NodeResume { node: String },
     /// Part of a rank's output, read from its node (owner or admin).
     Logs { id: JobId, rank: u32, offset: u64 },
-    /// Create a join token (admins only).
-    TokenCreate { role: Role, ttl_secs: u64 },
+    /// Create a join token (admins only); `uses` caps how many daemons may
+    /// join with it (`None`: any number until it expires).
+    TokenCreate {
+        role: Role,
+        ttl_secs: u64,
+        #[serde(default)]
+        uses: Option<u64>,
+    },
     /// List join tokens (admins only); secrets are never shown.
     TokenList,
     /// Revoke a join token (admins only).
@@ -97,6 +103,14 @@ pub enum ApiRequest {
     /// names its index (see [`batch_entry_error`]). Answered with
     /// `SubmittedMany` after commit. At most [`MAX_SUBMIT_MANY`] specs.
     SubmitMany { specs: Vec<JobSpec> },
+    /// Let a new machine take a registered node's name (admins): its next
+    /// join and registration are admitted, and the old certificate is
+    /// refused from then on.
+    NodeReplace { node: String },
+    /// Take one use of a join token for a daemon being admitted, committed
+    /// before its certificate is handed out. Servers only: a follower that
+    /// admits a join forwards it to the leader.
+    UseToken { id: String },
 }
 
 /// Who a daemon vouches the request comes from.
@@ -105,7 +119,8 @@ pub struct Caller {
     /// The user name, resolved from the uid on the daemon's host.
     pub user: String,
     pub uid: u32,
-    /// Root, or a member of the daemon's `admin_group`.
+    /// Root, or a member of the daemon's `admin_group`. A server takes this
+    /// from another host only for the users its `admin_users` names.
     pub admin: bool,
 }
 
@@ -226,6 +241,9 @@ pub struct TokenInfo {
     pub created_by: String,
     pub revoked: bool,
     pub uses: u64,
+    /// How many uses it allows; `None`: any number until it expires.
+    #[serde(default)]
+    pub max_uses: Option<u64>,
 }
 
 /// The class of an error, which decides the CLI's exit code.
@@ -342,6 +360,8 @@ pub enum ApiResponse {
     SubmittedMany {
         ids: Vec<JobId>,
     },
+    /// Done; nothing more to say (a token's use taken).
+    Ok,
 }
 
 impl ApiResponse {

@@ -8,14 +8,14 @@ use std::collections::BTreeMap;
 
 use crate::model::acct::{summarize, AcctFilter, AcctRecord};
 use crate::model::{Job, JobId};
-use crate::net::proto::{ApiResponse, ErrorKind};
+use crate::net::proto::{ApiResponse, Caller, ErrorKind};
 use crate::state::history;
 
 use super::Api;
 
 impl Api {
     /// One job, active or archived.
-    pub(super) async fn show(&self, id: JobId) -> ApiResponse {
+    pub(super) async fn show(&self, caller: &Caller, id: JobId) -> ApiResponse {
         let found = {
             let s = self.state();
             s.job(id).or_else(|| s.archiving_job(id)).cloned()
@@ -36,8 +36,9 @@ impl Api {
                 }
             }
         };
-        match found {
+        match found.filter(|job| self.may_see(caller, job)) {
             Some(job) => {
+                let job = self.as_seen_by(caller, job);
                 let placement = super::show::placement(&self.state(), &job);
                 ApiResponse::Job {
                     job: Box::new(job),

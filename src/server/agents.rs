@@ -209,10 +209,17 @@ pub async fn serve(api: Arc<Api>, hub: Arc<AgentHub>, peer: Peer) {
         addr: hello.addr.clone(),
         preflight: hello.preflight,
         now: now_ms(),
+        cert_sha256: peer.cert_sha256(),
     };
-    if let Err(resp) = api.write(reg).await {
+    let refused = match api.write(reg).await {
+        Ok(crate::state::CommandResult::Rejected(why)) => Some(why.to_string()),
+        Ok(_) => None,
+        Err(resp) => Some(format!("registration failed: {resp:?}")),
+    };
+    if let Some(why) = refused {
+        tracing::warn!(%node, remote = %peer.remote, "refused agent registration: {why}");
         hub.leave(&node, hello.boot_id);
-        return refuse(&mut send, format!("registration failed: {resp:?}"), None).await;
+        return refuse(&mut send, why, None).await;
     }
     tracing::info!(%node, remote = %peer.remote, gpus = hello.inventory.gpus.len(), "agent connected");
     let welcome = ServerMsg::Welcome {

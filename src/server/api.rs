@@ -52,6 +52,7 @@ fn token_info(t: &TokenRecord) -> TokenInfo {
         created_by: t.created_by.clone(),
         revoked: t.revoked,
         uses: t.uses,
+        max_uses: t.max_uses,
     }
 }
 
@@ -85,6 +86,36 @@ fn write_timed_out() -> ApiResponse {
             WRITE_TIMEOUT.as_secs()
         ),
     )
+}
+
+/// A request's name for logs (never its content: a spec may hold secrets).
+fn request_name(req: &ApiRequest) -> &'static str {
+    match req {
+        ApiRequest::Submit { .. } => "submit",
+        ApiRequest::SubmitMany { .. } => "submit-many",
+        ApiRequest::Cancel { .. } => "cancel",
+        ApiRequest::Hold { .. } => "hold",
+        ApiRequest::Queue { .. } => "queue",
+        ApiRequest::Show { .. } => "show",
+        ApiRequest::Cluster => "cluster",
+        ApiRequest::Nodes => "nodes",
+        ApiRequest::NodeDrain { .. } => "node-drain",
+        ApiRequest::NodeResume { .. } => "node-resume",
+        ApiRequest::NodeReplace { .. } => "node-replace",
+        ApiRequest::Logs { .. } => "logs",
+        ApiRequest::TokenCreate { .. } => "token-create",
+        ApiRequest::TokenList => "token-list",
+        ApiRequest::TokenRevoke { .. } => "token-revoke",
+        ApiRequest::UseToken { .. } => "use-token",
+        ApiRequest::Acct { .. } => "acct",
+        ApiRequest::AddServer { .. } => "add-server",
+        ApiRequest::RemoveServer { .. } => "remove-server",
+        ApiRequest::SnapshotSave { .. } => "snapshot-save",
+        ApiRequest::Admin { .. } => "admin",
+        ApiRequest::PolicyShow => "policy-show",
+        ApiRequest::Share => "share",
+        ApiRequest::Priorities { .. } => "priorities",
+    }
 }
 
 fn forbidden(what: &str) -> ApiResponse {
@@ -212,6 +243,21 @@ impl Api {
         self.node.db.clone()
     }
 
+    /// Whether `caller` may see that `job` exists: always, unless the
+    /// servers' `private_jobs` hides other users' jobs from non-admins.
+    pub(super) fn may_see(&self, caller: &Caller, job: &crate::model::Job) -> bool {
+        !self.cfg.private_jobs || caller.admin || job.user == caller.user
+    }
+
+    /// `job` as `caller` may see it: its environment and script only for
+    /// its owner and admins (they hold tokens and passwords).
+    pub(super) fn as_seen_by(&self, caller: &Caller, mut job: crate::model::Job) -> crate::model::Job {
+        if !caller.admin && job.user != caller.user {
+            job.redact();
+        }
+        job
+    }
+
     pub(super) fn with_reason(&self, mut job: crate::model::Job) -> crate::model::Job {
         if job.state == JobState::Pending && job.reason.is_none() {
             let reasons = self
@@ -265,8 +311,39 @@ impl Api {
     }
 
     /// A request forwarded by another daemon. Any cluster member may vouch for
-    /// its local users.
+    /// its local users, but an agent or login host is trusted only as far as
+    /// one node goes: its word that a caller is an admin (root there, say)
+    /// counts only for the users this server's `admin_users` names, so root
+    /// on one compute node is not root of the cluster. A server forwarding
+    /// for its own callers has applied that rule already.
     pub async fn handle_vouched(&self, peer: &Peer, v: Vouched) -> ApiResponse {
+        let mut v = v;
+        if matches!(peer.role(), Some(Role::Agent | Role::Login)) {
+            v.caller.admin = v.caller.admin && self.cfg.admin_users.contains(&v.caller.user);
+        }
+        let what = request_name(&v.request);
+        let user = v.caller.user.clone();
+        let resp = self.handle_vouched_as(peer, v).await;
+        if let ApiResponse::Error {
+            kind: ErrorKind::Forbidden,
+            message,
+        } = &resp
+        {
+            tracing::warn!(peer = %peer.describe(), %user, request = what, "refused: {message}");
+        }
+        resp
+    }
+
+    async fn handle_vouched_as(&self, peer: &Peer, v: Vouched) -> ApiResponse {
+        if let ApiRequest::UseToken { id } = &v.request {
+            return match peer.role() {
+                Some(Role::Server) => self.use_token(&v.caller, id.clone()).await,
+                _ => ApiResponse::error(
+                    ErrorKind::Forbidden,
+                    "only a server admitting a join may take a token's use",
+                ),
+            };
+        }
         if let ApiRequest::AddServer { id, name, addr } = &v.request {
             // Only servers send this: the joining one (its certificate names
             // it) or a member forwarding to the leader.
@@ -317,6 +394,7 @@ impl Api {
                 | ApiRequest::Logs { .. }
                 | ApiRequest::NodeDrain { .. }
                 | ApiRequest::NodeResume { .. }
+                | ApiRequest::NodeReplace { .. }
                 | ApiRequest::RemoveServer { .. }
                 | ApiRequest::Admin { .. }
         );
@@ -358,7 +436,8 @@ impl Api {
                     .filter(|j| all || !states.is_empty() || !j.state.is_final())
                     .filter(|j| user.as_ref().is_none_or(|u| &j.user == u))
                     .filter(|j| states.is_empty() || states.contains(&j.state))
-                    .map(|j| self.with_reason(j.clone()))
+                    .filter(|j| self.may_see(&caller, j))
+                    .map(|j| self.as_seen_by(&caller, self.with_reason(j.clone())))
                     .collect();
                 ApiResponse::Jobs { jobs }
             }
@@ -384,9 +463,20 @@ impl Api {
                     Ok(ids) => ids[0],
                     Err(why) => return ApiResponse::error(ErrorKind::NotFound, why),
                 };
-                self.show(found).await
+                self.show(&caller, found).await
             }
-            ApiRequest::Acct { filter, summary } => self.acct(filter, summary).await,
+            ApiRequest::Acct { mut filter, summary } => {
+                if self.cfg.private_jobs && !caller.admin {
+                    // Only one's own jobs: another user's name selects none.
+                    if filter.user.as_ref().is_some_and(|u| *u != caller.user) {
+                        return ApiResponse::Acct {
+                            records: Vec::new(),
+                        };
+                    }
+                    filter.user = Some(caller.user.clone());
+                }
+                self.acct(filter, summary).await
+            }
             ApiRequest::Cluster => ApiResponse::Cluster {
                 status: self.cluster_status(),
             },
@@ -413,11 +503,33 @@ impl Api {
                 }
                 self.set_drain(node, None, false).await
             }
-            ApiRequest::TokenCreate { role, ttl_secs } => {
+            ApiRequest::NodeReplace { node } => {
+                if !caller.admin {
+                    return forbidden("replacing a node");
+                }
+                let cmd = Command::AllowReplace {
+                    node: node.clone(),
+                    now: now_ms(),
+                };
+                match self.write(cmd).await {
+                    Ok(CommandResult::NodeUpdated) => ApiResponse::NodeUpdated { node },
+                    Ok(other) => self.unexpected(other),
+                    Err(resp) => resp,
+                }
+            }
+            ApiRequest::UseToken { .. } => ApiResponse::error(
+                ErrorKind::Forbidden,
+                "a token's use is taken by the server admitting a join",
+            ),
+            ApiRequest::TokenCreate {
+                role,
+                ttl_secs,
+                uses,
+            } => {
                 if !caller.admin {
                     return forbidden("creating a join token");
                 }
-                self.create_token(&caller, role, ttl_secs).await
+                self.create_token(&caller, role, ttl_secs, uses).await
             }
             ApiRequest::TokenList => {
                 if !caller.admin {
@@ -455,7 +567,46 @@ impl Api {
         }
     }
 
-    async fn create_token(&self, caller: &Caller, role: Role, ttl_secs: u64) -> ApiResponse {
+    /// Takes one use of a limited token for a join being admitted (on the
+    /// leader; a follower forwards).
+    async fn use_token(&self, caller: &Caller, id: String) -> ApiResponse {
+        let req = ApiRequest::UseToken { id: id.clone() };
+        if let Some(resp) = self.forward_if_follower(caller, &req).await {
+            return resp;
+        }
+        if let Some(resp) = self.refuse_without_lease() {
+            return resp;
+        }
+        match self.write(Command::TokenUsed { id, now: now_ms() }).await {
+            Ok(CommandResult::TokenUsed) => ApiResponse::Ok,
+            Ok(other) => self.unexpected(other),
+            Err(resp) => resp,
+        }
+    }
+
+    /// For a join: takes one use of a token that allows only so many,
+    /// committed before the certificate is handed out, so that racing joins
+    /// cannot take more uses than it allows. `Err` says why not.
+    pub(super) async fn take_token_use(&self, id: &str) -> Result<(), String> {
+        let server = Caller {
+            user: "gpuq-join".into(),
+            uid: 0,
+            admin: false,
+        };
+        match self.use_token(&server, id.to_string()).await {
+            ApiResponse::Ok => Ok(()),
+            ApiResponse::Error { message, .. } => Err(message),
+            other => Err(format!("unexpected answer: {other:?}")),
+        }
+    }
+
+    async fn create_token(
+        &self,
+        caller: &Caller,
+        role: Role,
+        ttl_secs: u64,
+        uses: Option<u64>,
+    ) -> ApiResponse {
         if role == Role::Login {
             return ApiResponse::error(
                 ErrorKind::BadInput,
@@ -464,6 +615,22 @@ impl Api {
         }
         if ttl_secs == 0 {
             return ApiResponse::error(ErrorKind::BadInput, "--ttl must be positive, e.g. 24h");
+        }
+        let max = self.cfg.max_token_ttl_secs;
+        if ttl_secs > max {
+            return ApiResponse::error(
+                ErrorKind::BadInput,
+                format!(
+                    "--ttl {ttl_secs}s is longer than this cluster allows ({max}s, the \
+                     servers' max_token_ttl_secs): give a shorter --ttl"
+                ),
+            );
+        }
+        if uses == Some(0) {
+            return ApiResponse::error(
+                ErrorKind::BadInput,
+                "--uses must be at least 1, e.g. --uses 1 for one machine",
+            );
         }
         let ca_fp = match self.identity.ca_fingerprint() {
             Ok(fp) => fp,
@@ -483,6 +650,7 @@ impl Api {
             created_by: caller.user.clone(),
             revoked: false,
             uses: 0,
+            max_uses: uses,
         };
         let info = token_info(&record);
         match self.write(Command::CreateToken { record }).await {

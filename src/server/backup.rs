@@ -102,7 +102,7 @@ pub async fn restore(
         name: node_name.to_string(),
         addr: advertise.to_string(),
     };
-    if let Err(e) = backup::restore(&dir.db_path(), b, node_id, node).await {
+    if let Err(e) = backup::restore(&dir.private_store()?, b, node_id, node).await {
         let _ = std::fs::remove_dir_all(data_dir);
         return Err(e).context("cannot write the restored state");
     }

@@ -1,9 +1,11 @@
 //! A server's data directory:
 //!
 //! ```text
+//! D/               mode 0700, checked at every start (see `owner_only`)
 //! D/node_id        this server's Raft node id (random, chosen once)
 //! D/tls/           node.key (0600), node.crt, ca.crt; ca.key on the bootstrap server
-//! D/gpuq.redb      the Raft log, vote and state machine, in one file
+//! D/gpuq.redb      the Raft log, vote and state machine, in one file (0600;
+//!                  the state holds the cluster CA's key)
 //! D/joining        while a joined server is not yet a member: the server
 //!                  (HOST:PORT) to ask again after a restart
 //! ```
@@ -15,6 +17,7 @@ use anyhow::{bail, Context};
 use crate::config::ServerConfig;
 use crate::model::Role;
 use crate::net::pki::{ClusterCa, NodeIdentity};
+use crate::owner_only::{ensure_dir, ensure_file, write_private, DirMode};
 
 /// What `prepare` found or created.
 pub struct Boot {
@@ -29,17 +32,28 @@ pub struct DataDir {
 }
 
 impl DataDir {
-    /// Opens (creating if needed) the directory.
+    /// Opens (creating if needed) the directory, readable by this user only;
+    /// one that others can read, or another user owns, is refused.
     pub fn open(root: &Path) -> anyhow::Result<DataDir> {
-        std::fs::create_dir_all(root)
-            .with_context(|| format!("cannot create data dir {}", root.display()))?;
-        Ok(DataDir {
+        ensure_dir(root, DirMode::Private).context("the server's data dir is not usable")?;
+        let dir = DataDir {
             root: root.to_path_buf(),
-        })
+        };
+        ensure_dir(&dir.tls_dir(), DirMode::Private)?;
+        Ok(dir)
     }
 
     pub fn db_path(&self) -> PathBuf {
         self.root.join("gpuq.redb")
+    }
+
+    /// The redb file, for opening: created empty with mode 0600 when
+    /// missing (redb fills an empty file in), refused when others can read
+    /// it.
+    pub fn private_store(&self) -> anyhow::Result<PathBuf> {
+        let path = self.db_path();
+        ensure_file(&path)?;
+        Ok(path)
     }
 
     fn tls_dir(&self) -> PathBuf {
@@ -145,20 +159,4 @@ impl DataDir {
             pending_ca,
         })
     }
-}
-
-/// Writes a file readable by its owner only.
-pub fn write_private(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(path)
-        .with_context(|| format!("cannot write {}", path.display()))?;
-    f.write_all(bytes)
-        .with_context(|| format!("cannot write {}", path.display()))?;
-    Ok(())
 }

@@ -51,6 +51,20 @@ pub fn check(
             return Err(why);
         }
     }
+    // A compute node's name is its identity: a second machine joining
+    // under a registered name would take over its tasks at the first
+    // agent's next restart. Only an admin's `gpuq node replace` lets it.
+    if req.role == Role::Agent {
+        if let Some(node) = state.nodes.get(&req.name) {
+            if !node.replace_allowed {
+                return Err(format!(
+                    "node {} is registered already: if this machine replaces it, an admin runs \
+                     `gpuq node replace {}` on a server first; otherwise pick another --node-name",
+                    req.name, req.name
+                ));
+            }
+        }
+    }
     let ca = ClusterCa {
         cert_pem: cluster.ca_cert_pem.clone(),
         key_pem: cluster.ca_key_pem.clone(),
@@ -73,6 +87,12 @@ fn check_token(state: &crate::state::State, req: &JoinRequest, now: u64) -> Resu
     }
     if token.revoked {
         return Err(format!("token {} was revoked", token.id));
+    }
+    if token.used_up() {
+        return Err(format!(
+            "token {} has been used as many times as it allows ({}): create a new one",
+            token.id, token.uses
+        ));
     }
     if now >= token.expires_at {
         return Err(format!(
@@ -157,9 +177,19 @@ async fn admit(
     from: SocketAddr,
 ) -> Result<String, String> {
     let now = now_ms();
-    match check(api, boot, req, now) {
+    let limited = api
+        .state()
+        .tokens
+        .get(&req.token_id)
+        .is_some_and(|t| t.max_uses.is_some());
+    let checked = check(api, boot, req, now);
+    let admitted = match checked {
+        // A token that allows so many uses gives its certificate only once
+        // the use is committed (on the leader, in log order).
+        Ok(cert_pem) if limited => api.take_token_use(&req.token_id).await.map(|()| cert_pem),
         Ok(cert_pem) => {
-            // Counting uses is bookkeeping; a follower cannot write, which is fine.
+            // Counting an unlimited token's uses is bookkeeping; a follower
+            // cannot write, which is fine.
             let _ = api
                 .write(Command::TokenUsed {
                     id: req.token_id.clone(),
@@ -168,6 +198,10 @@ async fn admit(
                 .await;
             Ok(cert_pem)
         }
+        Err(reason) => Err(reason),
+    };
+    match admitted {
+        Ok(cert_pem) => Ok(cert_pem),
         Err(reason) => {
             tracing::warn!(node = %req.name, token = %req.token_id, %from, %reason, "refused a joining daemon");
             Err(reason)

@@ -195,7 +195,7 @@ pub async fn start(
         endpoint.clone(),
         contacts.clone(),
     )));
-    let node = raft::open(&dir.db_path(), boot.node_id, raft_config(&cfg)?, network)
+    let node = raft::open(&dir.private_store()?, boot.node_id, raft_config(&cfg)?, network)
         .await
         .context("cannot open the Raft store")?;
 

@@ -234,7 +234,7 @@ async fn identity_for(
     }
     let identity = join_with_retries(opts, token, name).await?;
     if let Some(tls) = &tls {
-        std::fs::create_dir_all(tls).with_context(|| format!("cannot create {}", tls.display()))?;
+        crate::owner_only::ensure_dir(tls, crate::owner_only::DirMode::Private)?;
         identity.save(tls)?;
     }
     Ok(identity)

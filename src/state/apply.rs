@@ -124,7 +124,17 @@ impl State {
                 addr,
                 preflight,
                 now,
-            } => Ok(self.register_node(inventory, addr, *preflight, *now, dirty)),
+                cert_sha256,
+            } => self.register_node(inventory, addr, *preflight, cert_sha256, *now, dirty),
+            Command::AllowReplace { node, .. } => {
+                let n = self
+                    .nodes
+                    .get_mut(node)
+                    .ok_or_else(|| Rejection::NoSuchNode(node.clone()))?;
+                n.replace_allowed = true;
+                dirty.nodes.insert(node.clone());
+                Ok(CommandResult::NodeUpdated)
+            }
             Command::Schedule { allocations, now } => {
                 Ok(self.apply_schedule(allocations, *now, dirty))
             }
@@ -160,6 +170,11 @@ impl State {
                     .tokens
                     .get_mut(id)
                     .ok_or_else(|| Rejection::NoSuchToken(id.clone()))?;
+                // The count decides here, in log order: of two joins racing
+                // for a single-use token's last use, one is refused.
+                if t.used_up() {
+                    return Err(Rejection::TokenUsedUp(id.clone()));
+                }
                 t.uses += 1;
                 dirty.tokens.insert(id.clone());
                 Ok(CommandResult::TokenUsed)

@@ -58,6 +58,9 @@ pub enum Command {
         #[serde(default)]
         preflight: bool,
         now: Millis,
+        /// SHA-256 of the agent's certificate (see `NodeRecord::cert_sha256`).
+        #[serde(default)]
+        cert_sha256: String,
     },
     /// A scheduling pass's decisions. Apply re-checks each allocation against
     /// the current state and starts only those that still fit; a gang job is
@@ -122,6 +125,9 @@ pub enum Command {
         specs: Vec<JobSpec>,
         now: Millis,
     },
+    /// An admin lets a new machine take a registered node's name (`gpuq
+    /// node replace`): its next join and registration are admitted.
+    AllowReplace { node: String, now: Millis },
 }
 
 /// What applying a command answered. Returned to the proposer after commit.
@@ -218,4 +224,14 @@ pub enum Rejection {
     /// One job of a `SubmitMany` was refused, so none was queued.
     #[error("{}", crate::net::proto::batch_entry_error(*index, why))]
     InBatch { index: usize, why: Box<Rejection> },
+    #[error(
+        "token {0} has been used as many times as it allows: create a new one with \
+         `gpuq token create --uses N`"
+    )]
+    TokenUsedUp(String),
+    #[error(
+        "node {node} is registered with another certificate: if this machine replaces it, \
+         an admin runs `gpuq node replace {node}` on a server first"
+    )]
+    NodeCertMismatch { node: String },
 }

@@ -102,6 +102,17 @@ pub struct NodeRecord {
     pub addr: String,
     pub status: NodeStatus,
     pub registered_at: Millis,
+    /// SHA-256 of the certificate the node's agent registered with: another
+    /// certificate for the same name is refused unless an admin allowed a
+    /// replacement (`gpuq node replace`). Empty for nodes registered before
+    /// this was kept (the next registration records it).
+    #[serde(default)]
+    pub cert_sha256: String,
+    /// An admin allowed a new machine to take this name (`gpuq node
+    /// replace`): the next join for the name is admitted, and the next
+    /// registration records its certificate.
+    #[serde(default)]
+    pub replace_allowed: bool,
 }
 
 /// The whole replicated state, held in memory and persisted by `store`.

@@ -281,6 +281,17 @@ impl State {
         if let Some(l) = p.max_gpus_per_job {
             q.max_gpus_per_job = l.get32();
         }
+        if let Some(list) = &p.allowed_accounts {
+            if let Some(missing) = list.iter().find(|a| self.policy.account(a).is_none()) {
+                return Err(refuse(format!(
+                    "account {missing} (in --allow-accounts) does not exist; add it first"
+                )));
+            }
+            q.allowed_accounts = list.iter().cloned().collect();
+        }
+        if let Some(list) = &p.allowed_users {
+            q.allowed_users = list.iter().cloned().collect();
+        }
         Arc::make_mut(&mut self.policy)
             .qos
             .insert(name.to_string(), q);

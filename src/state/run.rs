@@ -29,10 +29,27 @@ impl State {
         inventory: &NodeInventory,
         addr: &str,
         preflight: bool,
+        cert_sha256: &str,
         now: Millis,
         dirty: &mut Dirty,
-    ) -> CommandResult {
+    ) -> Result<CommandResult, Rejection> {
         let name = inventory.name.clone();
+        // A name belongs to the certificate that first registered it, until
+        // an admin allows a replacement: another certificate for the name
+        // (a second join with an agent token) cannot take the node over.
+        if let Some(known) = self.nodes.get(&name) {
+            let other = !known.cert_sha256.is_empty()
+                && !cert_sha256.is_empty()
+                && known.cert_sha256 != cert_sha256;
+            if other && !known.replace_allowed {
+                return Err(Rejection::NodeCertMismatch { node: name });
+            }
+        }
+        let cert_sha256 = match self.nodes.get(&name) {
+            // An older agent's registration carries none: keep what is known.
+            Some(known) if cert_sha256.is_empty() => known.cert_sha256.clone(),
+            _ => cert_sha256.to_string(),
+        };
         let status = match self.nodes.get(&name).map(|n| &n.status) {
             // A drain survives re-registration (an admin's, a GPU fault's).
             Some(s @ NodeStatus::Drained { .. }) => s.clone(),
@@ -49,10 +66,12 @@ impl State {
                 addr: addr.to_string(),
                 status,
                 registered_at: now,
+                cert_sha256,
+                replace_allowed: false,
             },
         );
         dirty.nodes.insert(name);
-        CommandResult::NodeRegistered
+        Ok(CommandResult::NodeRegistered)
     }
 
     /// Ports used as MASTER_PORT by active jobs whose rank 0 is on `node`.

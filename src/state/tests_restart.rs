@@ -15,6 +15,7 @@ fn register(s: &mut State, d: &mut Dirty, name: &str, addr: &str) {
             addr: addr.into(),
             preflight: false,
             now: 1,
+            cert_sha256: String::new(),
         },
         d,
     );

@@ -103,6 +103,7 @@ pub(super) fn cluster() -> (State, Dirty) {
                 addr: addr.into(),
                 preflight: false,
                 now: 1,
+                cert_sha256: String::new(),
             },
             &mut d,
         );
@@ -452,6 +453,7 @@ fn a_lost_node_requeues_its_jobs_with_the_same_id_and_stops_the_other_ranks() {
             addr: "10.1.0.2:7421".into(),
             preflight: false,
             now: 30,
+            cert_sha256: String::new(),
         },
         &mut d,
     );

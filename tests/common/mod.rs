@@ -23,6 +23,24 @@ pub fn gpuq_bin() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_gpuq")))
 }
 
+/// A command for `program` without the caller's `GPUQ_*` variables: a
+/// harness sets every one its children need, and one left in the shell
+/// (a `GPUQ_SOCKET`, say) must not hand every daemon the same socket.
+pub fn clean_command(program: impl AsRef<std::ffi::OsStr>) -> Command {
+    let mut c = Command::new(program);
+    for (key, _) in std::env::vars_os() {
+        if key.to_string_lossy().starts_with("GPUQ_") {
+            c.env_remove(key);
+        }
+    }
+    c
+}
+
+/// [`clean_command`] for the gpuq binary under test.
+pub fn gpuq_command() -> Command {
+    clean_command(gpuq_bin())
+}
+
 /// A free UDP port on 127.0.0.1 (bound and released; good enough for tests).
 pub fn free_port() -> u16 {
     UdpSocket::bind("127.0.0.1:0")
@@ -346,14 +364,14 @@ impl Drop for Server {
 pub fn in_netns(netns: Option<&str>) -> Command {
     match netns {
         Some(ns) => netns::Net::command(ns, &gpuq_bin()),
-        None => Command::new(gpuq_bin()),
+        None => gpuq_command(),
     }
 }
 
 /// Runs `gpuq ARGS` with GPUQ_SOCKET set, from the socket's directory (the
 /// test's own), so a job's default output files land there, not in the repo.
 pub fn cli(socket: &Path, args: &[&str]) -> Output {
-    Command::new(gpuq_bin())
+    gpuq_command()
         .args(args)
         .env("GPUQ_SOCKET", socket)
         .current_dir(
@@ -402,7 +420,7 @@ pub fn trivial_spec(name: &str) -> gpuq::model::JobSpec {
 
 /// Runs `gpuq ARGS` with GPUQ_SOCKET and `env` set.
 pub fn cli_env(socket: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
-    Command::new(gpuq_bin())
+    gpuq_command()
         .args(args)
         .env("GPUQ_SOCKET", socket)
         .envs(env.iter().copied())
@@ -479,7 +497,7 @@ pub fn shared_bin() -> PathBuf {
 /// Runs `gpuq ARGS` as another user.
 pub fn cli_as(user: &TestUser, socket: &Path, args: &[&str]) -> Output {
     use std::os::unix::process::CommandExt;
-    Command::new(shared_bin())
+    clean_command(shared_bin())
         .args(args)
         .env("GPUQ_SOCKET", socket)
         .current_dir("/")
@@ -501,7 +519,7 @@ impl LoginAgent {
     /// agent, or the output of the failed process.
     pub fn join(dir: &Path, server: &Server, token: &str) -> Result<LoginAgent, Output> {
         let socket = dir.join("login.sock");
-        let mut child = Command::new(gpuq_bin())
+        let mut child = gpuq_command()
             .args(["agent", "--role", "login", "--node-name", "login1"])
             .args(["--join", &server.addr(), "--token", token])
             .arg("--data-dir")

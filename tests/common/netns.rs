@@ -131,7 +131,7 @@ impl Net {
     /// A command that runs `program` inside namespace `ns` (`ip netns
     /// exec` execs it, so the child's pid is the program's).
     pub fn command(ns: &str, program: &std::path::Path) -> Command {
-        let mut c = Command::new("ip");
+        let mut c = super::clean_command("ip");
         c.args(["netns", "exec", ns]).arg(program);
         c
     }

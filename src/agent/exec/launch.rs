@@ -303,6 +303,9 @@ impl Prepared {
         if libc::chdir(self.workdir.as_ptr()) < 0 {
             fail(Step::Chdir, 0);
         }
+        // The daemons run with umask 077 (their own files are secrets); a
+        // task gets the usual 022, as after a login.
+        libc::umask(0o022);
         let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC);
         if null < 0 || libc::dup2(null, 0) < 0 {
             fail(Step::Stdin, 0);

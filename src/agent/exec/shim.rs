@@ -14,7 +14,6 @@
 //! it has no handlers and no threads.
 
 use std::fs;
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -271,13 +270,23 @@ fn shim_signals() -> SigSet {
 }
 
 /// Writes a script job's content as `script`, owned by the user and readable
-/// by nobody else (the task directory is traversable, not listable).
+/// by nobody else (the task directory is traversable, not listable). The
+/// file is created with that mode and handed to the user before a byte is
+/// written: a script holds secrets, and is never readable by others, not
+/// even for a moment.
 fn write_script(dir: &Path, content: &str, identity: &Identity) -> Result<PathBuf, String> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
     let path = dir.join(SCRIPT_FILE);
     let result = (|| {
-        fs::write(&path, content)?;
-        std::os::unix::fs::chown(&path, Some(identity.uid), Some(identity.gid))?;
-        fs::set_permissions(&path, fs::Permissions::from_mode(0o700))
+        let mut f = fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o700)
+            .open(&path)?;
+        std::os::unix::fs::fchown(&f, Some(identity.uid), Some(identity.gid))?;
+        f.write_all(content.as_bytes())
     })();
     result
         .map(|()| path.clone())

@@ -100,6 +100,7 @@ fn fair_share_converges_and_preemption_takes_what_is_needed() {
                 addr: format!("10.0.0.{i}:7421"),
                 preflight: false,
                 now: 0,
+                cert_sha256: String::new(),
             },
         );
     }
