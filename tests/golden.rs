@@ -25,23 +25,7 @@ use serde_json::Value;
 #[path = "golden/samples.rs"]
 mod golden_samples;
 
-/// Every release directory under tests/golden, oldest name first.
-fn releases() -> Vec<PathBuf> {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden");
-    let mut dirs: Vec<PathBuf> = std::fs::read_dir(&root)
-        .expect("tests/golden")
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.join("COMMIT").exists())
-        .collect();
-    dirs.sort();
-    assert!(
-        !dirs.is_empty(),
-        "no golden release under {}",
-        root.display()
-    );
-    dirs
-}
+use common::golden::releases;
 
 /// Where `new` (today's reading) lost or changed something of `old` (the
 /// release's reading): every key of every object in `old` must be in `new`
@@ -148,24 +132,10 @@ fn every_wire_sample_and_log_command_of_an_earlier_release_decodes_to_what_it_wa
     }
 }
 
-/// A copy of a release's data dir in a temp dir (tests never write the
-/// golden one), its redb file unpacked (it is kept gzipped: 3 MB, mostly
-/// free pages, are 16 KB).
-pub fn copy_data(rel: &Path, to: &Path) -> PathBuf {
+/// A copy of a release's data dir under `to`.
+fn copy_data(rel: &Path, to: &Path) -> PathBuf {
     let data = to.join("data");
-    let run = |cmd: &str| {
-        let ok = std::process::Command::new("sh")
-            .args(["-c", cmd])
-            .status()
-            .expect("sh")
-            .success();
-        assert!(ok, "{cmd} failed");
-    };
-    run(&format!(
-        "cp -a '{}' '{d}' && gzip -d '{d}/gpuq.redb.gz'",
-        rel.join("data").display(),
-        d = data.display()
-    ));
+    common::golden::copy_release_data(rel, &data);
     data
 }
 
