@@ -74,11 +74,21 @@ impl fmt::Display for ServerNode {
 pub enum RaftError {
     #[error("the raft database {path} is in use by another process (is another gpuq server running on this data dir?)")]
     InUse { path: PathBuf },
-    #[error("cannot open the raft database {path}: {source}")]
+    #[error("cannot open the raft database {path}: {source}; {DAMAGED_FIX}")]
     Open {
         path: PathBuf,
         source: redb::DatabaseError,
     },
+    #[error("the raft database {path} is damaged ({reason}); {DAMAGED_FIX}")]
+    Damaged { path: PathBuf, reason: String },
+    #[error(
+        "the raft database {path} is missing or empty, but this data dir belongs to a \
+         cluster (it holds a node_id): refusing to start with an empty state. Put the file \
+         back from a copy, or restore a backup into a new data dir (`gpuq cluster snapshot \
+         restore`), or remove this server (`gpuq cluster remove NAME`) and join again with \
+         an empty data dir"
+    )]
+    Missing { path: PathBuf },
     #[error("raft storage error: {0}")]
     Storage(#[from] StorageError<u64>),
     #[error("invalid raft configuration: {0}")]
@@ -87,6 +97,22 @@ pub enum RaftError {
     Stopped(#[from] Fatal<u64>),
     #[error("cannot initialise the cluster: {0}")]
     Initialize(#[from] openraft::error::RaftError<u64, InitializeError<u64, ServerNode>>),
+}
+
+/// What to do about a raft database that cannot be read.
+const DAMAGED_FIX: &str = "the file is left as it is; put it back from a copy, or restore a \
+     backup into a new data dir (`gpuq cluster snapshot restore`), or remove this server \
+     (`gpuq cluster remove NAME`) and join again with an empty data dir";
+
+/// Refuses a raft database that should exist (its data dir belongs to a
+/// cluster) but is missing or empty: redb would create a new, empty one.
+pub fn expect_store(db_path: &Path) -> Result<(), RaftError> {
+    match std::fs::metadata(db_path) {
+        Ok(m) if m.len() > 0 => Ok(()),
+        _ => Err(RaftError::Missing {
+            path: db_path.to_path_buf(),
+        }),
+    }
 }
 
 /// A started Raft node with a read view of the state it has applied. Clones
@@ -131,6 +157,10 @@ pub async fn open_storage(db_path: &Path) -> Result<(LogStore, StateMachine), Ra
     let path = db_path.to_path_buf();
     // Opening may run redb's repair after a crash (it reads the whole file), and
     // preparing the tables commits with an fsync: keep both off the runtime.
+    let damaged = |reason: String| RaftError::Damaged {
+        path: db_path.to_path_buf(),
+        reason,
+    };
     tokio::task::spawn_blocking(move || {
         let db = redb::Database::create(&path).map_err(|source| match source {
             redb::DatabaseError::DatabaseAlreadyOpen => RaftError::InUse { path },
@@ -142,7 +172,18 @@ pub async fn open_storage(db_path: &Path) -> Result<(LogStore, StateMachine), Ra
         Ok((log, sm))
     })
     .await
-    .map_err(|e| StorageError::from(openraft::StorageIOError::read(&e)))?
+    // redb asserts on some damage (a file shorter than its header says)
+    // rather than returning an error: the panic is the file's fault.
+    .map_err(|e| match e.try_into_panic() {
+        Ok(panic) => damaged(
+            panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "reading it failed".into()),
+        ),
+        Err(e) => StorageError::from(openraft::StorageIOError::read(&e)).into(),
+    })?
 }
 
 /// Opens the store at `db_path` and starts a Raft node on it.

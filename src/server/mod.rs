@@ -123,6 +123,10 @@ pub async fn start(
 ) -> anyhow::Result<RunningServer> {
     keep_freed_memory();
     let dir = DataDir::open(&cfg.data_dir)?;
+    // A member's store must be there: redb would make a new, empty one, and
+    // with --bootstrap that would be a new cluster. (A joined server that is
+    // not yet a member creates its store on its first start.)
+    let member = dir.has_cluster() && dir.joining().is_none();
     let mut opts = opts;
     let mut boot_window = None;
     if let Some(plan) = &opts.bootstrap_plan {
@@ -195,6 +199,10 @@ pub async fn start(
         endpoint.clone(),
         contacts.clone(),
     )));
+    if member {
+        raft::expect_store(&dir.db_path())?;
+    }
+    check_free_space(&cfg.data_dir)?;
     let node = raft::open(&dir.private_store()?, boot.node_id, raft_config(&cfg)?, network)
         .await
         .context("cannot open the Raft store")?;
@@ -368,6 +376,28 @@ pub async fn start(
         quic_addr,
         ca_fingerprint,
     })
+}
+
+/// The least free space a server starts with: a full disk would let it open
+/// its store and then fail every write, a member that answers but never
+/// commits.
+const MIN_FREE_BYTES: u64 = 16 << 20;
+
+/// Refuses to start on a (nearly) full disk, naming the data dir.
+fn check_free_space(data_dir: &std::path::Path) -> anyhow::Result<()> {
+    let st = nix::sys::statvfs::statvfs(data_dir)
+        .with_context(|| format!("cannot read the free space of {}", data_dir.display()))?;
+    let free = st.blocks_available() as u64 * st.fragment_size() as u64;
+    if free < MIN_FREE_BYTES {
+        anyhow::bail!(
+            "no space left for the data dir {}: {} KiB free, and a server needs {} MiB to \
+             write its log; free some space there (nothing was written)",
+            data_dir.display(),
+            free >> 10,
+            MIN_FREE_BYTES >> 20
+        );
+    }
+    Ok(())
 }
 
 /// Runs a server until SIGINT/SIGTERM.

@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod cpu;
+pub mod golden;
 pub mod history;
 pub mod netns;
 mod servers;

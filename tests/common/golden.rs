@@ -1,0 +1,48 @@
+//! The golden data of earlier releases (tests/golden/<commit>/, made by
+//! scripts/golden.sh): where it is, and copies of its data dir to start
+//! today's server on.
+
+use std::path::{Path, PathBuf};
+
+/// Every release directory under tests/golden, oldest name first.
+pub fn releases() -> Vec<PathBuf> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden");
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir(&root)
+        .expect("tests/golden")
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.join("COMMIT").exists())
+        .collect();
+    dirs.sort();
+    assert!(
+        !dirs.is_empty(),
+        "no golden release under {}",
+        root.display()
+    );
+    dirs
+}
+
+/// Copies release `rel`'s data dir to `to` (tests never write the golden
+/// one) and unpacks its redb file (kept gzipped: 3 MB, mostly free pages,
+/// are 16 KB).
+pub fn copy_release_data(rel: &Path, to: &Path) {
+    if let Some(parent) = to.parent() {
+        std::fs::create_dir_all(parent).unwrap();
+    }
+    let cmd = format!(
+        "cp -a '{}' '{d}' && gzip -d '{d}/gpuq.redb.gz'",
+        rel.join("data").display(),
+        d = to.display()
+    );
+    let ok = std::process::Command::new("sh")
+        .args(["-c", &cmd])
+        .status()
+        .expect("sh")
+        .success();
+    assert!(ok, "{cmd} failed");
+}
+
+/// Copies the newest release's data dir to `to`.
+pub fn copy_data_dir(to: &Path) {
+    copy_release_data(releases().last().unwrap(), to);
+}
