@@ -223,8 +223,9 @@ pub fn from_snapshot_bytes(bytes: &[u8]) -> Result<(State, &[u8]), StoreError> {
             .unwrap_or([0; 8]),
     );
     let len = usize::try_from(len).map_err(|_| short())?;
-    let active = rest.get(8..8 + len).ok_or_else(short)?;
+    let end = len.checked_add(8).ok_or_else(short)?;
+    let active = rest.get(8..end).ok_or_else(short)?;
     let mut state: State = decode("snapshot", active)?;
     state.rebuild_index();
-    Ok((state, &rest[8 + len..]))
+    Ok((state, &rest[end..]))
 }

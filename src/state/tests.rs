@@ -276,6 +276,15 @@ fn store_round_trips_dirty_records() {
 }
 
 #[test]
+fn a_snapshot_header_announcing_usize_max_bytes_is_refused() {
+    // 8 + len overflowed in debug builds before the slice was checked.
+    let mut bytes = store::to_snapshot_bytes(&State::default(), &[]).unwrap();
+    bytes[8..16].copy_from_slice(&u64::MAX.to_le_bytes());
+    let err = store::from_snapshot_bytes(&bytes).unwrap_err();
+    assert!(err.to_string().contains("ends inside its header"), "{err}");
+}
+
+#[test]
 fn a_batch_applies_each_command_and_answers_each() {
     let mut s = State::default();
     let mut d = Dirty::default();
