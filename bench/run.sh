@@ -20,6 +20,12 @@
 #                            benches/ha.rs      3 servers vs 1 submit rate,
 #                                               redb size after 100,000 jobs,
 #                                               snapshot size/time, join+catch-up
+#                            benches/fuzz.rs    10 million fuzz inputs over the
+#                                               local socket's frames, agent and
+#                                               Raft protocols, apply, snapshots,
+#                                               job specs, configs, hostlists:
+#                                               crashes (must be 0), inputs/s
+#                                               (GPUQ_BENCH_FUZZ_CASES=N)
 #                            bench/peer.sh      side by side with a real Slurm
 #                                               22.05 (../shared/peers/slurm,
 #                                               tuned and default profiles) on
@@ -48,7 +54,7 @@ smoke=0
 case "${1:-}" in
   --smoke) smoke=1 ;;
   "") ;;
-  -h|--help) sed -n '2,42p' "$0"; exit 0 ;;
+  -h|--help) sed -n '2,48p' "$0"; exit 0 ;;
   *) echo "bench/run.sh: unknown argument $1 (use --smoke or nothing)" >&2; exit 1 ;;
 esac
 
@@ -60,6 +66,7 @@ if [ "$smoke" = 1 ]; then
   cargo bench --profile dev --bench scale
   cargo bench --profile dev --bench failover
   cargo bench --profile dev --bench ha
+  cargo bench --profile dev --bench fuzz
   bench/peer.sh --smoke
 else
   cargo bench --bench submit
@@ -67,6 +74,7 @@ else
   cargo bench --bench scale
   cargo bench --bench failover
   cargo bench --bench ha
+  cargo bench --bench fuzz
   bench/peer.sh
 fi
 echo "bench/run.sh: done in $(( $(date +%s) - start )) s; JSON in target/bench/"

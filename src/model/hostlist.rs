@@ -7,6 +7,12 @@
 /// instead of filling memory.
 pub const MAX_HOSTLIST_NAMES: usize = 65_536;
 
+/// The longest node name a list may expand to (a DNS name's limit): with
+/// [`MAX_HOSTLIST_NAMES`], it bounds what a list of a few bytes may make
+/// the reader allocate (`x...x[1-65536]` would otherwise be 65,536 copies
+/// of the x's).
+pub const MAX_NODE_NAME_LEN: usize = 253;
+
 /// Why a hostlist was refused; each message quotes the list and the part at fault.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum HostlistError {
@@ -28,6 +34,8 @@ pub enum HostlistError {
     BadName { list: String, name: String },
     #[error("host list {list:?} names more than {MAX_HOSTLIST_NAMES} nodes; check the ranges")]
     TooLong { list: String },
+    #[error("host list {list:?} makes node names longer than {MAX_NODE_NAME_LEN} characters; check the list")]
+    NameTooLong { list: String },
 }
 
 /// Expands `list` into node names, in the order written, each once.
@@ -103,12 +111,21 @@ fn split_items(list: &str) -> Result<Vec<&str>, HostlistError> {
 /// (`r[1-2]-n[1-2]` is r1-n1, r1-n2, r2-n1, r2-n2).
 fn expand_item(list: &str, item: &str) -> Result<Vec<String>, HostlistError> {
     let mut names = vec![String::new()];
+    // The longest name so far, checked before every step that lengthens them.
+    let mut longest = 0;
+    let too_long = || HostlistError::NameTooLong {
+        list: list.to_string(),
+    };
     let mut rest = item;
     while !rest.is_empty() {
         let (literal, after) = match rest.find('[') {
             Some(open) => (&rest[..open], Some(&rest[open + 1..])),
             None => (rest, None),
         };
+        longest += literal.len();
+        if longest > MAX_NODE_NAME_LEN {
+            return Err(too_long());
+        }
         for n in &mut names {
             n.push_str(literal);
         }
@@ -120,6 +137,10 @@ fn expand_item(list: &str, item: &str) -> Result<Vec<String>, HostlistError> {
             return Err(HostlistError::TooLong {
                 list: list.to_string(),
             });
+        }
+        longest += values.iter().map(String::len).max().unwrap_or(0);
+        if longest > MAX_NODE_NAME_LEN {
+            return Err(too_long());
         }
         names = names
             .iter()
@@ -144,6 +165,11 @@ fn expand_ranges(list: &str, ranges: &str) -> Result<Vec<String>, HostlistError>
         let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
         if !digits(lo) || !digits(hi) {
             return Err(bad());
+        }
+        if lo.len() > MAX_NODE_NAME_LEN {
+            return Err(HostlistError::NameTooLong {
+                list: list.to_string(),
+            });
         }
         let (a, b): (u64, u64) = (
             lo.parse().map_err(|_| bad())?,
@@ -193,6 +219,11 @@ mod tests {
 
     #[test]
     fn refuses_malformed_lists_with_the_part_at_fault() {
+        // Found by fuzzing: a 4 KB name times 65,536 indices made the
+        // expansion allocate most of a GiB; names are now bounded.
+        let too_long_name = "x".repeat(254);
+        let too_long_range = format!("{}[1-65536]", "x".repeat(250));
+        let too_long_width = format!("n[{}1-2]", "0".repeat(300));
         let rows = [
             ("", "is empty"),
             ("  ", "is empty"),
@@ -209,6 +240,9 @@ mod tests {
             ("n[1-9999999]", "more than 65536 nodes"),
             ("a[1-300]b[1-300]", "more than 65536 nodes"),
             ("n 1", "\"n 1\" is not a node name"),
+            (&too_long_name, "longer than 253 characters"),
+            (&too_long_range, "longer than 253 characters"),
+            (&too_long_width, "longer than 253 characters"),
         ];
         for (list, want) in rows {
             match expand_hostlist(list) {

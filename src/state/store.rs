@@ -223,8 +223,29 @@ pub fn from_snapshot_bytes(bytes: &[u8]) -> Result<(State, &[u8]), StoreError> {
             .unwrap_or([0; 8]),
     );
     let len = usize::try_from(len).map_err(|_| short())?;
-    let active = rest.get(8..8 + len).ok_or_else(short)?;
+    let end = len.checked_add(8).ok_or_else(short)?;
+    let active = rest.get(8..end).ok_or_else(short)?;
     let mut state: State = decode("snapshot", active)?;
+    check_keys(&state)?;
     state.rebuild_index();
-    Ok((state, &rest[8 + len..]))
+    Ok((state, &rest[end..]))
+}
+
+/// Refuses a snapshot whose records are filed under another key than their
+/// own id or name: the indexes are built from the keys and looked up by the
+/// ids, so a mismatch would leave them out of step with the state.
+fn check_keys(state: &State) -> Result<(), StoreError> {
+    let misfiled = |what: &str, key: &dyn std::fmt::Display, own: &dyn std::fmt::Display| {
+        StoreError::Snapshot(format!("{what} {own} is filed under {key}"))
+    };
+    if let Some((key, job)) = state.jobs.iter().find(|(k, j)| **k != j.id) {
+        return Err(misfiled("job", key, &job.id));
+    }
+    if let Some((key, t)) = state.tokens.iter().find(|(k, t)| **k != t.id) {
+        return Err(misfiled("token", key, &t.id));
+    }
+    if let Some((key, n)) = state.nodes.iter().find(|(k, n)| **k != n.inventory.name) {
+        return Err(misfiled("node", key, &n.inventory.name));
+    }
+    Ok(())
 }

@@ -277,6 +277,30 @@ fn store_round_trips_dirty_records() {
 }
 
 #[test]
+fn a_snapshot_with_a_job_filed_under_another_id_is_refused() {
+    // Found by fuzzing snapshot installs: a job whose id differs from its
+    // key left the rebuilt indexes out of step with the jobs (a debug
+    // assertion of the next scheduling pass fired).
+    let (mut s, _) = replay(&sample_log());
+    let mut job = s.jobs.values().next().unwrap().clone();
+    job.id = JobId(job.id.0 + 1000);
+    let key = *s.jobs.keys().next().unwrap();
+    s.jobs.insert(key, job);
+    let bytes = store::to_snapshot_bytes(&s, &[]).unwrap();
+    let err = store::from_snapshot_bytes(&bytes).unwrap_err();
+    assert!(err.to_string().contains("is filed under"), "{err}");
+}
+
+#[test]
+fn a_snapshot_header_announcing_usize_max_bytes_is_refused() {
+    // 8 + len overflowed in debug builds before the slice was checked.
+    let mut bytes = store::to_snapshot_bytes(&State::default(), &[]).unwrap();
+    bytes[8..16].copy_from_slice(&u64::MAX.to_le_bytes());
+    let err = store::from_snapshot_bytes(&bytes).unwrap_err();
+    assert!(err.to_string().contains("ends inside its header"), "{err}");
+}
+
+#[test]
 fn a_batch_applies_each_command_and_answers_each() {
     let mut s = State::default();
     let mut d = Dirty::default();

@@ -247,7 +247,11 @@ pub fn compress_hostlist<S: AsRef<str>>(names: &[S]) -> String {
                 while i < group.numbers.len() {
                     let start = group.numbers[i];
                     let mut end = start;
-                    while i + 1 < group.numbers.len() && group.numbers[i + 1] == end + 1 {
+                    // `checked_add`: a name may end in u64::MAX, which no
+                    // range continues.
+                    while i + 1 < group.numbers.len()
+                        && Some(group.numbers[i + 1]) == end.checked_add(1)
+                    {
                         end += 1;
                         i += 1;
                     }
@@ -321,6 +325,22 @@ mod tests {
             compress_hostlist(&names(&["node099", "node100"])),
             "node[099-100]"
         );
+    }
+
+    #[test]
+    fn hostlist_with_the_largest_number_compresses_without_overflow() {
+        // Found by the fuzz target hostlist-names: `end + 1` overflowed.
+        let max = u64::MAX;
+        let list = names(&[
+            &format!("n{max}"),
+            "n1",
+            "n2",
+            &format!("m{}", max - 1),
+            &format!("m{max}"),
+        ]);
+        let compressed = compress_hostlist(&list);
+        assert_eq!(compressed, format!("n[{max},1-2],m[{}-{max}]", max - 1));
+        assert_eq!(crate::model::expand_hostlist(&compressed).unwrap(), list);
     }
 
     #[test]
