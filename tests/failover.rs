@@ -34,13 +34,7 @@ fn jobs_on(socket: &Path) -> Option<Vec<Job>> {
 }
 
 fn final_jobs(jobs: &[Job]) -> Vec<FinalJob> {
-    jobs.iter()
-        .map(|j| FinalJob {
-            id: j.id.0,
-            name: j.spec.name.clone(),
-            state: j.state,
-        })
-        .collect()
+    jobs.iter().map(FinalJob::of).collect()
 }
 
 /// How a `gpuq submit --parsable` ended, as a client must read it: refused
@@ -768,15 +762,12 @@ mod history_checker {
         Op {
             key: key.into(),
             outcome,
+            ..Op::default()
         }
     }
 
     fn job(id: u64, name: &str, state: JobState) -> FinalJob {
-        FinalJob {
-            id,
-            name: name.into(),
-            state,
-        }
+        FinalJob::new(id, name, state)
     }
 
     fn seen(observer: &str, job: u64, state: JobState) -> Observation {
