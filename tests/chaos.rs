@@ -11,7 +11,7 @@
 mod common;
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use common::history::{read_task_runs, FinalJob, History};
 use common::nemesis::{fill, report, schedule, Chaos, Fault, Tmpfs};
@@ -99,6 +99,63 @@ fn twenty_faults_of_every_kind_break_no_promise() {
         cancelled >= 5,
         "only {cancelled} cancellations were acknowledged"
     );
+}
+
+/// Found by the chaos run: a server whose storage write failed (a full disk)
+/// lived on with a stopped Raft core, a member that never voted or applied
+/// again even once the disk had room; two such followers and the cluster had
+/// no leader for good. It must exit (non-zero, for its service manager to
+/// restart it) and come back whole.
+#[test]
+fn a_server_whose_disk_fills_exits_and_comes_back_whole_after_a_restart() {
+    if !require_root("a_server_whose_disk_fills_exits_and_comes_back_whole_after_a_restart") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let sdir = dir.path().join("s1");
+    let disk = Tmpfs::mount(&sdir.join("data"), "32m");
+    let mut s = Server::bootstrap_with(&sdir, "");
+    let submit = |s: &Server, name: &str| {
+        cli_within(
+            &s.socket,
+            &["submit", "--parsable", "--hold", "-J", name, "--", "true"],
+            Duration::from_secs(5),
+        )
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+    };
+    let before: Vec<String> = (0..5)
+        .map(|i| submit(&s, &format!("before-{i}")).expect("a write before the disk filled"))
+        .collect();
+    let fill_file = disk.0.join("chaos-fill");
+    fill(&fill_file);
+    let mut n = 0;
+    wait_for(
+        "the server to exit on its full disk",
+        Duration::from_secs(60),
+        || {
+            n += 1;
+            let _ = submit(&s, &format!("during-{n}"));
+            s.exited().is_some()
+        },
+    );
+    let status = s.exited().unwrap();
+    assert!(!status.success(), "it exited with {status}");
+    assert!(
+        s.log().contains("the Raft core stopped"),
+        "the log does not say why it exited:\n{}",
+        s.log()
+    );
+    std::fs::remove_file(&fill_file).unwrap();
+    s.start();
+    let jobs = common::workload::jobs_on(&s.socket).expect("the restarted server answers");
+    for id in &before {
+        assert!(
+            jobs.iter().any(|j| j.id.0.to_string() == *id),
+            "acknowledged job {id} is gone after the restart"
+        );
+    }
+    assert!(submit(&s, "after").is_some(), "no write after the restart");
 }
 
 /// The new checks' own tests: each is fed a history that breaks it.
