@@ -20,13 +20,19 @@
 #                            benches/ha.rs      3 servers vs 1 submit rate,
 #                                               redb size after 100,000 jobs,
 #                                               snapshot size/time, join+catch-up
+#                            benches/chaos.rs   100 leader kills, 50 partitions
+#                                               and 10 other faults under 3
+#                                               clients, checked: lost,
+#                                               duplicated, double-booked (all 0),
+#                                               failover p50/p99 (about 20
+#                                               minutes; root)
 #                            bench/peer.sh      side by side with a real Slurm
 #                                               22.05 (../shared/peers/slurm,
 #                                               tuned and default profiles) on
 #                                               8 nodes x 8 GPUs in network
 #                                               namespaces: gpuq/Slurm ratios
 #                                               (about 25 minutes by itself)
-#                          About 40 minutes on 2 cores, plus the first release
+#                          About 60 minutes on 2 cores, plus the first release
 #                          build (about 4 minutes).
 #   bench/run.sh --smoke   tiny versions of each in the dev profile (the build
 #                          `cargo test` already made), to prove the benchmarks
@@ -48,7 +54,7 @@ smoke=0
 case "${1:-}" in
   --smoke) smoke=1 ;;
   "") ;;
-  -h|--help) sed -n '2,42p' "$0"; exit 0 ;;
+  -h|--help) sed -n '2,49p' "$0"; exit 0 ;;
   *) echo "bench/run.sh: unknown argument $1 (use --smoke or nothing)" >&2; exit 1 ;;
 esac
 
@@ -60,6 +66,7 @@ if [ "$smoke" = 1 ]; then
   cargo bench --profile dev --bench scale
   cargo bench --profile dev --bench failover
   cargo bench --profile dev --bench ha
+  cargo bench --profile dev --bench chaos
   bench/peer.sh --smoke
 else
   cargo bench --bench submit
@@ -67,6 +74,7 @@ else
   cargo bench --bench scale
   cargo bench --bench failover
   cargo bench --bench ha
+  cargo bench --bench chaos
   bench/peer.sh
 fi
 echo "bench/run.sh: done in $(( $(date +%s) - start )) s; JSON in target/bench/"
