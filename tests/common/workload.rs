@@ -113,9 +113,18 @@ impl Workload {
         let (h, st, socks) = (history.clone(), stop.clone(), sockets.to_vec());
         threads.push(std::thread::spawn(move || {
             while !st.load(Ordering::Relaxed) {
-                for (i, s) in socks.iter().enumerate() {
-                    for j in jobs_on(s).unwrap_or_default() {
-                        h.observe(&format!("client-view-{i}"), j.id.0, j.state);
+                for s in &socks {
+                    // One observer per server process: a restarted server
+                    // may show an older applied state for a while, and
+                    // its socket is a new file.
+                    let before = incarnation(s);
+                    let jobs = jobs_on(s).unwrap_or_default();
+                    if before.is_none() || incarnation(s) != before {
+                        continue;
+                    }
+                    let who = format!("{}#{:?}", s.display(), before.unwrap());
+                    for j in jobs {
+                        h.observe(&who, j.id.0, j.state);
                     }
                 }
                 std::thread::sleep(Duration::from_secs(2));
@@ -131,6 +140,13 @@ impl Workload {
             t.join().expect("a client thread panicked");
         }
     }
+}
+
+/// Which process serves `socket`: the socket file's inode and change time.
+fn incarnation(socket: &Path) -> Option<(u64, i64, i64)> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(socket).ok()?;
+    Some((m.ino(), m.ctime(), m.ctime_nsec()))
 }
 
 /// One client: short jobs of one or two GPUs, some long ones (to be running
