@@ -42,8 +42,11 @@ use super::workload::{cancel, jobs_on, submit};
 use super::{cli_within, Agent, ServerSet};
 use gpuq::model::{Job, JobState};
 
-/// Fast Raft timings (as tests/failover.rs), finished jobs kept in memory
-/// for the whole run (the checker reads `queue --all`).
+/// Fast Raft timings so that many elections stay quick, and finished jobs
+/// kept in memory for the whole run: the history check reads `queue --all`,
+/// which no longer shows jobs archived after the default 300 s. (The harness
+/// writes these lines after its own `[server]` table.) tests/failover.rs
+/// uses them too.
 pub const RAFT_FAST: &str = "history_retention_secs = 86400\n\
      [server.raft]\nheartbeat_ms = 50\nelection_timeout_min_ms = 300\nelection_timeout_max_ms = 600\n";
 
