@@ -26,13 +26,19 @@
 #                                               job specs, configs, hostlists:
 #                                               crashes (must be 0), inputs/s
 #                                               (GPUQ_BENCH_FUZZ_CASES=N)
+#                            benches/chaos.rs   100 leader kills, 50 partitions
+#                                               and 10 other faults under 3
+#                                               clients, checked: lost,
+#                                               duplicated, double-booked (all 0),
+#                                               failover p50/p99 (about 20
+#                                               minutes; root)
 #                            bench/peer.sh      side by side with a real Slurm
 #                                               22.05 (../shared/peers/slurm,
 #                                               tuned and default profiles) on
 #                                               8 nodes x 8 GPUs in network
 #                                               namespaces: gpuq/Slurm ratios
 #                                               (about 25 minutes by itself)
-#                          About 40 minutes on 2 cores, plus the first release
+#                          About 90 minutes on 2 cores, plus the first release
 #                          build (about 4 minutes).
 #   bench/run.sh --smoke   tiny versions of each in the dev profile (the build
 #                          `cargo test` already made), to prove the benchmarks
@@ -54,7 +60,7 @@ smoke=0
 case "${1:-}" in
   --smoke) smoke=1 ;;
   "") ;;
-  -h|--help) sed -n '2,48p' "$0"; exit 0 ;;
+  -h|--help) sed -n '2,55p' "$0"; exit 0 ;;
   *) echo "bench/run.sh: unknown argument $1 (use --smoke or nothing)" >&2; exit 1 ;;
 esac
 
@@ -67,6 +73,7 @@ if [ "$smoke" = 1 ]; then
   cargo bench --profile dev --bench failover
   cargo bench --profile dev --bench ha
   cargo bench --profile dev --bench fuzz
+  cargo bench --profile dev --bench chaos
   bench/peer.sh --smoke
 else
   cargo bench --bench submit
@@ -75,6 +82,7 @@ else
   cargo bench --bench failover
   cargo bench --bench ha
   cargo bench --bench fuzz
+  cargo bench --bench chaos
   bench/peer.sh
 fi
 echo "bench/run.sh: done in $(( $(date +%s) - start )) s; JSON in target/bench/"

@@ -5,75 +5,18 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::Output;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::history::{FinalJob, History, Outcome};
 use common::netns::{self, Net};
-use common::{cli, require_root, wait_for, Agent, Server, ServerSet};
+use common::nemesis::RAFT_FAST;
+use common::workload::{jobs_on, submit};
+use common::{require_root, wait_for, Agent, Server, ServerSet};
 use gpuq::model::{Job, JobState};
 
-/// Fast Raft timings so that twenty elections stay quick, and finished jobs
-/// kept in memory for the whole test: the history check reads `queue --all`,
-/// which no longer shows jobs archived after the default 300 s. (The harness
-/// writes these lines after its own `[server]` table.)
-const RAFT_FAST: &str = "history_retention_secs = 86400\n\
-     [server.raft]\nheartbeat_ms = 50\nelection_timeout_min_ms = 300\nelection_timeout_max_ms = 600\n";
-
 const LONG: Duration = Duration::from_secs(60);
-
-/// Every job a server's applied state holds (None when it does not answer).
-fn jobs_on(socket: &Path) -> Option<Vec<Job>> {
-    let out = cli(socket, &["queue", "--all", "--json"]);
-    if !out.status.success() {
-        return None;
-    }
-    serde_json::from_slice(&out.stdout).ok()
-}
-
-fn final_jobs(jobs: &[Job]) -> Vec<FinalJob> {
-    jobs.iter()
-        .map(|j| FinalJob {
-            id: j.id.0,
-            name: j.spec.name.clone(),
-            state: j.state,
-        })
-        .collect()
-}
-
-/// How a `gpuq submit --parsable` ended, as a client must read it: refused
-/// before anything was proposed (no daemon on the socket, not the leader, no
-/// leader yet) is a failure; anything else without an id is unknown.
-fn outcome(out: &Output) -> Outcome {
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    if out.status.success() {
-        return match stdout.trim().parse() {
-            Ok(id) => Outcome::Ok(id),
-            Err(_) => Outcome::Unknown(format!("unparsable answer {stdout:?}")),
-        };
-    }
-    let definite = stderr.contains("cannot connect to the gpuq daemon")
-        || stderr.contains("not leader")
-        || stderr.contains("no leader is elected");
-    if definite {
-        Outcome::Fail(stderr)
-    } else {
-        Outcome::Unknown(stderr)
-    }
-}
-
-/// Submits `args` as job `key` through `socket`, recording it in `history`.
-fn submit(history: &History, socket: &Path, key: &str, args: &[&str]) -> Outcome {
-    let op = history.invoke(key);
-    let mut full = vec!["submit", "--parsable", "-J", key];
-    full.extend_from_slice(args);
-    let o = outcome(&cli(socket, &full));
-    history.complete(op, o.clone());
-    o
-}
 
 /// A job program that records its start in `starts` (one line per start,
 /// `JOB RESTART_COUNT`) and then runs `then`.
@@ -379,7 +322,7 @@ fn twenty_leader_kills_under_load_lose_nothing_and_start_nothing_twice() {
         ok >= 30,
         "too few acknowledged submissions to mean anything: {ok}"
     );
-    if let Err(bad) = history.check(&final_jobs(&jobs)) {
+    if let Err(bad) = history.check(&FinalJob::all(&jobs)) {
         panic!("history violations:\n{}", bad.join("\n"));
     }
     for j in jobs.iter().filter(|j| !sleepers.contains(&j.id.0)) {
@@ -582,7 +525,7 @@ fn all_three_servers_killed_at_once_come_back_with_all_state() {
             .is_some_and(|j| j.state == JobState::Completed)
     });
     let jobs = jobs_on(&set.servers[leader].socket).unwrap();
-    if let Err(bad) = history.check(&final_jobs(&jobs)) {
+    if let Err(bad) = history.check(&FinalJob::all(&jobs)) {
         panic!("history violations:\n{}", bad.join("\n"));
     }
     assert_started_once(&starts);
@@ -674,7 +617,7 @@ fn a_partitioned_leader_stops_writing_and_the_majority_carries_on() {
         old.status()["leader"] == new_name.as_str()
     });
     let jobs = wait_converged(&set.servers);
-    if let Err(bad) = history.check(&final_jobs(&jobs)) {
+    if let Err(bad) = history.check(&FinalJob::all(&jobs)) {
         panic!("history violations:\n{}", bad.join("\n"));
     }
     let s = jobs.iter().find(|j| j.id.0 == sleeper).unwrap();
@@ -768,15 +711,12 @@ mod history_checker {
         Op {
             key: key.into(),
             outcome,
+            ..Op::default()
         }
     }
 
     fn job(id: u64, name: &str, state: JobState) -> FinalJob {
-        FinalJob {
-            id,
-            name: name.into(),
-            state,
-        }
+        FinalJob::new(id, name, state)
     }
 
     fn seen(observer: &str, job: u64, state: JobState) -> Observation {

@@ -401,10 +401,35 @@ fn check_free_space(data_dir: &std::path::Path) -> anyhow::Result<()> {
 }
 
 /// Runs a server until SIGINT/SIGTERM.
+/// Runs a server until SIGINT/SIGTERM, or until its Raft core stops on a
+/// fatal error (a storage write failed, e.g. on a full disk). Then it exits
+/// with that error: openraft never resumes a stopped core, so a process that
+/// lived on would stay a member that never votes or applies again, even
+/// once the disk has room; exited, the service manager restarts it
+/// (`Restart=on-failure`) and it catches up.
 pub async fn run(cfg: ServerConfig, opts: ServerOptions) -> anyhow::Result<()> {
     let (tx, rx) = watch::channel(false);
     let server = start(cfg, opts, rx).await?;
-    crate::shutdown_signal().await;
+    let mut metrics = server.raft.raft.metrics();
+    let stopped = async move {
+        loop {
+            if let Err(fatal) = &metrics.borrow_and_update().running_state {
+                return fatal.to_string();
+            }
+            if metrics.changed().await.is_err() {
+                // Gone without a fatal error: only a shutdown does that.
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    tokio::select! {
+        _ = crate::shutdown_signal() => {}
+        fatal = stopped => {
+            tracing::error!("the Raft core stopped: {fatal}; exiting so that the server is restarted");
+            let _ = tx.send(true);
+            anyhow::bail!("the Raft core stopped: {fatal}");
+        }
+    }
     tracing::info!("shutting down");
     let _ = tx.send(true);
     let _ = server.raft.raft.shutdown().await;

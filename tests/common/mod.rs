@@ -6,8 +6,10 @@
 pub mod cpu;
 pub mod golden;
 pub mod history;
+pub mod nemesis;
 pub mod netns;
 mod servers;
+pub mod workload;
 #[allow(unused_imports)]
 pub use servers::ServerSet;
 
@@ -289,6 +291,14 @@ impl Server {
         self.child.as_ref().map(|c| c.id())
     }
 
+    /// The exit status, when the process has exited by itself (e.g. a
+    /// server that gave up on a full disk); `None` while it runs.
+    pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.child
+            .as_mut()
+            .and_then(|c| c.try_wait().ok().flatten())
+    }
+
     /// SIGKILL: no shutdown path runs.
     pub fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {
@@ -384,6 +394,38 @@ pub fn cli(socket: &Path, args: &[&str]) -> Output {
         .stdin(Stdio::null())
         .output()
         .expect("run gpuq")
+}
+
+/// Like [`cli`], killed after `timeout`: `None` then (a frozen server holds
+/// the connection and answers nothing, and the CLI would wait for it).
+pub fn cli_within(socket: &Path, args: &[&str], timeout: Duration) -> Option<Output> {
+    let child = Command::new(gpuq_bin())
+        .args(args)
+        .env("GPUQ_SOCKET", socket)
+        .current_dir(
+            socket
+                .parent()
+                .filter(|d| d.is_dir())
+                .unwrap_or(Path::new("/")),
+        )
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run gpuq");
+    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    match rx.recv_timeout(timeout) {
+        Ok(out) => Some(out.expect("wait for gpuq")),
+        Err(_) => {
+            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+            let _ = rx.recv();
+            None
+        }
+    }
 }
 
 /// A one-GPU `true` job named `name` (10-minute limit, workdir /tmp): the

@@ -19,6 +19,33 @@ fn ip(args: &[&str]) {
     );
 }
 
+/// Runs `iptables ARGS` in namespace `ns`, panicking on failure.
+fn iptables(ns: &str, args: &[&str]) {
+    let out = Command::new("ip")
+        .args(["netns", "exec", ns, "iptables"])
+        .args(args)
+        .output()
+        .expect("run ip netns exec");
+    assert!(
+        out.status.success(),
+        "iptables {} in {ns} failed (one-way cuts need iptables: apt-get install -y iptables): {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Panics unless iptables can be run (one-way cuts need it).
+pub fn require_iptables() {
+    let ok = Command::new("iptables")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    assert!(
+        ok,
+        "one-way partitions need iptables: apt-get install -y iptables"
+    );
+}
+
 /// Runs `ip ARGS`, ignoring failure (cleanup of what may not exist).
 fn ip_quiet(args: &[&str]) {
     let _ = Command::new("ip").args(args).output();
@@ -144,6 +171,20 @@ impl Net {
     /// Reconnects `host`.
     pub fn heal(&self, host: &Host) {
         ip(&["link", "set", &host.veth, "up"]);
+    }
+
+    /// A one-way cut: drops everything `host` sends to `to` (iptables in
+    /// its namespace), while it still hears them. Panics, saying what to
+    /// install, without iptables.
+    pub fn cut_outgoing(&self, host: &Host, to: &[&Host]) {
+        for t in to {
+            iptables(&host.ns, &["-A", "OUTPUT", "-d", &t.ip, "-j", "DROP"]);
+        }
+    }
+
+    /// Removes `host`'s one-way cuts.
+    pub fn heal_outgoing(&self, host: &Host) {
+        iptables(&host.ns, &["-F", "OUTPUT"]);
     }
 }
 
