@@ -340,10 +340,15 @@ main() {
     # The server's dir holds the cluster's keys; the agent's is traversable
     # (its tasks' users reach their own scripts below it) but not listable.
     # An existing dir is closed too: gpuq refuses to start on an open one.
+    # Files an older release left open (its store, its tls dir) are closed
+    # too; a task's directory under the agent's tasks/ keeps its owner's mode.
     if [ "$daemon" = server ]; then
-        chmod 0700 "$root/var/lib/gpuq/$daemon"
+        chmod -R go= "$root/var/lib/gpuq/$daemon"
     else
         chmod 0711 "$root/var/lib/gpuq/$daemon"
+        if [ -d "$root/var/lib/gpuq/$daemon/tls" ]; then
+            chmod -R go= "$root/var/lib/gpuq/$daemon/tls"
+        fi
     fi
 
     # Replaced by rename: a running gpuq keeps its old file, never a torn one.

@@ -86,7 +86,10 @@ pub async fn start(
     // directories below.
     crate::owner_only::ensure_dir(&opts.dir, crate::owner_only::DirMode::Traverse)
         .context("the dev cluster's directory is not usable")?;
-    crate::owner_only::ensure_dir(&opts.dir.join("agents"), crate::owner_only::DirMode::Traverse)?;
+    crate::owner_only::ensure_dir(
+        &opts.dir.join("agents"),
+        crate::owner_only::DirMode::Traverse,
+    )?;
     let (me, root) = current_user()?;
     let socket = socket_in(&opts.dir);
 

@@ -10,10 +10,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::history::{FinalJob, History, Outcome};
-use common::netns::{self, Net};
 use common::nemesis::RAFT_FAST;
+use common::netns::{self, Net};
 use common::workload::{jobs_on, submit};
-use common::{require_root, wait_for, Agent, Server, ServerSet};
+use common::{cli, require_root, wait_for, Agent, Server, ServerSet};
 use gpuq::model::{Job, JobState};
 
 const LONG: Duration = Duration::from_secs(60);

@@ -64,12 +64,12 @@ fn a_servers_data_dir_and_state_are_closed_to_other_users() {
         "{}",
         stderr(&out)
     );
-    drop(server);
+    let mut server = server;
+    server.kill();
 
     // A data dir left open is refused at start, naming it and the fix.
     std::fs::set_permissions(&data, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let mut again = Server::joining(dir.path(), "s1", "", "");
-    let (status, log) = again.run_to_exit();
+    let (status, log) = server.run_to_exit();
     assert!(!status.success());
     assert!(
         log.contains(&format!("chmod 700 {}", data.display())),
@@ -158,11 +158,8 @@ fn the_servers_admin_users_are_admins_from_any_host() {
     if !require_root("the_servers_admin_users_are_admins_from_any_host") {
         return;
     }
-    let server = Server::bootstrap_with_config(
-        dir.path(),
-        10,
-        &format!("admin_users = [\"{me}\"]"),
-    );
+    let server =
+        Server::bootstrap_with_config(dir.path(), 10, &format!("admin_users = [\"{me}\"]"));
     let token = server.ok(&["token", "create"]).trim().to_string();
     let login = LoginAgent::join(&dir.path().join("login"), &server, &token)
         .unwrap_or_else(|o| panic!("join: {}", stderr(&o)));
@@ -217,7 +214,11 @@ fn a_node_name_belongs_to_its_machine_until_an_admin_replaces_it() {
         .output()
         .expect("run gpuq agent");
     assert!(!out.status.success());
-    assert!(stderr(&out).contains("used as many times"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("used as many times"),
+        "{}",
+        stderr(&out)
+    );
     let list = c.server.ok(&["token", "list"]);
     assert!(list.contains("1/1") && list.contains("used up"), "{list}");
     drop(n2);
@@ -229,11 +230,21 @@ fn a_node_name_belongs_to_its_machine_until_an_admin_replaces_it() {
     old.kill();
     c.server.ok(&["node", "replace", "n1"]);
     let new = Agent::start(&c.server, &dir.path().join("n1-new"), "n1", 2, &token);
+    // (n1 is up already from the old machine: wait for the new one itself.)
+    common::wait_for("the new n1 to register", LONG, || {
+        new.log().contains("connected to the leader")
+    });
     drop(new);
     old.spawn();
-    common::wait_for("the old n1 to be refused", LONG, || {
-        old.log().contains("registered with another certificate")
-    });
+    let deadline = std::time::Instant::now() + LONG;
+    while !old.log().contains("registered with another certificate") {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the old n1 was not refused in {LONG:?}; its log:\n{}",
+            old.log()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
     let nodes: serde_json::Value =
         serde_json::from_str(&c.server.ok(&["nodes", "--json"])).unwrap();
     let n1 = nodes

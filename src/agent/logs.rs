@@ -217,10 +217,8 @@ mod tests {
                 while !stop.load(Ordering::Relaxed) {
                     let _ = std::fs::hard_link(&mine, &spare_file);
                     let _ = std::fs::rename(&spare_file, &out);
-                    let _ = std::os::unix::fs::symlink(
-                        std::fs::read_link(&link).unwrap(),
-                        &spare_link,
-                    );
+                    let _ =
+                        std::os::unix::fs::symlink(std::fs::read_link(&link).unwrap(), &spare_link);
                     let _ = std::fs::rename(&spare_link, &out);
                     flips += 1;
                 }

@@ -128,7 +128,17 @@ impl ServerList {
         let tmp = file.with_extension("json.tmp");
         let result = serde_json::to_vec_pretty(&saved)
             .map_err(std::io::Error::other)
-            .and_then(|bytes| std::fs::write(&tmp, bytes))
+            .and_then(|bytes| {
+                use std::io::Write;
+                use std::os::unix::fs::OpenOptionsExt;
+                std::fs::OpenOptions::new()
+                    .write(true)
+                    .create(true)
+                    .truncate(true)
+                    .mode(0o600)
+                    .open(&tmp)?
+                    .write_all(&bytes)
+            })
             .and_then(|()| std::fs::rename(&tmp, file));
         if let Err(e) = result {
             tracing::warn!(file = %file.display(), "cannot save the known servers: {e}");

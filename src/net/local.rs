@@ -300,8 +300,11 @@ pub async fn serve_with<H, F>(
             if let Err(why) = budget.connect(cred.uid) {
                 tracing::warn!(uid = cred.uid, "local connection refused: {why}");
                 let _ = write_frame(&mut stream, &LocalHello::ours()).await;
-                let _ = write_frame(&mut stream, &ApiResponse::error(ErrorKind::Unavailable, why))
-                    .await;
+                let _ = write_frame(
+                    &mut stream,
+                    &ApiResponse::error(ErrorKind::Unavailable, why),
+                )
+                .await;
                 return;
             }
             if let Err(e) = serve_one(&mut stream, cred, handler, &budget).await {
@@ -479,7 +482,9 @@ mod tests {
     /// A raw connection that has said hello and read the daemon's.
     async fn raw(path: &Path) -> UnixStream {
         let mut s = UnixStream::connect(path).await.expect("connect");
-        write_frame(&mut s, &LocalHello::ours()).await.expect("hello");
+        write_frame(&mut s, &LocalHello::ours())
+            .await
+            .expect("hello");
         let _: LocalHello = read_frame(&mut s, DEFAULT_MAX_FRAME)
             .await
             .expect("their hello")
@@ -544,7 +549,10 @@ mod tests {
         let mut b = raw(&path).await;
         start_frame(&mut b, 5 << 20, 0).await;
         let why = refusal(&mut b).await;
-        assert!(why.contains("over this daemon's limit of 4096 KiB"), "{why}");
+        assert!(
+            why.contains("over this daemon's limit of 4096 KiB"),
+            "{why}"
+        );
         // The refused ones were closed: three idle connections are what a
         // uid may have, and a fourth is refused, saying why.
         drop((a, b));

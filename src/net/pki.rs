@@ -438,8 +438,10 @@ impl NodeIdentity {
         peer_identity(&leaf_der)
     }
 
-    /// Writes `node.key` (mode 0600), `node.crt` and `ca.crt` into `dir`,
-    /// creating it if needed. Each file is replaced atomically.
+    /// Writes `node.key`, `node.crt` and `ca.crt` into `dir`, creating it if
+    /// needed. Each file is replaced atomically, and each is 0600: the
+    /// certificates are public, but a daemon's data dir holds nothing another
+    /// user may read, which keeps the rule one that a test can check.
     pub fn save(&self, dir: &Path) -> Result<(), PkiError> {
         fs::create_dir_all(dir).map_err(|source| PkiError::Io {
             action: "create",
@@ -447,8 +449,8 @@ impl NodeIdentity {
             source,
         })?;
         write_atomic(&dir.join(KEY_FILE), self.key_pem.as_bytes(), 0o600)?;
-        write_atomic(&dir.join(CERT_FILE), self.cert_pem.as_bytes(), 0o644)?;
-        write_atomic(&dir.join(CA_FILE), self.ca_cert_pem.as_bytes(), 0o644)?;
+        write_atomic(&dir.join(CERT_FILE), self.cert_pem.as_bytes(), 0o600)?;
+        write_atomic(&dir.join(CA_FILE), self.ca_cert_pem.as_bytes(), 0o600)?;
         Ok(())
     }
 

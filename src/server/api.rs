@@ -251,7 +251,11 @@ impl Api {
 
     /// `job` as `caller` may see it: its environment and script only for
     /// its owner and admins (they hold tokens and passwords).
-    pub(super) fn as_seen_by(&self, caller: &Caller, mut job: crate::model::Job) -> crate::model::Job {
+    pub(super) fn as_seen_by(
+        &self,
+        caller: &Caller,
+        mut job: crate::model::Job,
+    ) -> crate::model::Job {
         if !caller.admin && job.user != caller.user {
             job.redact();
         }
@@ -465,7 +469,10 @@ impl Api {
                 };
                 self.show(&caller, found).await
             }
-            ApiRequest::Acct { mut filter, summary } => {
+            ApiRequest::Acct {
+                mut filter,
+                summary,
+            } => {
                 if self.cfg.private_jobs && !caller.admin {
                     // Only one's own jobs: another user's name selects none.
                     if filter.user.as_ref().is_some_and(|u| *u != caller.user) {

@@ -3,7 +3,7 @@
 //! ```text
 //! D/               mode 0700, checked at every start (see `owner_only`)
 //! D/node_id        this server's Raft node id (random, chosen once)
-//! D/tls/           node.key (0600), node.crt, ca.crt; ca.key on the bootstrap server
+//! D/tls/           node.key, node.crt, ca.crt (all 0600); ca.key on the bootstrap server
 //! D/gpuq.redb      the Raft log, vote and state machine, in one file (0600;
 //!                  the state holds the cluster CA's key)
 //! D/joining        while a joined server is not yet a member: the server
@@ -83,12 +83,10 @@ impl DataDir {
         via: std::net::SocketAddr,
     ) -> anyhow::Result<u64> {
         identity.save(&self.tls_dir())?;
-        std::fs::write(self.root.join("joining"), via.to_string())
-            .with_context(|| format!("cannot write {}", self.root.join("joining").display()))?;
+        write_private(&self.root.join("joining"), via.to_string().as_bytes())?;
         let node_id: u64 = rand::random::<u64>() >> 1;
         let id_path = self.root.join("node_id");
-        std::fs::write(&id_path, node_id.to_string())
-            .with_context(|| format!("cannot write {}", id_path.display()))?;
+        write_private(&id_path, node_id.to_string().as_bytes())?;
         Ok(node_id)
     }
 
@@ -97,8 +95,7 @@ impl DataDir {
         identity.save(&self.tls_dir())?;
         let node_id: u64 = rand::random::<u64>() >> 1;
         let id_path = self.root.join("node_id");
-        std::fs::write(&id_path, node_id.to_string())
-            .with_context(|| format!("cannot write {}", id_path.display()))?;
+        write_private(&id_path, node_id.to_string().as_bytes())?;
         Ok(node_id)
     }
 
@@ -135,8 +132,7 @@ impl DataDir {
             identity.save(&self.tls_dir())?;
             write_private(&ca_key_path, ca.key_pem.as_bytes())?;
             let node_id: u64 = rand::random::<u64>() >> 1;
-            std::fs::write(&id_path, node_id.to_string())
-                .with_context(|| format!("cannot write {}", id_path.display()))?;
+            write_private(&id_path, node_id.to_string().as_bytes())?;
         }
         let text = std::fs::read_to_string(&id_path)
             .with_context(|| format!("cannot read {}", id_path.display()))?;

@@ -203,9 +203,14 @@ pub async fn start(
         raft::expect_store(&dir.db_path())?;
     }
     check_free_space(&cfg.data_dir)?;
-    let node = raft::open(&dir.private_store()?, boot.node_id, raft_config(&cfg)?, network)
-        .await
-        .context("cannot open the Raft store")?;
+    let node = raft::open(
+        &dir.private_store()?,
+        boot.node_id,
+        raft_config(&cfg)?,
+        network,
+    )
+    .await
+    .context("cannot open the Raft store")?;
 
     if opts.bootstrap && !node.raft.is_initialized().await? {
         let me = ServerNode {

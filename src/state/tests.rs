@@ -68,7 +68,7 @@ fn sample_log() -> Vec<Command> {
     });
     log.push(Command::CreateToken {
         record: TokenRecord {
-                max_uses: None,
+            max_uses: None,
             id: "abc123".into(),
             secret_sha256: "00".into(),
             role: Role::Agent,

@@ -251,6 +251,70 @@ fn submissions_are_checked_against_the_policy() {
 }
 
 #[test]
+fn a_qos_is_open_only_to_the_accounts_and_users_it_lists() {
+    let (mut s, _) = cluster();
+    let ok = |r: CommandResult| assert!(matches!(r, CommandResult::PolicyUpdated { .. }), "{r:?}");
+    ok(admin(
+        &mut s,
+        account(
+            Op::Add,
+            "ml",
+            AccountPatch {
+                add_users: vec!["alice".into()],
+                ..Default::default()
+            },
+        ),
+    ));
+    ok(admin(
+        &mut s,
+        PolicyChange::Qos {
+            op: Op::Add,
+            name: "urgent".into(),
+            patch: QosPatch {
+                priority: Some(100),
+                allowed_accounts: Some(vec!["ml".into()]),
+                allowed_users: Some(vec!["carol".into()]),
+                ..Default::default()
+            },
+        },
+    ));
+    let urgent = |account: Option<&str>| {
+        let mut sp = spec(1, 1);
+        sp.qos = Some("urgent".into());
+        sp.account = account.map(String::from);
+        sp
+    };
+    // bob's default account is not listed, nor is bob.
+    let r = submit_as(&mut s, "bob", urgent(None));
+    assert!(refused(&r, "QoS urgent is not open to user bob"), "{r:?}");
+    // alice in the listed account; carol by name, from her default account.
+    assert!(matches!(
+        submit_as(&mut s, "alice", urgent(Some("ml"))),
+        CommandResult::Submitted { .. }
+    ));
+    assert!(matches!(
+        submit_as(&mut s, "carol", urgent(None)),
+        CommandResult::Submitted { .. }
+    ));
+    // The same user outside the listed account is refused.
+    let r = submit_as(&mut s, "alice", urgent(Some("default")));
+    assert!(refused(&r, "in account default"), "{r:?}");
+    // A listed account must exist.
+    let r = admin(
+        &mut s,
+        PolicyChange::Qos {
+            op: Op::Modify,
+            name: "urgent".into(),
+            patch: QosPatch {
+                allowed_accounts: Some(vec!["nope".into()]),
+                ..Default::default()
+            },
+        },
+    );
+    assert!(matches!(r, CommandResult::Rejected(_)), "{r:?}");
+}
+
+#[test]
 fn usage_is_charged_at_the_end_and_decays_by_the_half_life() {
     let (mut s, mut d) = cluster();
     let CommandResult::Submitted { id } = submit_as(&mut s, "alice", spec(1, 4)) else {

@@ -132,6 +132,7 @@ fn register(hello: &AgentHello, now: u64) -> Command {
         addr: hello.addr.clone(),
         preflight: hello.preflight,
         now,
+        cert_sha256: format!("cert of {}", hello.inventory.name),
     }
 }
 

@@ -187,7 +187,12 @@ pub fn api_requests() -> Vec<ApiRequest> {
         ApiRequest::TokenCreate {
             role: Role::Agent,
             ttl_secs: 3600,
+            uses: Some(1),
         },
+        ApiRequest::NodeReplace {
+            node: "node01".into(),
+        },
+        ApiRequest::UseToken { id: "t1".into() },
         ApiRequest::Acct {
             filter: gpuq::model::acct::AcctFilter {
                 user: Some("alice".into()),
@@ -504,6 +509,7 @@ pub fn commands() -> Vec<Command> {
                 created_by: "root".into(),
                 revoked: false,
                 uses: 0,
+                max_uses: Some(2),
             },
         },
         Command::RevokeToken {
@@ -515,6 +521,11 @@ pub fn commands() -> Vec<Command> {
             addr: "n4:7421".into(),
             preflight: false,
             now: now + 10,
+            cert_sha256: "ab".repeat(32),
+        },
+        Command::AllowReplace {
+            node: "n4".into(),
+            now: now + 11,
         },
     ]);
     out.extend(policy_changes().into_iter().map(|change| Command::Policy {

@@ -196,6 +196,7 @@ pub fn samples(store: &Store, _dir: &Path) -> Vec<Sample> {
         ApiRequest::TokenCreate {
             role: Role::Agent,
             ttl_secs: 3600,
+            uses: None,
         },
         ApiRequest::TokenList,
         ApiRequest::TokenRevoke { id: "abc".into() },

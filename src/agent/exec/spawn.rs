@@ -33,6 +33,7 @@
 use std::fs::{File, OpenOptions};
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, ExitStatus, Stdio};
@@ -191,7 +192,13 @@ impl Launcher {
                 }
             }
         }
-        spawn_shim(&self.program, dir, File::create(log_path)?)
+        let log = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(log_path)?;
+        spawn_shim(&self.program, dir, log)
     }
 }
 
@@ -246,6 +253,7 @@ fn serve_one(dir: &Path, log_path: &Path, node: &Node) -> io::Result<u32> {
     let log: OwnedFd = OpenOptions::new()
         .create(true)
         .append(true)
+        .mode(0o600)
         .open(log_path)?
         .into();
     let null: OwnedFd = File::open("/dev/null")?.into();
