@@ -113,10 +113,12 @@ pub fn schedule(seed: u64, counts: &[(Fault, usize)]) -> Vec<Fault> {
 pub struct Tmpfs(pub PathBuf);
 
 impl Tmpfs {
-    /// Mounts a tmpfs of `size` (e.g. `64m`) on `path`.
+    /// Mounts a tmpfs of `size` (e.g. `64m`) on `path`, mode 0700 as a
+    /// server wants its data dir (a tmpfs root is 1777 otherwise, and the
+    /// server refuses a data dir others can open).
     pub fn mount(path: &Path, size: &str) -> Tmpfs {
         std::fs::create_dir_all(path).unwrap();
-        let size = format!("size={size}");
+        let size = format!("size={size},mode=0700");
         let st = std::process::Command::new("mount")
             .args(["-t", "tmpfs", "-o", &size, "tmpfs"])
             .arg(path)
