@@ -111,10 +111,10 @@ pub struct Qos {
     pub max_gpus_per_job: Option<u32>,
     /// Accounts whose jobs may use this QoS. With `allowed_users`, both
     /// empty: everyone may.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
     pub allowed_accounts: BTreeSet<String>,
     /// Users who may use this QoS whatever their account.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
     pub allowed_users: BTreeSet<String>,
 }
 

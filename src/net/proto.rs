@@ -241,8 +241,9 @@ pub struct TokenInfo {
     pub created_by: String,
     pub revoked: bool,
     pub uses: u64,
-    /// How many uses it allows; `None`: any number until it expires.
-    #[serde(default)]
+    /// How many uses it allows; `None`: any number until it expires (left
+    /// out of the JSON then, as releases before it showed such a token).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_uses: Option<u64>,
 }
 
