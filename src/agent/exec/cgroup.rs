@@ -22,12 +22,13 @@
 
 use std::fs;
 use std::io;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 
-use super::fork::Target;
 use super::task::TaskSpec;
 
 /// The controllers gpuq needs to enforce limits.
@@ -72,6 +73,54 @@ pub(super) fn cg_err(action: &'static str, path: &Path) -> impl FnOnce(io::Error
         action,
         path,
         source,
+    }
+}
+
+/// A cgroup a child is to start in: its directory, open for `clone3`, and
+/// its `cgroup.procs`, open for the fallback, both opened before the fork.
+pub struct Target {
+    dir: OwnedFd,
+    procs: OwnedFd,
+    path: PathBuf,
+}
+
+impl Target {
+    /// Opens the cgroup directory `path`.
+    pub fn open(path: &Path) -> Result<Target, CgroupError> {
+        let dir = fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECTORY)
+            .open(path)
+            .map_err(cg_err("open cgroup", path))?;
+        let procs_path = path.join("cgroup.procs");
+        let procs = fs::OpenOptions::new()
+            .write(true)
+            .open(&procs_path)
+            .map_err(cg_err("open", &procs_path))?;
+        Ok(Target {
+            dir: dir.into(),
+            procs: procs.into(),
+            path: path.to_path_buf(),
+        })
+    }
+
+    /// The cgroup directory, open for `clone3`'s `CLONE_INTO_CGROUP`.
+    pub(super) fn dir_fd(&self) -> RawFd {
+        self.dir.as_raw_fd()
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Moves the calling process into the cgroup: for a child that `fork_into`
+    /// could not start there. Only a write(2), so it may run in a fork child.
+    pub fn join_self(&self) -> io::Result<()> {
+        // SAFETY: a write of one byte from a static buffer to an owned fd.
+        match unsafe { libc::write(self.procs.as_raw_fd(), b"0".as_ptr().cast(), 1) } {
+            1 => Ok(()),
+            _ => Err(io::Error::last_os_error()),
+        }
     }
 }
 
@@ -234,7 +283,7 @@ impl CgroupMode {
     }
 
     /// `<mount>/gpuq/shims`, created if need be, for a shim to start in
-    /// (`super::fork`); `None` without a cgroup2 mount.
+    /// (see `fork`); `None` without a cgroup2 mount.
     pub fn shims_target(&self) -> Result<Option<Target>, CgroupError> {
         let Some(dir) = self.gpuq_dir() else {
             return Ok(None);

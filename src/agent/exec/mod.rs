@@ -32,11 +32,10 @@ use nix::sys::signal::{kill, killpg, Signal};
 use nix::unistd::Pid;
 
 pub use cgroup::CgroupMode;
-pub use launch::Identity;
 pub use shim::shim_main;
 pub use spawn::serve as serve_shims;
 pub use task::{
-    LimitSignal, ProcessId, StopReason, TaskKey, TaskOutcome, TaskPid, TaskSpec, TaskStatus,
+    Identity, LimitSignal, ProcessId, StopReason, TaskKey, TaskOutcome, TaskPid, TaskSpec, TaskStatus,
 };
 
 use cgroup::TaskCgroup;

@@ -3,6 +3,7 @@
 //! the whole interface between the agent and a running task, which is what lets
 //! an agent restart and re-adopt its tasks: everything it needs is on disk.
 
+use std::ffi::CString;
 use std::fmt;
 use std::fs;
 use std::io::{self, Write};
@@ -12,7 +13,6 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
-use super::launch::Identity;
 use crate::model::{JobId, Millis, Program};
 
 /// The spec the agent writes for the shim.
@@ -143,6 +143,65 @@ impl TaskSpec {
             rank: self.rank,
         }
     }
+}
+
+/// Who the task runs as.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Identity {
+    pub name: String,
+    pub uid: u32,
+    pub gid: u32,
+    /// Supplementary groups, from the node's group database.
+    pub groups: Vec<u32>,
+}
+
+impl Identity {
+    /// Looks `user` up in this node's user and group databases (NSS). Errors
+    /// are sentences for the user.
+    pub fn lookup(user: &str) -> Result<Identity, String> {
+        let found = match nix::unistd::User::from_name(user) {
+            Ok(Some(found)) => found,
+            Ok(None) => return Err(format!("user {user} not found on node {}", hostname())),
+            Err(e) => {
+                return Err(format!(
+                    "cannot look up user {user} on node {}: {e}",
+                    hostname()
+                ))
+            }
+        };
+        let name = CString::new(user.as_bytes())
+            .map_err(|_| format!("user name {user:?} contains a NUL byte"))?;
+        let groups = nix::unistd::getgrouplist(&name, found.gid).map_err(|e| {
+            format!(
+                "cannot read the groups of user {user} on node {}: {e}",
+                hostname()
+            )
+        })?;
+        Ok(Identity {
+            name: user.to_string(),
+            uid: found.uid.as_raw(),
+            gid: found.gid.as_raw(),
+            groups: groups.into_iter().map(|g| g.as_raw()).collect(),
+        })
+    }
+
+    /// The identity, unless it is root and the cluster does not allow that.
+    pub fn allowed(self, allow_root: bool) -> Result<Identity, String> {
+        if self.uid == 0 && !allow_root {
+            return Err(format!(
+                "refusing to run the task as {} (uid 0); root tasks are not allowed on this cluster",
+                self.name
+            ));
+        }
+        Ok(self)
+    }
+}
+
+/// This node's name, for messages.
+pub fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_else(|_| "(unknown)".to_string())
 }
 
 /// Why a task is being stopped.
