@@ -307,11 +307,7 @@ impl CgroupMode {
         };
         use sha2::Digest;
         let digest = sha2::Sha256::digest(task_dir.as_os_str().as_encoded_bytes());
-        let path = dir.join(format!(
-            "{}-{}",
-            spec.key().dir_name(),
-            hex::encode(&digest[..4])
-        ));
+        let path = dir.join(format!("{}-{}", spec.key, hex::encode(&digest[..4])));
         create_dir(&path)?;
         let cgroup = TaskCgroup {
             path,

@@ -4,16 +4,14 @@
 //! an agent restart and re-adopt its tasks: everything it needs is on disk.
 
 use std::ffi::CString;
-use std::fmt;
 use std::fs;
 use std::io::{self, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
-use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
-use crate::model::{JobId, Millis, Program};
+use crate::model::{Millis, Program, TaskKey};
 
 /// The spec the agent writes for the shim.
 pub const TASK_FILE: &str = "task.json";
@@ -29,48 +27,6 @@ pub const STATUS_FILE: &str = "status.json";
 pub const SCRIPT_FILE: &str = "script";
 /// The shim's own log (its stdout and stderr).
 pub const SHIM_LOG_FILE: &str = "shim.log";
-
-/// Names one task of one attempt of a job: the key reports are made with.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-pub struct TaskKey {
-    pub job: JobId,
-    /// The job's restart count when this task was started.
-    pub attempt: u32,
-    /// Global rank of the task within the job.
-    pub rank: u32,
-}
-
-impl TaskKey {
-    /// The task directory's name: `<job>.<attempt>.<rank>`.
-    pub fn dir_name(&self) -> String {
-        self.to_string()
-    }
-}
-
-impl fmt::Display for TaskKey {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}.{}.{}", self.job, self.attempt, self.rank)
-    }
-}
-
-impl FromStr for TaskKey {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let bad = || format!("{s:?} is not a task key of the form <job>.<attempt>.<rank>");
-        let mut parts = s.split('.');
-        let (Some(job), Some(attempt), Some(rank), None) =
-            (parts.next(), parts.next(), parts.next(), parts.next())
-        else {
-            return Err(bad());
-        };
-        Ok(TaskKey {
-            job: JobId(job.parse().map_err(|_| bad())?),
-            attempt: attempt.parse().map_err(|_| bad())?,
-            rank: rank.parse().map_err(|_| bad())?,
-        })
-    }
-}
 
 /// A signal sent some time before the time limit (`--signal USR1@60`).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -90,11 +46,10 @@ pub struct LimitSignal {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TaskSpec {
-    pub job: JobId,
-    /// The job's restart count.
-    pub attempt: u32,
-    /// Global rank.
-    pub rank: u32,
+    /// Which task: `job`, `attempt` and `rank` in the file, as before the
+    /// key was a type, so a task started by an older agent is re-adopted.
+    #[serde(flatten)]
+    pub key: TaskKey,
     pub node_rank: u32,
     pub local_rank: u32,
     /// The user, resolved by name on this node.
@@ -133,16 +88,6 @@ pub struct TaskSpec {
     /// launch. `None`: the shim looks the user up itself.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub identity: Option<Identity>,
-}
-
-impl TaskSpec {
-    pub fn key(&self) -> TaskKey {
-        TaskKey {
-            job: self.job,
-            attempt: self.attempt,
-            rank: self.rank,
-        }
-    }
 }
 
 /// Who the task runs as.
@@ -370,19 +315,47 @@ pub fn now_ms() -> Millis {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::JobId;
 
+    /// A `task.json` as agents wrote it before the key was a type: a new
+    /// agent re-adopting the task must still read it, and unknown fields are
+    /// still refused.
     #[test]
-    fn key_round_trips_through_its_dir_name() {
-        let key = TaskKey {
-            job: JobId(42),
-            attempt: 3,
-            rank: 17,
-        };
-        assert_eq!(key.dir_name(), "42.3.17");
-        assert_eq!(key.dir_name().parse::<TaskKey>(), Ok(key));
-        for bad in ["42.3", "42.3.17.1", "a.b.c", "", "42..1", "shim.log"] {
-            assert!(bad.parse::<TaskKey>().is_err(), "{bad}");
-        }
+    fn a_task_file_of_an_earlier_agent_still_reads() {
+        let before = serde_json::json!({
+            "job": 7,
+            "attempt": 2,
+            "rank": 5,
+            "node_rank": 1,
+            "local_rank": 1,
+            "user": "alice",
+            "allow_root": false,
+            "program": {"Command": {"argv": ["true"]}},
+            "workdir": "/tmp",
+            "env": [["A", "1"]],
+            "stdout": "/tmp/o",
+            "stderr": "/tmp/o",
+            "cpus": [],
+            "cpu_count": 1,
+            "memory_mb": null,
+            "pids_max": null,
+            "time_limit_secs": null,
+            "kill_grace_secs": 10,
+            "signal_before_limit": null
+        });
+        let spec: TaskSpec = serde_json::from_value(before.clone()).unwrap();
+        assert_eq!(
+            spec.key,
+            TaskKey {
+                job: JobId(7),
+                attempt: 2,
+                rank: 5
+            }
+        );
+        assert_eq!(serde_json::to_value(&spec).unwrap(), before);
+        let mut unknown = before;
+        unknown["surprise"] = serde_json::json!(1);
+        assert!(serde_json::from_value::<TaskSpec>(unknown).is_err());
     }
 
     #[test]
