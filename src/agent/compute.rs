@@ -8,6 +8,9 @@
 //!
 //! While no leader is reachable, running tasks keep running: nothing is
 //! started or stopped on a desired state that may be stale.
+//!
+//! This file is the connection; the reconcile step and the event batches are
+//! the `ledger`'s, and what runs the tasks is a `runner::TaskRunner`.
 
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -2,8 +2,8 @@
 //! tasks (`TaskRunner`: start, stop, scan, forget, all by `TaskKey`), and the
 //! real one, `ExecRunner`. It turns a `DesiredTask` from the leader into a
 //! shim's `TaskSpec` (the torchrun env contract, output paths, this rank's
-//! share of the node's GPUs, CPUs and memory) and maps shim outcomes to
-//! `TaskEnd`. The simulator's runner (`sim::runner`) implements the same
+//! share of the node's GPUs, CPUs and memory) and reports the shim's
+//! outcomes as `TaskEnd`s. The simulator's runner (`sim::runner`) implements the same
 //! trait in memory.
 //!
 //! A runner reports a task as `Observed`: running, or ended the way the
@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use super::exec::env::{gpus_for_local_rank, output_paths, task_env, PatternVars, TaskContext};
-use super::exec::{Executor, StopReason, TaskObserved, TaskOutcome, TaskSpec};
+use super::exec::{Executor, StopReason, TaskObserved, TaskSpec};
 use crate::model::{TaskEnd, TaskKey};
 use crate::net::agent_proto::DesiredTask;
 
@@ -63,23 +63,6 @@ pub struct ExecRunner {
     /// Ends already read from a task's `status.json` (an end never changes),
     /// so each reconcile reads only the directories of running tasks.
     pub ended: Mutex<HashMap<TaskKey, TaskEnd>>,
-}
-
-/// Maps the shim's outcome to the replicated state's words.
-pub fn task_end(outcome: &TaskOutcome) -> TaskEnd {
-    match outcome {
-        TaskOutcome::Completed => TaskEnd::Completed,
-        TaskOutcome::Failed { code, signal, .. } => TaskEnd::Failed {
-            exit_code: *code,
-            signal: *signal,
-        },
-        TaskOutcome::Timeout => TaskEnd::Timeout,
-        TaskOutcome::Cancelled { .. } => TaskEnd::Cancelled,
-        TaskOutcome::OutOfMemory => TaskEnd::OutOfMemory,
-        TaskOutcome::LaunchFailed { reason } => TaskEnd::LaunchFailed {
-            reason: reason.clone(),
-        },
-    }
 }
 
 /// Builds the shim's spec for one desired task.
@@ -166,7 +149,7 @@ impl TaskRunner for ExecRunner {
                 }
                 let observed = match self.executor.observe(key) {
                     TaskObserved::Running { .. } => Observed::Running,
-                    TaskObserved::Ended(status) => Observed::Ended(task_end(&status.outcome)),
+                    TaskObserved::Ended(status) => Observed::Ended(status.outcome.end()),
                     // The shim is gone without a status (killed, or its
                     // directory damaged): nothing will ever report this
                     // task, so it counts as lost and its job moves on.

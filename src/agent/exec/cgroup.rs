@@ -1,6 +1,8 @@
 //! The task's cgroup (v2): limits (memory.max, cpu.max or cpuset.cpus,
 //! pids.max), OOM accounting (memory.events) and stopping the whole process
-//! tree at once (cgroup.kill).
+//! tree at once (cgroup.kill); and `Target`, a cgroup opened for a child to
+//! be born in (the shim in `gpuq/shims`, the task in its own; `fork` does the
+//! birth).
 //!
 //! Layout: `<mount>/gpuq/<job>.<attempt>.<rank>` per task, and
 //! `<mount>/gpuq/shims` where every shim starts (see `fork`), so a shim is neither

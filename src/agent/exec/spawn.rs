@@ -5,7 +5,7 @@
 //! faults that follow land on the agent. So the agent `posix_spawn`s
 //! `gpuq shim --task-dir DIR` (the standard library uses it when no closure
 //! runs before exec), and the freshly started, small, single-threaded shim
-//! detaches itself:
+//! detaches itself (`shim::detach`, its first step):
 //!
 //! 1. it blocks the signals the shim waits on with `sigtimedwait`, so a stop
 //!    sent while it starts is queued instead of killing it;

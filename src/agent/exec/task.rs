@@ -2,6 +2,14 @@
 //! the shim leaves behind (`pid`, `shim.pid`, `status.json`). These files are
 //! the whole interface between the agent and a running task, which is what lets
 //! an agent restart and re-adopt its tasks: everything it needs is on disk.
+//! So the types written here (`TaskSpec` with its `Identity`, `TaskStatus`,
+//! `TaskPid`) must stay readable by the next agent and shim binaries: a field
+//! may be added with a default, never renamed. The task's `TaskKey` is
+//! flattened into `task.json` as the `job`, `attempt` and `rank` it always had.
+//!
+//! `TaskOutcome` is the shim's own record of how the task ended, with what
+//! only the node knows (the failure's words, which stop it was); the leader
+//! is told the coarser `TaskEnd` of it (`TaskOutcome::end`).
 
 use std::ffi::CString;
 use std::fs;
@@ -11,7 +19,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::model::{Millis, Program, TaskKey};
+use crate::model::{Millis, Program, TaskEnd, TaskKey};
 
 /// The spec the agent writes for the shim.
 pub const TASK_FILE: &str = "task.json";
@@ -177,7 +185,7 @@ impl StopReason {
     }
 }
 
-/// How a task ended.
+/// How a task ended, as the shim records it in `status.json`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum TaskOutcome {
     /// Exited with code 0.
@@ -199,6 +207,24 @@ pub enum TaskOutcome {
 }
 
 impl TaskOutcome {
+    /// What the leader is told of this outcome: the failure's words and
+    /// which stop it was stay on the node.
+    pub fn end(&self) -> TaskEnd {
+        match self {
+            TaskOutcome::Completed => TaskEnd::Completed,
+            TaskOutcome::Failed { code, signal, .. } => TaskEnd::Failed {
+                exit_code: *code,
+                signal: *signal,
+            },
+            TaskOutcome::Timeout => TaskEnd::Timeout,
+            TaskOutcome::Cancelled { .. } => TaskEnd::Cancelled,
+            TaskOutcome::OutOfMemory => TaskEnd::OutOfMemory,
+            TaskOutcome::LaunchFailed { reason } => TaskEnd::LaunchFailed {
+                reason: reason.clone(),
+            },
+        }
+    }
+
     /// The exit code in Slurm's sense: the code, or 128 + the signal; none when
     /// the program never ran.
     pub fn exit_code(&self) -> Option<i32> {
