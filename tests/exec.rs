@@ -10,10 +10,10 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use gpuq::agent::exec::{
-    CgroupMode, ExecError, Executor, Identity, LimitSignal, ProcessId, StopReason, TaskKey,
-    TaskObserved, TaskOutcome, TaskSpec, TaskStatus,
+    CgroupMode, ExecError, Executor, Identity, LimitSignal, ProcessId, StopReason, TaskObserved,
+    TaskOutcome, TaskSpec, TaskStatus,
 };
-use gpuq::model::{JobId, Program};
+use gpuq::model::{JobId, Program, TaskKey};
 
 const GPUQ: &str = env!("CARGO_BIN_EXE_gpuq");
 const TEST_USER: &str = "gpuqt-exec";
@@ -47,9 +47,11 @@ fn fixture() -> Fixture {
 
 fn command(job: u64, argv: &[&str], workdir: &Path) -> TaskSpec {
     TaskSpec {
-        job: JobId(job),
-        attempt: 0,
-        rank: 0,
+        key: TaskKey {
+            job: JobId(job),
+            attempt: 0,
+            rank: 0,
+        },
         node_rank: 0,
         local_rank: 0,
         user: "root".to_string(),
@@ -172,7 +174,7 @@ fn a_command_completes_with_its_output_and_only_its_environment() {
     spec.env.push(("GREETING".into(), "hello".into()));
     spec.stderr = f.work.join("gpuq-1.err");
     f.exec.start(&spec).unwrap();
-    let status = wait_ended(&f.exec, spec.key());
+    let status = wait_ended(&f.exec, spec.key);
     assert_eq!(status.outcome, TaskOutcome::Completed);
     assert!(status.start_ms.is_some_and(|s| s <= status.end_ms));
     assert_eq!(
@@ -187,7 +189,7 @@ fn a_non_zero_exit_is_failed_with_its_code() {
     let f = fixture();
     let spec = sh(2, "exit 3", &f.work);
     f.exec.start(&spec).unwrap();
-    let status = wait_ended(&f.exec, spec.key());
+    let status = wait_ended(&f.exec, spec.key);
     match &status.outcome {
         TaskOutcome::Failed { code, reason, .. } => {
             assert_eq!(*code, Some(3));
@@ -207,7 +209,7 @@ fn a_task_is_not_started_twice() {
         f.exec.start(&spec),
         Err(ExecError::AlreadyStarted { .. })
     ));
-    wait_ended(&f.exec, spec.key());
+    wait_ended(&f.exec, spec.key);
 }
 
 #[test]
@@ -222,7 +224,7 @@ fn a_shim_that_cannot_be_started_leaves_nothing_behind() {
     // The same key can be started once the shim is there.
     f.exec.start(&spec).unwrap();
     assert_eq!(
-        wait_ended(&f.exec, spec.key()).outcome,
+        wait_ended(&f.exec, spec.key).outcome,
         TaskOutcome::Completed
     );
 }
@@ -233,7 +235,7 @@ fn an_unknown_user_is_a_launch_failure_naming_the_user() {
     let mut spec = sh(4, "exit 0", &f.work);
     spec.user = "gpuq-nobody-by-this-name".into();
     f.exec.start(&spec).unwrap();
-    let status = wait_ended(&f.exec, spec.key());
+    let status = wait_ended(&f.exec, spec.key);
     let reason = launch_failure(&status);
     assert!(
         reason.contains("user gpuq-nobody-by-this-name not found on node"),
@@ -259,7 +261,7 @@ fn the_identity_the_agent_resolved_is_used_as_given() {
     });
     f.exec.start(&spec).unwrap();
     assert_eq!(
-        wait_ended(&f.exec, spec.key()).outcome,
+        wait_ended(&f.exec, spec.key).outcome,
         TaskOutcome::Completed
     );
     assert_eq!(
@@ -273,13 +275,13 @@ fn the_agent_writes_the_users_identity_into_the_task() {
     let f = fixture();
     let spec = sh(41, "sleep 30", &f.work);
     f.exec.start(&spec).unwrap();
-    let written: TaskSpec = task_file(&f.exec, spec.key(), "task.json");
+    let written: TaskSpec = task_file(&f.exec, spec.key, "task.json");
     let identity = written.identity.expect("the agent resolved root");
     assert_eq!(
         (identity.name.as_str(), identity.uid, identity.gid),
         ("root", 0, 0)
     );
-    cancel_and_wait(&f.exec, spec.key());
+    cancel_and_wait(&f.exec, spec.key);
 }
 
 #[test]
@@ -287,11 +289,11 @@ fn a_shim_is_named_gpuq_shim() {
     let f = fixture();
     let spec = sh(45, "sleep 30", &f.work);
     f.exec.start(&spec).unwrap();
-    wait_running(&f.exec, spec.key());
-    let shim: ProcessId = task_file(&f.exec, spec.key(), "shim.pid");
+    wait_running(&f.exec, spec.key);
+    let shim: ProcessId = task_file(&f.exec, spec.key, "shim.pid");
     let comm = fs::read_to_string(format!("/proc/{}/comm", shim.pid)).unwrap();
     assert_eq!(comm, "gpuq-shim\n");
-    cancel_and_wait(&f.exec, spec.key());
+    cancel_and_wait(&f.exec, spec.key);
 }
 
 #[test]
@@ -300,7 +302,7 @@ fn a_launcher_that_died_is_replaced() {
     let first = sh(42, "exit 0", &f.work);
     f.exec.start(&first).unwrap();
     assert_eq!(
-        wait_ended(&f.exec, first.key()).outcome,
+        wait_ended(&f.exec, first.key).outcome,
         TaskOutcome::Completed
     );
     let launcher = f
@@ -318,7 +320,7 @@ fn a_launcher_that_died_is_replaced() {
         let spec = sh(job, "exit 0", &f.work);
         f.exec.start(&spec).unwrap();
         assert_eq!(
-            wait_ended(&f.exec, spec.key()).outcome,
+            wait_ended(&f.exec, spec.key).outcome,
             TaskOutcome::Completed
         );
     }
@@ -333,7 +335,7 @@ fn root_is_refused_unless_allowed() {
     let mut spec = sh(5, "exit 0", &f.work);
     spec.allow_root = false;
     f.exec.start(&spec).unwrap();
-    let status = wait_ended(&f.exec, spec.key());
+    let status = wait_ended(&f.exec, spec.key);
     assert!(launch_failure(&status).contains("uid 0"));
 }
 
@@ -344,7 +346,7 @@ fn a_missing_workdir_is_a_launch_failure_naming_it() {
     let mut spec = sh(6, "exit 0", &f.work);
     spec.workdir = missing.clone();
     f.exec.start(&spec).unwrap();
-    let status = wait_ended(&f.exec, spec.key());
+    let status = wait_ended(&f.exec, spec.key);
     let reason = launch_failure(&status);
     assert!(reason.contains(missing.to_str().unwrap()), "{reason}");
     assert!(reason.contains("No such file or directory"), "{reason}");
@@ -358,19 +360,19 @@ fn a_program_that_cannot_be_executed_is_a_launch_failure_naming_it() {
     fs::set_permissions(&program, fs::Permissions::from_mode(0o644)).unwrap();
     let spec = command(7, &[program.to_str().unwrap()], &f.work);
     f.exec.start(&spec).unwrap();
-    let reason = launch_failure(&wait_ended(&f.exec, spec.key())).to_string();
+    let reason = launch_failure(&wait_ended(&f.exec, spec.key)).to_string();
     assert!(reason.contains(program.to_str().unwrap()), "{reason}");
     assert!(reason.contains("Permission denied"), "{reason}");
 
     // A program that exits 127 on its own is not a launch failure.
     let spec = sh(8, "exit 127", &f.work);
     f.exec.start(&spec).unwrap();
-    let status = wait_ended(&f.exec, spec.key());
+    let status = wait_ended(&f.exec, spec.key);
     assert_eq!(status.outcome.exit_code(), Some(127));
 
     let spec = command(9, &["gpuq-no-such-command"], &f.work);
     f.exec.start(&spec).unwrap();
-    let reason = launch_failure(&wait_ended(&f.exec, spec.key())).to_string();
+    let reason = launch_failure(&wait_ended(&f.exec, spec.key)).to_string();
     assert!(
         reason.contains("\"gpuq-no-such-command\" not found in PATH /usr/bin:/bin"),
         "{reason}"
@@ -386,7 +388,7 @@ fn an_output_file_the_user_cannot_write_is_a_launch_failure_naming_it() {
     spec.user = TEST_USER.into();
     spec.allow_root = false;
     f.exec.start(&spec).unwrap();
-    let reason = launch_failure(&wait_ended(&f.exec, spec.key())).to_string();
+    let reason = launch_failure(&wait_ended(&f.exec, spec.key)).to_string();
     assert!(reason.contains(spec.stdout.to_str().unwrap()), "{reason}");
     assert!(reason.contains("Permission denied"), "{reason}");
     assert!(
@@ -408,7 +410,7 @@ fn a_script_runs_as_the_user_and_what_it_writes_is_theirs() {
         content: "#!/bin/sh\nid -un\nid -u\ntouch made-by-task\n".into(),
     };
     f.exec.start(&spec).unwrap();
-    let status = wait_ended(&f.exec, spec.key());
+    let status = wait_ended(&f.exec, spec.key);
     assert_eq!(status.outcome, TaskOutcome::Completed, "{status:?}");
     assert_eq!(
         fs::read_to_string(&spec.stdout).unwrap(),
@@ -431,7 +433,7 @@ fn the_time_limit_ends_the_task_and_its_whole_tree() {
     spec.time_limit_secs = Some(1);
     spec.kill_grace_secs = 1;
     f.exec.start(&spec).unwrap();
-    let status = wait_ended(&f.exec, spec.key());
+    let status = wait_ended(&f.exec, spec.key);
     assert_eq!(status.outcome, TaskOutcome::Timeout);
     for file in ["bg.pid", "away.pid"] {
         let pid: u32 = fs::read_to_string(f.work.join(file))
@@ -460,7 +462,7 @@ fn a_signal_warns_the_task_before_its_time_limit() {
         batch_only: false,
     });
     f.exec.start(&spec).unwrap();
-    let status = wait_ended(&f.exec, spec.key());
+    let status = wait_ended(&f.exec, spec.key);
     assert_eq!(status.outcome, TaskOutcome::Completed, "{status:?}");
     assert!(fs::read_to_string(&spec.stdout).unwrap().contains("warned"));
 }
@@ -470,9 +472,9 @@ fn stop_cancels_a_running_task_with_its_reason() {
     let f = fixture();
     let spec = sh(14, "sleep 1000", &f.work);
     f.exec.start(&spec).unwrap();
-    let pid = wait_running(&f.exec, spec.key());
-    f.exec.stop(spec.key(), StopReason::Preempt).unwrap();
-    let status = wait_ended(&f.exec, spec.key());
+    let pid = wait_running(&f.exec, spec.key);
+    f.exec.stop(spec.key, StopReason::Preempt).unwrap();
+    let status = wait_ended(&f.exec, spec.key);
     assert_eq!(
         status.outcome,
         TaskOutcome::Cancelled {
@@ -481,9 +483,9 @@ fn stop_cancels_a_running_task_with_its_reason() {
     );
     assert!(process_gone(pid));
     // Stopping an ended task changes nothing.
-    assert_eq!(cancel_and_wait(&f.exec, spec.key()), status);
-    f.exec.forget(spec.key()).unwrap();
-    assert!(!f.exec.task_dir(spec.key()).exists());
+    assert_eq!(cancel_and_wait(&f.exec, spec.key), status);
+    f.exec.forget(spec.key).unwrap();
+    assert!(!f.exec.task_dir(spec.key).exists());
     assert!(f.exec.scan().is_empty());
 }
 
@@ -492,8 +494,8 @@ fn a_task_whose_shim_died_is_unknown_and_forget_kills_it() {
     let f = fixture();
     let spec = sh(15, "sleep 1000", &f.work);
     f.exec.start(&spec).unwrap();
-    let pid = wait_running(&f.exec, spec.key());
-    let TaskObserved::Running { shim_pid, .. } = f.exec.observe(spec.key()) else {
+    let pid = wait_running(&f.exec, spec.key);
+    let TaskObserved::Running { shim_pid, .. } = f.exec.observe(spec.key) else {
         panic!("not running");
     };
     nix::sys::signal::kill(
@@ -502,13 +504,13 @@ fn a_task_whose_shim_died_is_unknown_and_forget_kills_it() {
     )
     .unwrap();
     let reason = wait_for("the shim to be seen dead", || {
-        match f.exec.observe(spec.key()) {
+        match f.exec.observe(spec.key) {
             TaskObserved::Unknown { reason } => Some(reason),
             _ => None,
         }
     });
     assert!(reason.contains("still runs"), "{reason}");
-    f.exec.forget(spec.key()).unwrap();
+    f.exec.forget(spec.key).unwrap();
     wait_for("the orphaned task to be killed", || {
         process_gone(pid).then_some(())
     });
@@ -588,6 +590,6 @@ fn a_task_over_its_memory_limit_is_out_of_memory() {
     );
     spec.memory_mb = Some(32);
     f.exec.start(&spec).unwrap();
-    let status = wait_ended(&f.exec, spec.key());
+    let status = wait_ended(&f.exec, spec.key);
     assert_eq!(status.outcome, TaskOutcome::OutOfMemory, "{status:?}");
 }

@@ -8,6 +8,9 @@
 //!
 //! While no leader is reachable, running tasks keep running: nothing is
 //! started or stopped on a desired state that may be stale.
+//!
+//! This file is the connection; the reconcile step and the event batches are
+//! the `ledger`'s, and what runs the tasks is a `runner::TaskRunner`.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -16,46 +19,13 @@ use std::time::Duration;
 use tokio::sync::{mpsc, watch};
 
 use super::gpu::GpuBackend;
-use super::ledger::{key_of, Ledger};
+use super::ledger::Ledger;
+use super::runner::TaskRunner;
 use super::servers::{Backoff, ServerList};
-use crate::model::{NodeInventory, Role, TaskEnd};
-use crate::net::agent_proto::{AgentHello, AgentMsg, DesiredTask, ServerMsg};
+use crate::model::{NodeInventory, Role};
+use crate::net::agent_proto::{AgentHello, AgentMsg, ServerMsg};
 use crate::net::endpoint::{Endpoint, ALPN_AGENT};
 use crate::net::frame::{read_frame, write_frame, DEFAULT_MAX_FRAME};
-
-/// A task's key: (job, attempt, rank).
-pub type TaskKey = (u64, u32, u32);
-
-/// What the runner sees of a task.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Observed {
-    Running,
-    Ended(TaskEnd),
-}
-
-/// Runs tasks on this node: real processes under shims, or simulated ones.
-pub trait TaskRunner: Send + Sync + 'static {
-    /// Starts a task; an error is a launch failure reported for the rank.
-    fn start(&self, task: &DesiredTask) -> Result<(), String>;
-    /// Asks a running task to stop (signal, grace, kill).
-    fn stop(&self, key: TaskKey);
-    /// Every task the runner knows of, running or ended, including tasks
-    /// started by an earlier agent process (re-adoption).
-    fn scan(&self) -> Vec<(TaskKey, Observed)>;
-    /// Drops an ended task whose end was committed.
-    fn forget(&self, key: TaskKey);
-    /// How many starts may run at once in one reconcile step. Real tasks
-    /// start in parallel, so the ranks of a gang on one node start together
-    /// rather than one after another (each start writes files and waits for
-    /// its shim to detach); in-memory runners gain nothing from threads.
-    fn parallel_starts(&self) -> usize {
-        1
-    }
-    /// Where the task's stdout goes, for `gpuq logs`.
-    fn output_path(&self, _key: TaskKey) -> Option<std::path::PathBuf> {
-        None
-    }
-}
 
 /// How a compute agent reaches the control plane.
 pub struct ComputeAgent {
@@ -295,7 +265,7 @@ impl ComputeAgent {
             tokio::select! {
                 m = rx.recv() => match m {
                     Some(ServerMsg::Desired { tasks, .. }) => {
-                        ledger.desired = Some(tasks.into_iter().map(|t| (key_of(&t), t)).collect());
+                        ledger.desired = Some(tasks.into_iter().map(|t| (t.key, t)).collect());
                         reconcile = true;
                     }
                     Some(ServerMsg::EventsCommitted { seq }) => {

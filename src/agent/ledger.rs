@@ -5,22 +5,9 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use super::compute::{Observed, TaskKey, TaskRunner};
-use crate::model::{TaskEnd, TaskEvent, TaskEventKind};
+use super::runner::{Observed, TaskRunner};
+use crate::model::{TaskEnd, TaskEvent, TaskEventKind, TaskKey};
 use crate::net::agent_proto::DesiredTask;
-
-pub(super) fn key_of(t: &DesiredTask) -> TaskKey {
-    (t.job.0, t.attempt, t.rank)
-}
-
-fn event(key: TaskKey, kind: TaskEventKind) -> TaskEvent {
-    TaskEvent {
-        job: crate::model::JobId(key.0),
-        attempt: key.1,
-        rank: key.2,
-        kind,
-    }
-}
 
 /// Starts the tasks, up to the runner's `parallel_starts` at a time;
 /// results in order.
@@ -86,7 +73,10 @@ impl Ledger {
             match obs {
                 Observed::Running => {
                     if self.started_reported.insert(key) {
-                        events.push(event(key, TaskEventKind::Started));
+                        events.push(TaskEvent {
+                            key,
+                            kind: TaskEventKind::Started,
+                        });
                     }
                     if desired == Some(false) {
                         runner.stop(key);
@@ -96,10 +86,16 @@ impl Ledger {
                     if self.started_reported.insert(key)
                         && !matches!(end, TaskEnd::LaunchFailed { .. })
                     {
-                        events.push(event(key, TaskEventKind::Started));
+                        events.push(TaskEvent {
+                            key,
+                            kind: TaskEventKind::Started,
+                        });
                     }
                     if self.ended_reported.insert(key) {
-                        events.push(event(key, TaskEventKind::Ended(end)));
+                        events.push(TaskEvent {
+                            key,
+                            kind: TaskEventKind::Ended(end),
+                        });
                     }
                     if self.ended_committed.contains(&key) && desired == Some(false) {
                         runner.forget(key);
@@ -123,17 +119,20 @@ impl Ledger {
                 // Launched: report it now rather than at the next scan.
                 Ok(()) => {
                     if self.started_reported.insert(key) {
-                        events.push(event(key, TaskEventKind::Started));
+                        events.push(TaskEvent {
+                            key,
+                            kind: TaskEventKind::Started,
+                        });
                     }
                 }
                 Err(reason) => {
-                    tracing::warn!(job = key.0, rank = key.2, %reason, "task could not start");
+                    tracing::warn!(job = key.job.0, rank = key.rank, %reason, "task could not start");
                     self.started_reported.insert(key);
                     self.ended_reported.insert(key);
-                    events.push(event(
+                    events.push(TaskEvent {
                         key,
-                        TaskEventKind::Ended(TaskEnd::LaunchFailed { reason }),
-                    ));
+                        kind: TaskEventKind::Ended(TaskEnd::LaunchFailed { reason }),
+                    });
                 }
             }
         }
@@ -155,7 +154,7 @@ impl Ledger {
             if let Some(batch) = self.unacked.remove(&s) {
                 for ev in batch {
                     if let TaskEventKind::Ended(_) = ev.kind {
-                        self.ended_committed.insert((ev.job.0, ev.attempt, ev.rank));
+                        self.ended_committed.insert(ev.key);
                     }
                 }
             }
@@ -169,6 +168,14 @@ mod tests {
 
     use super::*;
     use crate::model::{JobId, Program};
+
+    fn key(job: u64, rank: u32) -> TaskKey {
+        TaskKey {
+            job: JobId(job),
+            attempt: 0,
+            rank,
+        }
+    }
 
     #[derive(Default)]
     struct FakeRunner {
@@ -187,11 +194,11 @@ mod tests {
             if *self.refuse.lock().unwrap() {
                 return Err("no shim".into());
             }
-            self.started.lock().unwrap().push(key_of(task));
+            self.started.lock().unwrap().push(task.key);
             self.tasks
                 .lock()
                 .unwrap()
-                .insert(key_of(task), Observed::Running);
+                .insert(task.key, Observed::Running);
             Ok(())
         }
         fn stop(&self, key: TaskKey) {
@@ -212,9 +219,7 @@ mod tests {
 
     fn task(job: u64, rank: u32) -> DesiredTask {
         DesiredTask {
-            job: JobId(job),
-            attempt: 0,
-            rank,
+            key: key(job, rank),
             node_rank: 0,
             local_rank: rank,
             ntasks_per_node: 2,
@@ -243,7 +248,7 @@ mod tests {
     }
 
     fn desire(ledger: &mut Ledger, tasks: &[DesiredTask]) {
-        ledger.desired = Some(tasks.iter().map(|t| (key_of(t), t.clone())).collect());
+        ledger.desired = Some(tasks.iter().map(|t| (t.key, t.clone())).collect());
     }
 
     #[test]
@@ -266,16 +271,19 @@ mod tests {
             .tasks
             .lock()
             .unwrap()
-            .insert((1, 0, 0), Observed::Ended(TaskEnd::Completed));
+            .insert(key(1, 0), Observed::Ended(TaskEnd::Completed));
         let ev = ledger.reconcile(&runner);
         assert_eq!(
             ev,
-            vec![event((1, 0, 0), TaskEventKind::Ended(TaskEnd::Completed))]
+            vec![TaskEvent {
+                key: key(1, 0),
+                kind: TaskEventKind::Ended(TaskEnd::Completed)
+            }]
         );
         // Still desired (the other rank runs): kept, not restarted.
         ledger.reconcile(&runner);
         assert_eq!(runner.started.lock().unwrap().len(), 2);
-        assert!(runner.tasks.lock().unwrap().contains_key(&(1, 0, 0)));
+        assert!(runner.tasks.lock().unwrap().contains_key(&key(1, 0)));
     }
 
     #[test]
@@ -290,12 +298,12 @@ mod tests {
         let ev = ledger.reconcile(&runner);
         let mut started = runner.started.lock().unwrap().clone();
         started.sort();
-        let want: Vec<TaskKey> = (0..7).map(|rank| (5, 0, rank)).collect();
+        let want: Vec<TaskKey> = (0..7).map(|rank| key(5, rank)).collect();
         assert_eq!(started, want, "every rank started exactly once");
         let mut reported: Vec<TaskKey> = ev
             .iter()
             .filter(|e| e.kind == TaskEventKind::Started)
-            .map(|e| (e.job.0, e.attempt, e.rank))
+            .map(|e| e.key)
             .collect();
         reported.sort();
         assert_eq!(reported, want, "each start reported once");
@@ -326,13 +334,13 @@ mod tests {
             .tasks
             .lock()
             .unwrap()
-            .insert((2, 0, 0), Observed::Ended(TaskEnd::Completed));
+            .insert(key(2, 0), Observed::Ended(TaskEnd::Completed));
         let ev = ledger.reconcile(&runner);
         let (seq, _) = ledger.queue(ev).unwrap();
         desire(&mut ledger, &[]);
         ledger.reconcile(&runner);
         assert!(
-            runner.tasks.lock().unwrap().contains_key(&(2, 0, 0)),
+            runner.tasks.lock().unwrap().contains_key(&key(2, 0)),
             "kept until committed"
         );
         ledger.committed(seq);
@@ -352,14 +360,14 @@ mod tests {
             .tasks
             .lock()
             .unwrap()
-            .insert((3, 0, 0), Observed::Running);
+            .insert(key(3, 0), Observed::Running);
         // No desired state yet (no leader): observe only.
         let ev = ledger.reconcile(&runner);
         assert_eq!(ev.len(), 1, "the re-adopted task's start is reported");
         assert!(runner.stopped.lock().unwrap().is_empty());
         desire(&mut ledger, &[]);
         ledger.reconcile(&runner);
-        assert_eq!(*runner.stopped.lock().unwrap(), vec![(3, 0, 0)]);
+        assert_eq!(*runner.stopped.lock().unwrap(), vec![key(3, 0)]);
     }
 
     #[test]

@@ -8,10 +8,11 @@ use std::time::Duration;
 use anyhow::Context;
 use tokio::sync::watch;
 
-use super::compute::{ComputeAgent, TaskRunner};
+use super::compute::ComputeAgent;
 use super::exec::Executor;
 use super::host::HostConfig;
 use super::login::{serve_local, Forwarder};
+use super::runner::TaskRunner;
 use super::runner::{tasks_root, ExecRunner};
 use crate::config::AgentConfig;
 use crate::model::Role;

@@ -1,16 +1,56 @@
-//! The real task runner: turns a `DesiredTask` from the leader into a shim's
-//! `TaskSpec` (the torchrun env contract, output paths, this rank's share of
-//! the node's GPUs, CPUs and memory) and maps shim outcomes to `TaskEnd`.
+//! Task runners: what the compute agent's ledger asks of whatever runs its
+//! tasks (`TaskRunner`: start, stop, scan, forget, all by `TaskKey`), and the
+//! real one, `ExecRunner`. It turns a `DesiredTask` from the leader into a
+//! shim's `TaskSpec` (the torchrun env contract, output paths, this rank's
+//! share of the node's GPUs, CPUs and memory) and reports the shim's
+//! outcomes as `TaskEnd`s. The simulator's runner (`sim::runner`) implements the same
+//! trait in memory.
+//!
+//! A runner reports a task as `Observed`: running, or ended the way the
+//! leader records it. That is coarser than what the executor sees of a task
+//! directory (`exec::TaskObserved`: the shim's pids, or a shim gone without a
+//! status), which `ExecRunner::scan` folds into it: a task nobody will ever
+//! report on counts as lost.
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
-use super::compute::{Observed, TaskKey, TaskRunner};
 use super::exec::env::{gpus_for_local_rank, output_paths, task_env, PatternVars, TaskContext};
-use super::exec::{Executor, StopReason, TaskObserved, TaskOutcome, TaskSpec};
-use crate::model::{JobId, TaskEnd};
+use super::exec::{Executor, StopReason, TaskObserved, TaskSpec};
+use crate::model::{TaskEnd, TaskKey};
 use crate::net::agent_proto::DesiredTask;
+
+/// What the runner sees of a task.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Observed {
+    Running,
+    Ended(TaskEnd),
+}
+
+/// Runs tasks on this node: real processes under shims, or simulated ones.
+pub trait TaskRunner: Send + Sync + 'static {
+    /// Starts a task; an error is a launch failure reported for the rank.
+    fn start(&self, task: &DesiredTask) -> Result<(), String>;
+    /// Asks a running task to stop (signal, grace, kill).
+    fn stop(&self, key: TaskKey);
+    /// Every task the runner knows of, running or ended, including tasks
+    /// started by an earlier agent process (re-adoption).
+    fn scan(&self) -> Vec<(TaskKey, Observed)>;
+    /// Drops an ended task whose end was committed.
+    fn forget(&self, key: TaskKey);
+    /// How many starts may run at once in one reconcile step. Real tasks
+    /// start in parallel, so the ranks of a gang on one node start together
+    /// rather than one after another (each start writes files and waits for
+    /// its shim to detach); in-memory runners gain nothing from threads.
+    fn parallel_starts(&self) -> usize {
+        1
+    }
+    /// Where the task's stdout goes, for `gpuq logs`.
+    fn output_path(&self, _key: TaskKey) -> Option<std::path::PathBuf> {
+        None
+    }
+}
 
 /// Runs tasks as real processes under `gpuq shim`.
 pub struct ExecRunner {
@@ -25,49 +65,24 @@ pub struct ExecRunner {
     pub ended: Mutex<HashMap<TaskKey, TaskEnd>>,
 }
 
-fn exec_key(key: TaskKey) -> super::exec::TaskKey {
-    super::exec::TaskKey {
-        job: JobId(key.0),
-        attempt: key.1,
-        rank: key.2,
-    }
-}
-
-/// Maps the shim's outcome to the replicated state's words.
-pub fn task_end(outcome: &TaskOutcome) -> TaskEnd {
-    match outcome {
-        TaskOutcome::Completed => TaskEnd::Completed,
-        TaskOutcome::Failed { code, signal, .. } => TaskEnd::Failed {
-            exit_code: *code,
-            signal: *signal,
-        },
-        TaskOutcome::Timeout => TaskEnd::Timeout,
-        TaskOutcome::Cancelled { .. } => TaskEnd::Cancelled,
-        TaskOutcome::OutOfMemory => TaskEnd::OutOfMemory,
-        TaskOutcome::LaunchFailed { reason } => TaskEnd::LaunchFailed {
-            reason: reason.clone(),
-        },
-    }
-}
-
 /// Builds the shim's spec for one desired task.
 pub fn task_spec(t: &DesiredTask, allow_root: bool, kill_grace_secs: u64) -> TaskSpec {
     let per_node = t.ntasks_per_node.max(1);
     let gpus = gpus_for_local_rank(&t.gpus, per_node, t.local_rank);
     let workdir = PathBuf::from(&t.workdir);
     let vars = PatternVars {
-        job: t.job,
+        job: t.key.job,
         job_name: &t.job_name,
-        rank: t.rank,
+        rank: t.key.rank,
         node_rank: t.node_rank,
         user: &t.user,
         workdir: &workdir,
     };
     let (stdout, stderr) = output_paths(t.output.as_deref(), t.error.as_deref(), &vars);
     let ctx = TaskContext {
-        job: t.job,
+        job: t.key.job,
         job_name: &t.job_name,
-        restart_count: t.attempt,
+        restart_count: t.key.attempt,
         submit_dir: &t.workdir,
         nodes: &t.nodelist,
         node_rank: t.node_rank,
@@ -81,9 +96,7 @@ pub fn task_spec(t: &DesiredTask, allow_root: bool, kill_grace_secs: u64) -> Tas
     let env = task_env(&t.env, &ctx);
     let share = |n: u64| (n / u64::from(per_node)).max(1);
     TaskSpec {
-        job: t.job,
-        attempt: t.attempt,
-        rank: t.rank,
+        key: t.key,
         node_rank: t.node_rank,
         local_rank: t.local_rank,
         user: t.user.clone(),
@@ -118,8 +131,8 @@ impl TaskRunner for ExecRunner {
     }
 
     fn stop(&self, key: TaskKey) {
-        if let Err(e) = self.executor.stop(exec_key(key), StopReason::Cancel) {
-            tracing::debug!(job = key.0, rank = key.2, "stop: {e}");
+        if let Err(e) = self.executor.stop(key, StopReason::Cancel) {
+            tracing::debug!(job = key.job.0, rank = key.rank, "stop: {e}");
         }
     }
 
@@ -127,22 +140,21 @@ impl TaskRunner for ExecRunner {
         let mut ended = self.ended.lock().unwrap_or_else(|e| e.into_inner());
         let keys = self.executor.task_keys();
         // A directory removed behind our back leaves nothing cached.
-        let listed: HashSet<TaskKey> = keys.iter().map(|k| (k.job.0, k.attempt, k.rank)).collect();
+        let listed: HashSet<TaskKey> = keys.iter().copied().collect();
         ended.retain(|key, _| listed.contains(key));
         keys.into_iter()
-            .map(|k| {
-                let key = (k.job.0, k.attempt, k.rank);
+            .map(|key| {
                 if let Some(end) = ended.get(&key) {
                     return (key, Observed::Ended(end.clone()));
                 }
-                let observed = match self.executor.observe(k) {
+                let observed = match self.executor.observe(key) {
                     TaskObserved::Running { .. } => Observed::Running,
-                    TaskObserved::Ended(status) => Observed::Ended(task_end(&status.outcome)),
+                    TaskObserved::Ended(status) => Observed::Ended(status.outcome.end()),
                     // The shim is gone without a status (killed, or its
                     // directory damaged): nothing will ever report this
                     // task, so it counts as lost and its job moves on.
                     TaskObserved::Unknown { reason } => {
-                        tracing::warn!(task = %k, %reason, "task lost");
+                        tracing::warn!(task = %key, %reason, "task lost");
                         Observed::Ended(TaskEnd::Lost { reason })
                     }
                 };
@@ -159,19 +171,19 @@ impl TaskRunner for ExecRunner {
     }
 
     fn forget(&self, key: TaskKey) {
-        match self.executor.forget(exec_key(key)) {
+        match self.executor.forget(key) {
             Ok(()) => {
                 self.ended
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
                     .remove(&key);
             }
-            Err(e) => tracing::debug!(job = key.0, rank = key.2, "forget: {e}"),
+            Err(e) => tracing::debug!(job = key.job.0, rank = key.rank, "forget: {e}"),
         }
     }
 
     fn output_path(&self, key: TaskKey) -> Option<PathBuf> {
-        let dir = self.executor.task_dir(exec_key(key));
+        let dir = self.executor.task_dir(key);
         let spec: TaskSpec = super::exec::task::read_json(&dir.join(super::exec::task::TASK_FILE))
             .ok()
             .flatten()?;

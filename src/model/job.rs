@@ -562,19 +562,3 @@ impl JobRun {
             .map(|n| n.node.as_str())
     }
 }
-
-/// A start or end of one task, keyed by (job, attempt, rank).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct TaskEvent {
-    pub job: JobId,
-    pub attempt: u32,
-    pub rank: u32,
-    pub kind: TaskEventKind,
-}
-
-/// What happened to the task.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub enum TaskEventKind {
-    Started,
-    Ended(TaskEnd),
-}

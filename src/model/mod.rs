@@ -10,6 +10,7 @@ pub mod policy;
 pub mod policy_change;
 mod ports;
 mod queue;
+mod task;
 mod token;
 
 pub use hostlist::{expand_hostlist, HostlistError};
@@ -21,6 +22,7 @@ pub use policy::{
 };
 pub use ports::{PortRange, PortRangeError};
 pub use queue::*;
+pub use task::*;
 pub use token::*;
 
 /// Milliseconds since the Unix epoch. The leader stamps it into commands; apply

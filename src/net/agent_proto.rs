@@ -7,7 +7,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::model::{JobId, NodeInventory, Program, TaskEvent};
+use crate::model::{JobId, NodeInventory, Program, TaskEvent, TaskKey};
 
 /// The first frame an agent sends on its sync stream.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -98,10 +98,10 @@ pub enum LogReply {
 /// One task (rank) a node should run, with everything needed to start it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct DesiredTask {
-    pub job: JobId,
-    pub attempt: u32,
-    /// Global rank (RANK).
-    pub rank: u32,
+    /// Which task; flattened, so its `job`, `attempt` and `rank` are fields
+    /// of this message as they always were.
+    #[serde(flatten)]
+    pub key: TaskKey,
     pub node_rank: u32,
     pub local_rank: u32,
     pub ntasks_per_node: u32,

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
 
-use crate::model::{JobState, Role};
+use crate::model::{JobState, Role, TaskKey};
 use crate::net::agent_proto::{AgentHello, AgentMsg, DesiredTask, ServerMsg};
 use crate::net::endpoint::Peer;
 use crate::net::frame::{read_frame, write_frame, DEFAULT_MAX_FRAME};
@@ -125,9 +125,11 @@ pub fn desired_tasks(state: &State, node: &str) -> Vec<DesiredTask> {
                 continue;
             }
             out.push(DesiredTask {
-                job: job.id,
-                attempt: run.attempt,
-                rank,
+                key: TaskKey {
+                    job: job.id,
+                    attempt: run.attempt,
+                    rank,
+                },
                 node_rank,
                 local_rank,
                 ntasks_per_node: per_node,

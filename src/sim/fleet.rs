@@ -24,10 +24,11 @@ use futures::StreamExt;
 use tokio::sync::watch;
 
 use super::runner::SimRunner;
-use crate::agent::compute::{ComputeAgent, TaskRunner};
+use crate::agent::compute::ComputeAgent;
 use crate::agent::gpu::fake::FakeGpus;
 use crate::agent::gpu::FakeGpuConfig;
 use crate::agent::host::{self, HostConfig, HostResources};
+use crate::agent::runner::TaskRunner;
 use crate::model::{NodeInventory, NumaNode, Role};
 use crate::net::endpoint::{unspecified_for, Endpoint};
 use crate::net::{JoinError, JoinToken, NodeIdentity};

@@ -13,8 +13,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::agent::compute::{Observed, TaskKey, TaskRunner};
-use crate::model::TaskEnd;
+use crate::agent::runner::{Observed, TaskRunner};
+use crate::model::{TaskEnd, TaskKey};
 use crate::net::agent_proto::DesiredTask;
 
 /// The job env var naming how long each rank runs, in (uncompressed) ms.
@@ -184,7 +184,7 @@ impl TaskRunner for SimRunner {
             ),
         };
         let deadline = self.clock.now() + runs_for;
-        let key = (task.job.0, task.attempt, task.rank);
+        let key = task.key;
         // A repeated start of a known task changes nothing (the ledger never
         // asks, but a runner must not run a rank twice).
         self.lock().entry(key).or_insert(SimTask {
@@ -222,11 +222,17 @@ mod tests {
     use super::*;
     use crate::model::{JobId, Program};
 
-    fn task(job: u64, rank: u32, env: &[(&str, &str)]) -> DesiredTask {
-        DesiredTask {
+    fn key(job: u64, rank: u32) -> TaskKey {
+        TaskKey {
             job: JobId(job),
             attempt: 0,
             rank,
+        }
+    }
+
+    fn task(job: u64, rank: u32, env: &[(&str, &str)]) -> DesiredTask {
+        DesiredTask {
+            key: key(job, rank),
             node_rank: 0,
             local_rank: 0,
             ntasks_per_node: 1,
@@ -274,18 +280,18 @@ mod tests {
     fn a_task_runs_for_its_declared_duration_then_completes() {
         let (r, clock) = runner(1.0);
         r.start(&task(1, 0, &[(DURATION_ENV, "5000")])).unwrap();
-        assert_eq!(state(&r, (1, 0, 0)), Some(Observed::Running));
+        assert_eq!(state(&r, key(1, 0)), Some(Observed::Running));
         clock.advance(Duration::from_millis(4999));
-        assert_eq!(state(&r, (1, 0, 0)), Some(Observed::Running));
+        assert_eq!(state(&r, key(1, 0)), Some(Observed::Running));
         clock.advance(Duration::from_millis(1));
         assert_eq!(
-            state(&r, (1, 0, 0)),
+            state(&r, key(1, 0)),
             Some(Observed::Ended(TaskEnd::Completed))
         );
         // Ended tasks stay visible until forgotten.
         clock.advance(Duration::from_secs(60));
         assert_eq!(
-            state(&r, (1, 0, 0)),
+            state(&r, key(1, 0)),
             Some(Observed::Ended(TaskEnd::Completed))
         );
     }
@@ -295,10 +301,10 @@ mod tests {
         let (r, clock) = runner(1.0);
         r.start(&task(1, 0, &[])).unwrap();
         clock.advance(DEFAULT_DURATION - Duration::from_millis(1));
-        assert_eq!(state(&r, (1, 0, 0)), Some(Observed::Running));
+        assert_eq!(state(&r, key(1, 0)), Some(Observed::Running));
         clock.advance(Duration::from_millis(1));
         assert_eq!(
-            state(&r, (1, 0, 0)),
+            state(&r, key(1, 0)),
             Some(Observed::Ended(TaskEnd::Completed))
         );
     }
@@ -309,10 +315,10 @@ mod tests {
         // One hour of trace time is 3.6 s here.
         r.start(&task(1, 0, &[(DURATION_ENV, "3600000")])).unwrap();
         clock.advance(Duration::from_millis(3599));
-        assert_eq!(state(&r, (1, 0, 0)), Some(Observed::Running));
+        assert_eq!(state(&r, key(1, 0)), Some(Observed::Running));
         clock.advance(Duration::from_millis(1));
         assert_eq!(
-            state(&r, (1, 0, 0)),
+            state(&r, key(1, 0)),
             Some(Observed::Ended(TaskEnd::Completed))
         );
         assert!(SimRunner::new(0.0).is_err());
@@ -332,23 +338,23 @@ mod tests {
         r.start(&limited).unwrap();
         clock.advance(Duration::from_millis(10));
         assert_eq!(
-            state(&r, (1, 0, 0)),
+            state(&r, key(1, 0)),
             Some(Observed::Ended(TaskEnd::Failed {
                 exit_code: Some(3),
                 signal: None
             }))
         );
         assert_eq!(
-            state(&r, (2, 0, 0)),
+            state(&r, key(2, 0)),
             Some(Observed::Ended(TaskEnd::Completed))
         );
-        assert_eq!(state(&r, (3, 0, 0)), Some(Observed::Running));
+        assert_eq!(state(&r, key(3, 0)), Some(Observed::Running));
         // The limit is wall time: 60 s, not 60 s / 10.
         clock.advance(Duration::from_secs(6));
-        assert_eq!(state(&r, (3, 0, 0)), Some(Observed::Running));
+        assert_eq!(state(&r, key(3, 0)), Some(Observed::Running));
         clock.advance(Duration::from_secs(54));
         assert_eq!(
-            state(&r, (3, 0, 0)),
+            state(&r, key(3, 0)),
             Some(Observed::Ended(TaskEnd::Timeout))
         );
     }
@@ -369,21 +375,21 @@ mod tests {
         r.start(&task(1, 0, &[(DURATION_ENV, "10000")])).unwrap();
         r.start(&task(2, 0, &[(DURATION_ENV, "10")])).unwrap();
         clock.advance(Duration::from_millis(100));
-        r.stop((1, 0, 0));
-        r.stop((2, 0, 0));
-        r.stop((9, 0, 0)); // unknown: nothing happens
+        r.stop(key(1, 0));
+        r.stop(key(2, 0));
+        r.stop(key(9, 0)); // unknown: nothing happens
         assert_eq!(
-            state(&r, (1, 0, 0)),
+            state(&r, key(1, 0)),
             Some(Observed::Ended(TaskEnd::Cancelled))
         );
         assert_eq!(
-            state(&r, (2, 0, 0)),
+            state(&r, key(2, 0)),
             Some(Observed::Ended(TaskEnd::Completed))
         );
         // Its deadline passing later does not turn a cancel into a completion.
         clock.advance(Duration::from_secs(60));
         assert_eq!(
-            state(&r, (1, 0, 0)),
+            state(&r, key(1, 0)),
             Some(Observed::Ended(TaskEnd::Cancelled))
         );
         assert_eq!(r.len(), 2);
@@ -398,13 +404,13 @@ mod tests {
         r.start(&t).unwrap();
         clock.advance(Duration::from_millis(400));
         assert_eq!(
-            state(&r, (1, 0, 0)),
+            state(&r, key(1, 0)),
             Some(Observed::Ended(TaskEnd::Completed)),
             "the second start did not restart the clock"
         );
-        r.forget((1, 0, 0));
+        r.forget(key(1, 0));
         assert!(r.scan().is_empty());
-        r.forget((1, 0, 0)); // forgetting twice is harmless
+        r.forget(key(1, 0)); // forgetting twice is harmless
     }
 
     #[test]
@@ -412,12 +418,16 @@ mod tests {
         let (r, _) = runner(1.0);
         let mut a = task(1, 0, &[]);
         r.start(&a).unwrap();
-        a.rank = 1;
+        a.key.rank = 1;
         r.start(&a).unwrap();
-        a.attempt = 1;
+        a.key.attempt = 1;
         r.start(&a).unwrap();
         let mut keys: Vec<TaskKey> = r.scan().into_iter().map(|(k, _)| k).collect();
         keys.sort();
-        assert_eq!(keys, vec![(1, 0, 0), (1, 0, 1), (1, 1, 1)]);
+        let attempt_1 = TaskKey {
+            attempt: 1,
+            ..key(1, 1)
+        };
+        assert_eq!(keys, vec![key(1, 0), key(1, 1), attempt_1]);
     }
 }

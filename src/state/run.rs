@@ -452,7 +452,7 @@ impl State {
     ) -> CommandResult {
         let mut applied = 0;
         for ev in events {
-            let Some(job) = self.jobs.get_mut(&ev.job) else {
+            let Some(job) = self.jobs.get_mut(&ev.key.job) else {
                 continue;
             };
             let total = job.spec.total_tasks();
@@ -463,33 +463,34 @@ impl State {
             // Reports of an older attempt, an unknown rank, or from a node
             // that does not hold the rank change nothing.
             if !job.state.is_active()
-                || run.attempt != ev.attempt
-                || u64::from(ev.rank) >= total
-                || run.node_of_rank(ev.rank, per_node) != Some(node)
+                || run.attempt != ev.key.attempt
+                || u64::from(ev.key.rank) >= total
+                || run.node_of_rank(ev.key.rank, per_node) != Some(node)
             {
                 continue;
             }
             match &ev.kind {
                 TaskEventKind::Started => {
-                    if run.started.insert(ev.rank) {
+                    if run.started.insert(ev.key.rank) {
                         applied += 1;
-                        dirty.jobs.insert(ev.job);
+                        dirty.jobs.insert(ev.key.job);
                     }
                 }
                 TaskEventKind::Ended(end) => {
-                    if run.ended.contains_key(&ev.rank) {
+                    if run.ended.contains_key(&ev.key.rank) {
                         continue;
                     }
-                    run.ended.insert(ev.rank, end.clone());
+                    run.ended.insert(ev.key.rank, end.clone());
                     applied += 1;
-                    dirty.jobs.insert(ev.job);
+                    dirty.jobs.insert(ev.key.job);
                     let state = job.state;
                     if state == JobState::Running && *end != TaskEnd::Completed {
                         job.exit_code = Some(end.exit_code());
-                        let reason = format!("rank {} on node {node} {}", ev.rank, end.describe());
-                        self.begin_ending(ev.job, end.job_state(), reason, now, dirty);
+                        let reason =
+                            format!("rank {} on node {node} {}", ev.key.rank, end.describe());
+                        self.begin_ending(ev.key.job, end.job_state(), reason, now, dirty);
                     } else {
-                        self.finish_if_all_ended(ev.job, now, dirty);
+                        self.finish_if_all_ended(ev.key.job, now, dirty);
                     }
                 }
             }

@@ -5,7 +5,7 @@
 use super::tests_run::{alloc, cluster, spec};
 use super::*;
 use crate::model::acct::{AcctFilter, AcctRecord};
-use crate::model::{TaskEnd, TaskEvent, TaskEventKind};
+use crate::model::{TaskEnd, TaskEvent, TaskEventKind, TaskKey};
 
 fn submit_as(s: &mut State, d: &mut Dirty, user: &str, account: Option<&str>, now: u64) -> JobId {
     let mut sp = spec(1, 2);
@@ -32,9 +32,11 @@ fn run_to_end(s: &mut State, d: &mut Dirty, id: JobId, start: u64, end: u64, end
         d,
     );
     let ev = |kind| TaskEvent {
-        job: id,
-        attempt: 0,
-        rank: 0,
+        key: TaskKey {
+            job: id,
+            attempt: 0,
+            rank: 0,
+        },
         kind,
     };
     s.apply(

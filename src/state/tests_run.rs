@@ -4,7 +4,7 @@
 use super::*;
 use crate::model::{
     Allocation, GpuInfo, GpuLink, JobSpec, NodeAllocation, NodeInventory, NumaNode, Program,
-    RequeuePolicy, TaskEnd, TaskEvent, TaskEventKind,
+    RequeuePolicy, TaskEnd, TaskEvent, TaskEventKind, TaskKey,
 };
 
 pub(super) fn inventory(name: &str, gpus: u32) -> NodeInventory {
@@ -127,9 +127,11 @@ pub(super) fn submit(s: &mut State, d: &mut Dirty, nodes: u32, gpus: u32) -> Job
 
 pub(super) fn ev(job: JobId, rank: u32, kind: TaskEventKind) -> TaskEvent {
     TaskEvent {
-        job,
-        attempt: 0,
-        rank,
+        key: TaskKey {
+            job,
+            attempt: 0,
+            rank,
+        },
         kind,
     }
 }
@@ -370,10 +372,8 @@ fn cancel_of_a_running_job_completes_through_completing() {
     assert_eq!(r, CommandResult::Cancelled { ids: vec![a] });
     assert_eq!(s.jobs[&a].state, JobState::Completing);
     // Events of another attempt change nothing.
-    let stale = TaskEvent {
-        attempt: 7,
-        ..ev(a, 0, TaskEventKind::Ended(TaskEnd::Completed))
-    };
+    let mut stale = ev(a, 0, TaskEventKind::Ended(TaskEnd::Completed));
+    stale.key.attempt = 7;
     assert_eq!(report(&mut s, &mut d, "n1", vec![stale]), 0);
     report(
         &mut s,
@@ -522,9 +522,10 @@ fn requeue_policies_and_the_restart_cap() {
         &mut s,
         &mut d,
         "n2",
-        vec![TaskEvent {
-            attempt: 1,
-            ..ev(always, 0, fail)
+        vec![{
+            let mut ev = ev(always, 0, fail);
+            ev.key.attempt = 1;
+            ev
         }],
     );
     assert_eq!(

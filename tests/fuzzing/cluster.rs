@@ -103,9 +103,11 @@ pub fn fixture() -> &'static State {
             .flat_map(|(j, run)| {
                 run.allocation.nodes.iter().map(move |n| {
                     let ev = gpuq::model::TaskEvent {
-                        job: j.id,
-                        attempt: run.attempt,
-                        rank: 0,
+                        key: gpuq::model::TaskKey {
+                            job: j.id,
+                            attempt: run.attempt,
+                            rank: 0,
+                        },
                         kind: gpuq::model::TaskEventKind::Started,
                     };
                     (n.node.clone(), ev)

@@ -7,7 +7,7 @@
 use clap::Parser;
 use gpuq::model::{
     Allocation, GpuInfo, JobId, JobRef, JobSpec, JobState, NodeAllocation, NodeInventory, Role,
-    TaskEnd, TaskEvent, TaskEventKind, TokenRecord,
+    TaskEnd, TaskEvent, TaskEventKind, TaskKey, TokenRecord,
 };
 use gpuq::net::agent_proto::{AgentHello, AgentMsg, DesiredTask, LogReply, LogRequest, ServerMsg};
 use gpuq::net::local::LocalHello;
@@ -284,9 +284,11 @@ pub fn hellos() -> Vec<LocalHello> {
 
 pub fn task_events() -> Vec<TaskEvent> {
     let ev = |job, rank, kind| TaskEvent {
-        job: JobId(job),
-        attempt: 1,
-        rank,
+        key: TaskKey {
+            job: JobId(job),
+            attempt: 1,
+            rank,
+        },
         kind,
     };
     vec![
@@ -348,9 +350,11 @@ pub fn agent_msgs() -> Vec<AgentMsg> {
 
 pub fn desired_task() -> DesiredTask {
     DesiredTask {
-        job: JobId(1),
-        attempt: 1,
-        rank: 1,
+        key: TaskKey {
+            job: JobId(1),
+            attempt: 1,
+            rank: 1,
+        },
         node_rank: 0,
         local_rank: 1,
         ntasks_per_node: 2,

@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use gpuq::model::{Job, JobState, Role, TaskEvent, TaskEventKind};
+use gpuq::model::{Job, JobState, Role, TaskEvent, TaskEventKind, TaskKey};
 use gpuq::net::agent_proto::{AgentHello, AgentMsg, DesiredTask, LogReply, LogRequest, ServerMsg};
 use gpuq::net::proto::{ApiRequest, ApiResponse, Caller, ErrorKind, Vouched};
 use gpuq::raft::{LogEntry, RaftRequest, RaftResponse};
@@ -270,9 +270,11 @@ pub fn samples(store: &Store, _dir: &Path) -> Vec<Sample> {
     };
     out.push(sample("AgentHello", "AgentHello", &hello));
     let event = TaskEvent {
-        job: running.id,
-        attempt: run.attempt,
-        rank: 0,
+        key: TaskKey {
+            job: running.id,
+            attempt: run.attempt,
+            rank: 0,
+        },
         kind: TaskEventKind::Started,
     };
     let agent_msgs = [
@@ -293,9 +295,11 @@ pub fn samples(store: &Store, _dir: &Path) -> Vec<Sample> {
         out.push(sample("AgentMsg", &variant(m), m));
     }
     let task = DesiredTask {
-        job: running.id,
-        attempt: run.attempt,
-        rank: 0,
+        key: TaskKey {
+            job: running.id,
+            attempt: run.attempt,
+            rank: 0,
+        },
         node_rank: 0,
         local_rank: 0,
         ntasks_per_node: 1,

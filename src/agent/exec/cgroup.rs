@@ -1,6 +1,8 @@
 //! The task's cgroup (v2): limits (memory.max, cpu.max or cpuset.cpus,
 //! pids.max), OOM accounting (memory.events) and stopping the whole process
-//! tree at once (cgroup.kill).
+//! tree at once (cgroup.kill); and `Target`, a cgroup opened for a child to
+//! be born in (the shim in `gpuq/shims`, the task in its own; `fork` does the
+//! birth).
 //!
 //! Layout: `<mount>/gpuq/<job>.<attempt>.<rank>` per task, and
 //! `<mount>/gpuq/shims` where every shim starts (see `fork`), so a shim is neither
@@ -22,12 +24,13 @@
 
 use std::fs;
 use std::io;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 
-use super::fork::Target;
 use super::task::TaskSpec;
 
 /// The controllers gpuq needs to enforce limits.
@@ -72,6 +75,54 @@ pub(super) fn cg_err(action: &'static str, path: &Path) -> impl FnOnce(io::Error
         action,
         path,
         source,
+    }
+}
+
+/// A cgroup a child is to start in: its directory, open for `clone3`, and
+/// its `cgroup.procs`, open for the fallback, both opened before the fork.
+pub struct Target {
+    dir: OwnedFd,
+    procs: OwnedFd,
+    path: PathBuf,
+}
+
+impl Target {
+    /// Opens the cgroup directory `path`.
+    pub fn open(path: &Path) -> Result<Target, CgroupError> {
+        let dir = fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECTORY)
+            .open(path)
+            .map_err(cg_err("open cgroup", path))?;
+        let procs_path = path.join("cgroup.procs");
+        let procs = fs::OpenOptions::new()
+            .write(true)
+            .open(&procs_path)
+            .map_err(cg_err("open", &procs_path))?;
+        Ok(Target {
+            dir: dir.into(),
+            procs: procs.into(),
+            path: path.to_path_buf(),
+        })
+    }
+
+    /// The cgroup directory, open for `clone3`'s `CLONE_INTO_CGROUP`.
+    pub(super) fn dir_fd(&self) -> RawFd {
+        self.dir.as_raw_fd()
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Moves the calling process into the cgroup: for a child that `fork_into`
+    /// could not start there. Only a write(2), so it may run in a fork child.
+    pub fn join_self(&self) -> io::Result<()> {
+        // SAFETY: a write of one byte from a static buffer to an owned fd.
+        match unsafe { libc::write(self.procs.as_raw_fd(), b"0".as_ptr().cast(), 1) } {
+            1 => Ok(()),
+            _ => Err(io::Error::last_os_error()),
+        }
     }
 }
 
@@ -234,7 +285,7 @@ impl CgroupMode {
     }
 
     /// `<mount>/gpuq/shims`, created if need be, for a shim to start in
-    /// (`super::fork`); `None` without a cgroup2 mount.
+    /// (see `fork`); `None` without a cgroup2 mount.
     pub fn shims_target(&self) -> Result<Option<Target>, CgroupError> {
         let Some(dir) = self.gpuq_dir() else {
             return Ok(None);
@@ -258,11 +309,7 @@ impl CgroupMode {
         };
         use sha2::Digest;
         let digest = sha2::Sha256::digest(task_dir.as_os_str().as_encoded_bytes());
-        let path = dir.join(format!(
-            "{}-{}",
-            spec.key().dir_name(),
-            hex::encode(&digest[..4])
-        ));
+        let path = dir.join(format!("{}-{}", spec.key, hex::encode(&digest[..4])));
         create_dir(&path)?;
         let cgroup = TaskCgroup {
             path,

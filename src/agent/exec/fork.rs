@@ -14,13 +14,9 @@
 //! memory, `SIGCHLD` to the parent), but glibc's fork handlers do not run.
 //! Both callers are single-threaded, which is what makes that safe.
 
-use std::fs;
 use std::io;
-use std::os::fd::{AsRawFd, OwnedFd};
-use std::os::unix::fs::OpenOptionsExt;
-use std::path::{Path, PathBuf};
 
-use super::cgroup::{cg_err, CgroupError};
+use super::cgroup::Target;
 
 /// `CLONE_INTO_CGROUP` from linux/sched.h (not in every libc target).
 const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
@@ -43,49 +39,6 @@ struct CloneArgs {
     cgroup: u64,
 }
 
-/// A cgroup a child is to start in: its directory, open for `clone3`, and
-/// its `cgroup.procs`, open for the fallback, both opened before the fork.
-pub struct Target {
-    dir: OwnedFd,
-    procs: OwnedFd,
-    path: PathBuf,
-}
-
-impl Target {
-    /// Opens the cgroup directory `path`.
-    pub fn open(path: &Path) -> Result<Target, CgroupError> {
-        let dir = fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_DIRECTORY)
-            .open(path)
-            .map_err(cg_err("open cgroup", path))?;
-        let procs_path = path.join("cgroup.procs");
-        let procs = fs::OpenOptions::new()
-            .write(true)
-            .open(&procs_path)
-            .map_err(cg_err("open", &procs_path))?;
-        Ok(Target {
-            dir: dir.into(),
-            procs: procs.into(),
-            path: path.to_path_buf(),
-        })
-    }
-
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-
-    /// Moves the calling process into the cgroup: for a child that `fork_into`
-    /// could not start there. Only a write(2), so it may run in a fork child.
-    pub fn join_self(&self) -> io::Result<()> {
-        // SAFETY: a write of one byte from a static buffer to an owned fd.
-        match unsafe { libc::write(self.procs.as_raw_fd(), b"0".as_ptr().cast(), 1) } {
-            1 => Ok(()),
-            _ => Err(io::Error::last_os_error()),
-        }
-    }
-}
-
 /// What `fork_into` returns in each process.
 pub enum Forked {
     Parent(libc::pid_t),
@@ -106,7 +59,7 @@ pub unsafe fn fork_into(target: Option<&Target>) -> io::Result<Forked> {
         let args = CloneArgs {
             flags: CLONE_INTO_CGROUP,
             exit_signal: libc::SIGCHLD as u64,
-            cgroup: t.dir.as_raw_fd() as u64,
+            cgroup: t.dir_fd() as u64,
             ..CloneArgs::default()
         };
         let ret = libc::syscall(
@@ -134,6 +87,9 @@ pub unsafe fn fork_into(target: Option<&Target>) -> io::Result<Forked> {
 
 #[cfg(test)]
 mod tests {
+    use std::fs;
+    use std::os::fd::AsRawFd;
+
     use super::*;
 
     #[test]

@@ -18,10 +18,10 @@ use std::ptr;
 
 use nix::fcntl::OFlag;
 use nix::unistd::{pipe2, Pid};
-use serde::{Deserialize, Serialize};
 
-use super::fork::{fork_into, Forked, Target};
-use super::task::TaskSpec;
+use super::cgroup::Target;
+use super::fork::{fork_into, Forked};
+use super::task::{Identity, TaskSpec};
 
 /// The PATH used to find a command when the task's environment has none.
 const DEFAULT_PATH: &str = "/usr/local/bin:/usr/bin:/bin";
@@ -53,65 +53,6 @@ impl Step {
         .into_iter()
         .find(|s| *s as u32 == n)
     }
-}
-
-/// Who the task runs as.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Identity {
-    pub name: String,
-    pub uid: u32,
-    pub gid: u32,
-    /// Supplementary groups, from the node's group database.
-    pub groups: Vec<u32>,
-}
-
-impl Identity {
-    /// Looks `user` up in this node's user and group databases (NSS). Errors
-    /// are sentences for the user.
-    pub fn lookup(user: &str) -> Result<Identity, String> {
-        let found = match nix::unistd::User::from_name(user) {
-            Ok(Some(found)) => found,
-            Ok(None) => return Err(format!("user {user} not found on node {}", hostname())),
-            Err(e) => {
-                return Err(format!(
-                    "cannot look up user {user} on node {}: {e}",
-                    hostname()
-                ))
-            }
-        };
-        let name = CString::new(user.as_bytes())
-            .map_err(|_| format!("user name {user:?} contains a NUL byte"))?;
-        let groups = nix::unistd::getgrouplist(&name, found.gid).map_err(|e| {
-            format!(
-                "cannot read the groups of user {user} on node {}: {e}",
-                hostname()
-            )
-        })?;
-        Ok(Identity {
-            name: user.to_string(),
-            uid: found.uid.as_raw(),
-            gid: found.gid.as_raw(),
-            groups: groups.into_iter().map(|g| g.as_raw()).collect(),
-        })
-    }
-
-    /// The identity, unless it is root and the cluster does not allow that.
-    pub fn allowed(self, allow_root: bool) -> Result<Identity, String> {
-        if self.uid == 0 && !allow_root {
-            return Err(format!(
-                "refusing to run the task as {} (uid 0); root tasks are not allowed on this cluster",
-                self.name
-            ));
-        }
-        Ok(self)
-    }
-}
-
-/// This node's name, for messages.
-pub fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim().to_string())
-        .unwrap_or_else(|_| "(unknown)".to_string())
 }
 
 /// The user's process, ready to be forked.

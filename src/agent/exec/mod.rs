@@ -32,13 +32,13 @@ use nix::sys::signal::{kill, killpg, Signal};
 use nix::unistd::Pid;
 
 pub use cgroup::CgroupMode;
-pub use launch::Identity;
 pub use shim::shim_main;
 pub use spawn::serve as serve_shims;
 pub use task::{
-    LimitSignal, ProcessId, StopReason, TaskKey, TaskOutcome, TaskPid, TaskSpec, TaskStatus,
+    Identity, LimitSignal, ProcessId, StopReason, TaskOutcome, TaskPid, TaskSpec, TaskStatus,
 };
 
+use crate::model::TaskKey;
 use cgroup::TaskCgroup;
 use task::{
     read_json, write_atomic, write_json, Durability, PID_FILE, SHIM_LOG_FILE, SHIM_PID_FILE,
@@ -115,16 +115,17 @@ impl Executor {
         self.shims.pid()
     }
 
-    /// The directory of a task.
+    /// The directory of a task: `<root>/<job>.<attempt>.<rank>`, the key's
+    /// text, which `task_keys` parses back.
     pub fn task_dir(&self, key: TaskKey) -> PathBuf {
-        self.root.join(key.dir_name())
+        self.root.join(key.to_string())
     }
 
     /// Creates the task directory, writes `task.json` and starts the shim
     /// detached. Does not wait for the task. Starting a key twice is refused,
     /// so a repeated desired state never runs a task twice.
     pub fn start(&self, spec: &TaskSpec) -> Result<(), ExecError> {
-        let key = spec.key();
+        let key = spec.key;
         let dir = self.task_dir(key);
         if !self.root.exists() {
             fs::DirBuilder::new()
@@ -146,7 +147,7 @@ impl Executor {
     }
 
     fn launch(&self, spec: &TaskSpec, dir: &Path) -> Result<(), ExecError> {
-        let key = spec.key();
+        let key = spec.key;
         // The umask may have narrowed the mode given to mkdir.
         fs::set_permissions(dir, fs::Permissions::from_mode(0o711))
             .map_err(io_err("set the mode of", dir))?;

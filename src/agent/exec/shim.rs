@@ -14,6 +14,7 @@
 //! it has no handlers and no threads.
 
 use std::fs;
+use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -21,13 +22,14 @@ use nix::sys::signal::{kill, killpg, SigSet, Signal};
 use nix::sys::wait::{waitpid, WaitPidFlag};
 use nix::unistd::Pid;
 
-use super::cgroup::{CgroupError, CgroupMode, TaskCgroup};
-use super::fork::Target;
-use super::launch::{Identity, Prepared};
+use super::cgroup::{CgroupError, CgroupMode, Target, TaskCgroup};
+use super::fork::{fork_into, Forked};
+use super::launch::Prepared;
 use super::process::{self, Snapshot};
 use super::task::{
-    now_ms, read_json, write_json, Durability, ProcessId, StopReason, TaskOutcome, TaskPid,
-    TaskSpec, TaskStatus, PID_FILE, SCRIPT_FILE, SHIM_PID_FILE, STATUS_FILE, STOP_FILE, TASK_FILE,
+    now_ms, read_json, write_json, Durability, Identity, ProcessId, StopReason, TaskOutcome,
+    TaskPid, TaskSpec, TaskStatus, PID_FILE, SCRIPT_FILE, SHIM_PID_FILE, STATUS_FILE, STOP_FILE,
+    TASK_FILE,
 };
 use crate::model::{Millis, Program};
 
@@ -76,7 +78,7 @@ pub(super) fn shim_on(task_dir: &Path, node: &Node) -> i32 {
     // SAFETY: sets this thread's name from a NUL-terminated static string.
     unsafe { libc::prctl(libc::PR_SET_NAME, c"gpuq-shim".as_ptr(), 0, 0, 0) };
     let Node { mode, shims } = node;
-    let joined = match super::spawn::detach(
+    let joined = match detach(
         &shim_signals(),
         shims.as_ref().ok().and_then(Option::as_ref),
     ) {
@@ -113,6 +115,41 @@ pub(super) fn shim_on(task_dir: &Path, node: &Node) -> i32 {
         Err(e) => {
             tracing::error!("cannot write {}: {e}", task_dir.join(STATUS_FILE).display());
             1
+        }
+    }
+}
+
+/// The shim's first step, before any thread exists: block the shim's
+/// signals, fork (the child into `cgroup` if given), and return in the
+/// detached child whether it is in `cgroup` already. The parent never
+/// returns: it reports the child's pid and exits.
+pub fn detach(signals: &nix::sys::signal::SigSet, cgroup: Option<&Target>) -> io::Result<bool> {
+    signals.thread_block().map_err(io::Error::from)?;
+    // SAFETY: the process is single-threaded here (the shim subcommand
+    // calls this before anything that could start a thread), so the child
+    // may run any code.
+    match unsafe { fork_into(cgroup) }? {
+        Forked::Child { joined } => {
+            // SAFETY: plain system calls on this process's own descriptors.
+            unsafe {
+                if libc::setsid() < 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                // stdout was the agent's pipe; the log is stderr.
+                if libc::dup2(2, 1) < 0 {
+                    return Err(io::Error::last_os_error());
+                }
+            }
+            Ok(joined)
+        }
+        Forked::Parent(child) => {
+            let mut out = io::stdout().lock();
+            let code = match writeln!(out, "{child}").and_then(|()| out.flush()) {
+                Ok(()) => 0,
+                Err(_) => 1,
+            };
+            // SAFETY: _exit skips atexit handlers and buffers we do not need.
+            unsafe { libc::_exit(code) }
         }
     }
 }

@@ -5,7 +5,7 @@
 //! faults that follow land on the agent. So the agent `posix_spawn`s
 //! `gpuq shim --task-dir DIR` (the standard library uses it when no closure
 //! runs before exec), and the freshly started, small, single-threaded shim
-//! detaches itself:
+//! detaches itself (`shim::detach`, its first step):
 //!
 //! 1. it blocks the signals the shim waits on with `sigtimedwait`, so a stop
 //!    sent while it starts is queued instead of killing it;
@@ -39,7 +39,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, ExitStatus, Stdio};
 use std::sync::{Mutex, PoisonError};
 
-use super::fork::{fork_into, Forked, Target};
+use super::fork::{fork_into, Forked};
 use super::shim::Node;
 
 /// Starts the shim for the task in `dir`, its stderr going to `log`, and
@@ -288,41 +288,6 @@ fn serve_one(dir: &Path, log_path: &Path, node: &Node) -> io::Result<u32> {
             }
             read?;
             reported_pid(&said, ExitStatus::from_raw(status), dir)
-        }
-    }
-}
-
-/// The shim's first step, before any thread exists: block the shim's
-/// signals, fork (the child into `cgroup` if given), and return in the
-/// detached child whether it is in `cgroup` already. The parent never
-/// returns: it reports the child's pid and exits.
-pub fn detach(signals: &nix::sys::signal::SigSet, cgroup: Option<&Target>) -> io::Result<bool> {
-    signals.thread_block().map_err(io::Error::from)?;
-    // SAFETY: the process is single-threaded here (the shim subcommand
-    // calls this before anything that could start a thread), so the child
-    // may run any code.
-    match unsafe { fork_into(cgroup) }? {
-        Forked::Child { joined } => {
-            // SAFETY: plain system calls on this process's own descriptors.
-            unsafe {
-                if libc::setsid() < 0 {
-                    return Err(io::Error::last_os_error());
-                }
-                // stdout was the agent's pipe; the log is stderr.
-                if libc::dup2(2, 1) < 0 {
-                    return Err(io::Error::last_os_error());
-                }
-            }
-            Ok(joined)
-        }
-        Forked::Parent(child) => {
-            let mut out = io::stdout().lock();
-            let code = match writeln!(out, "{child}").and_then(|()| out.flush()) {
-                Ok(()) => 0,
-                Err(_) => 1,
-            };
-            // SAFETY: _exit skips atexit handlers and buffers we do not need.
-            unsafe { libc::_exit(code) }
         }
     }
 }

@@ -2,18 +2,24 @@
 //! the shim leaves behind (`pid`, `shim.pid`, `status.json`). These files are
 //! the whole interface between the agent and a running task, which is what lets
 //! an agent restart and re-adopt its tasks: everything it needs is on disk.
+//! So the types written here (`TaskSpec` with its `Identity`, `TaskStatus`,
+//! `TaskPid`) must stay readable by the next agent and shim binaries: a field
+//! may be added with a default, never renamed. The task's `TaskKey` is
+//! flattened into `task.json` as the `job`, `attempt` and `rank` it always had.
+//!
+//! `TaskOutcome` is the shim's own record of how the task ended, with what
+//! only the node knows (the failure's words, which stop it was); the leader
+//! is told the coarser `TaskEnd` of it (`TaskOutcome::end`).
 
-use std::fmt;
+use std::ffi::CString;
 use std::fs;
 use std::io::{self, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
-use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
-use super::launch::Identity;
-use crate::model::{JobId, Millis, Program};
+use crate::model::{Millis, Program, TaskEnd, TaskKey};
 
 /// The spec the agent writes for the shim.
 pub const TASK_FILE: &str = "task.json";
@@ -29,48 +35,6 @@ pub const STATUS_FILE: &str = "status.json";
 pub const SCRIPT_FILE: &str = "script";
 /// The shim's own log (its stdout and stderr).
 pub const SHIM_LOG_FILE: &str = "shim.log";
-
-/// Names one task of one attempt of a job: the key reports are made with.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-pub struct TaskKey {
-    pub job: JobId,
-    /// The job's restart count when this task was started.
-    pub attempt: u32,
-    /// Global rank of the task within the job.
-    pub rank: u32,
-}
-
-impl TaskKey {
-    /// The task directory's name: `<job>.<attempt>.<rank>`.
-    pub fn dir_name(&self) -> String {
-        self.to_string()
-    }
-}
-
-impl fmt::Display for TaskKey {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}.{}.{}", self.job, self.attempt, self.rank)
-    }
-}
-
-impl FromStr for TaskKey {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let bad = || format!("{s:?} is not a task key of the form <job>.<attempt>.<rank>");
-        let mut parts = s.split('.');
-        let (Some(job), Some(attempt), Some(rank), None) =
-            (parts.next(), parts.next(), parts.next(), parts.next())
-        else {
-            return Err(bad());
-        };
-        Ok(TaskKey {
-            job: JobId(job.parse().map_err(|_| bad())?),
-            attempt: attempt.parse().map_err(|_| bad())?,
-            rank: rank.parse().map_err(|_| bad())?,
-        })
-    }
-}
 
 /// A signal sent some time before the time limit (`--signal USR1@60`).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -90,11 +54,10 @@ pub struct LimitSignal {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TaskSpec {
-    pub job: JobId,
-    /// The job's restart count.
-    pub attempt: u32,
-    /// Global rank.
-    pub rank: u32,
+    /// Which task: `job`, `attempt` and `rank` in the file, as before the
+    /// key was a type, so a task started by an older agent is re-adopted.
+    #[serde(flatten)]
+    pub key: TaskKey,
     pub node_rank: u32,
     pub local_rank: u32,
     /// The user, resolved by name on this node.
@@ -135,14 +98,63 @@ pub struct TaskSpec {
     pub identity: Option<Identity>,
 }
 
-impl TaskSpec {
-    pub fn key(&self) -> TaskKey {
-        TaskKey {
-            job: self.job,
-            attempt: self.attempt,
-            rank: self.rank,
-        }
+/// Who the task runs as.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Identity {
+    pub name: String,
+    pub uid: u32,
+    pub gid: u32,
+    /// Supplementary groups, from the node's group database.
+    pub groups: Vec<u32>,
+}
+
+impl Identity {
+    /// Looks `user` up in this node's user and group databases (NSS). Errors
+    /// are sentences for the user.
+    pub fn lookup(user: &str) -> Result<Identity, String> {
+        let found = match nix::unistd::User::from_name(user) {
+            Ok(Some(found)) => found,
+            Ok(None) => return Err(format!("user {user} not found on node {}", hostname())),
+            Err(e) => {
+                return Err(format!(
+                    "cannot look up user {user} on node {}: {e}",
+                    hostname()
+                ))
+            }
+        };
+        let name = CString::new(user.as_bytes())
+            .map_err(|_| format!("user name {user:?} contains a NUL byte"))?;
+        let groups = nix::unistd::getgrouplist(&name, found.gid).map_err(|e| {
+            format!(
+                "cannot read the groups of user {user} on node {}: {e}",
+                hostname()
+            )
+        })?;
+        Ok(Identity {
+            name: user.to_string(),
+            uid: found.uid.as_raw(),
+            gid: found.gid.as_raw(),
+            groups: groups.into_iter().map(|g| g.as_raw()).collect(),
+        })
     }
+
+    /// The identity, unless it is root and the cluster does not allow that.
+    pub fn allowed(self, allow_root: bool) -> Result<Identity, String> {
+        if self.uid == 0 && !allow_root {
+            return Err(format!(
+                "refusing to run the task as {} (uid 0); root tasks are not allowed on this cluster",
+                self.name
+            ));
+        }
+        Ok(self)
+    }
+}
+
+/// This node's name, for messages.
+pub fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_else(|_| "(unknown)".to_string())
 }
 
 /// Why a task is being stopped.
@@ -173,7 +185,7 @@ impl StopReason {
     }
 }
 
-/// How a task ended.
+/// How a task ended, as the shim records it in `status.json`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum TaskOutcome {
     /// Exited with code 0.
@@ -195,6 +207,24 @@ pub enum TaskOutcome {
 }
 
 impl TaskOutcome {
+    /// What the leader is told of this outcome: the failure's words and
+    /// which stop it was stay on the node.
+    pub fn end(&self) -> TaskEnd {
+        match self {
+            TaskOutcome::Completed => TaskEnd::Completed,
+            TaskOutcome::Failed { code, signal, .. } => TaskEnd::Failed {
+                exit_code: *code,
+                signal: *signal,
+            },
+            TaskOutcome::Timeout => TaskEnd::Timeout,
+            TaskOutcome::Cancelled { .. } => TaskEnd::Cancelled,
+            TaskOutcome::OutOfMemory => TaskEnd::OutOfMemory,
+            TaskOutcome::LaunchFailed { reason } => TaskEnd::LaunchFailed {
+                reason: reason.clone(),
+            },
+        }
+    }
+
     /// The exit code in Slurm's sense: the code, or 128 + the signal; none when
     /// the program never ran.
     pub fn exit_code(&self) -> Option<i32> {
@@ -311,19 +341,47 @@ pub fn now_ms() -> Millis {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::JobId;
 
+    /// A `task.json` as agents wrote it before the key was a type: a new
+    /// agent re-adopting the task must still read it, and unknown fields are
+    /// still refused.
     #[test]
-    fn key_round_trips_through_its_dir_name() {
-        let key = TaskKey {
-            job: JobId(42),
-            attempt: 3,
-            rank: 17,
-        };
-        assert_eq!(key.dir_name(), "42.3.17");
-        assert_eq!(key.dir_name().parse::<TaskKey>(), Ok(key));
-        for bad in ["42.3", "42.3.17.1", "a.b.c", "", "42..1", "shim.log"] {
-            assert!(bad.parse::<TaskKey>().is_err(), "{bad}");
-        }
+    fn a_task_file_of_an_earlier_agent_still_reads() {
+        let before = serde_json::json!({
+            "job": 7,
+            "attempt": 2,
+            "rank": 5,
+            "node_rank": 1,
+            "local_rank": 1,
+            "user": "alice",
+            "allow_root": false,
+            "program": {"Command": {"argv": ["true"]}},
+            "workdir": "/tmp",
+            "env": [["A", "1"]],
+            "stdout": "/tmp/o",
+            "stderr": "/tmp/o",
+            "cpus": [],
+            "cpu_count": 1,
+            "memory_mb": null,
+            "pids_max": null,
+            "time_limit_secs": null,
+            "kill_grace_secs": 10,
+            "signal_before_limit": null
+        });
+        let spec: TaskSpec = serde_json::from_value(before.clone()).unwrap();
+        assert_eq!(
+            spec.key,
+            TaskKey {
+                job: JobId(7),
+                attempt: 2,
+                rank: 5
+            }
+        );
+        assert_eq!(serde_json::to_value(&spec).unwrap(), before);
+        let mut unknown = before;
+        unknown["surprise"] = serde_json::json!(1);
+        assert!(serde_json::from_value::<TaskSpec>(unknown).is_err());
     }
 
     #[test]

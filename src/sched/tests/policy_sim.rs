@@ -16,7 +16,7 @@ use std::collections::BTreeMap;
 
 use super::*;
 use crate::model::policy_change::{AccountPatch, Op, PolicyChange, PriorityPatch, QosPatch};
-use crate::model::{JobState, TaskEnd, TaskEvent, TaskEventKind};
+use crate::model::{JobState, TaskEnd, TaskEvent, TaskEventKind, TaskKey};
 use crate::sched::Preemption;
 use crate::state::{Command, CommandResult, Dirty, State};
 
@@ -192,15 +192,19 @@ fn fair_share_converges_and_preemption_takes_what_is_needed() {
                         node: na.node.clone(),
                         events: vec![
                             TaskEvent {
-                                job: id,
-                                attempt: run.attempt,
-                                rank: rank as u32,
+                                key: TaskKey {
+                                    job: id,
+                                    attempt: run.attempt,
+                                    rank: rank as u32,
+                                },
                                 kind: TaskEventKind::Started,
                             },
                             TaskEvent {
-                                job: id,
-                                attempt: run.attempt,
-                                rank: rank as u32,
+                                key: TaskKey {
+                                    job: id,
+                                    attempt: run.attempt,
+                                    rank: rank as u32,
+                                },
                                 kind: TaskEventKind::Ended(end),
                             },
                         ],

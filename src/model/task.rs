@@ -1,0 +1,132 @@
+//! One task (rank) of one attempt of a job, as every role names it: the
+//! leader's desired state, the agent's ledger, the shim's task directory and
+//! the events that come back all carry the same `TaskKey`, so there is
+//! nothing to convert between them.
+//!
+//! The key is flattened into the messages and files that carry it: its
+//! fields sit next to theirs as `job`, `attempt` and `rank`, exactly as they
+//! did before the key was a type, so MessagePack on the wire and in the log
+//! and the JSON of task directories read the same either way.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+use super::{JobId, TaskEnd};
+
+/// Names one task of one attempt of a job: `(job, attempt, rank)`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct TaskKey {
+    pub job: JobId,
+    /// The job's restart count when this task was started.
+    pub attempt: u32,
+    /// Global rank of the task within the job (RANK).
+    pub rank: u32,
+}
+
+/// `<job>.<attempt>.<rank>`, as in logs and task directory names.
+impl fmt::Display for TaskKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}.{}.{}", self.job, self.attempt, self.rank)
+    }
+}
+
+impl FromStr for TaskKey {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let bad = || format!("{s:?} is not a task key of the form <job>.<attempt>.<rank>");
+        let mut parts = s.split('.');
+        let (Some(job), Some(attempt), Some(rank), None) =
+            (parts.next(), parts.next(), parts.next(), parts.next())
+        else {
+            return Err(bad());
+        };
+        Ok(TaskKey {
+            job: JobId(job.parse().map_err(|_| bad())?),
+            attempt: attempt.parse().map_err(|_| bad())?,
+            rank: rank.parse().map_err(|_| bad())?,
+        })
+    }
+}
+
+/// A start or end of one task.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskEvent {
+    #[serde(flatten)]
+    pub key: TaskKey,
+    pub kind: TaskEventKind,
+}
+
+/// What happened to the task.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum TaskEventKind {
+    Started,
+    Ended(TaskEnd),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn key_round_trips_through_its_text() {
+        let key = TaskKey {
+            job: JobId(42),
+            attempt: 3,
+            rank: 17,
+        };
+        assert_eq!(key.to_string(), "42.3.17");
+        assert_eq!(key.to_string().parse::<TaskKey>(), Ok(key));
+        for bad in ["42.3", "42.3.17.1", "a.b.c", "", "42..1", "shim.log"] {
+            assert!(bad.parse::<TaskKey>().is_err(), "{bad}");
+        }
+    }
+
+    /// How a `TaskEvent` was declared before the key was a type.
+    #[derive(Serialize, Deserialize, Debug, PartialEq)]
+    struct EventBefore {
+        job: JobId,
+        attempt: u32,
+        rank: u32,
+        kind: TaskEventKind,
+    }
+
+    #[test]
+    fn an_event_has_the_bytes_it_had_before_the_key_was_a_type() {
+        let kinds = [
+            TaskEventKind::Started,
+            TaskEventKind::Ended(TaskEnd::Failed {
+                exit_code: Some(3),
+                signal: None,
+            }),
+            TaskEventKind::Ended(TaskEnd::Lost {
+                reason: "gone".into(),
+            }),
+        ];
+        for kind in kinds {
+            let before = EventBefore {
+                job: JobId(70_000),
+                attempt: 2,
+                rank: 300,
+                kind: kind.clone(),
+            };
+            let now = TaskEvent {
+                key: TaskKey {
+                    job: JobId(70_000),
+                    attempt: 2,
+                    rank: 300,
+                },
+                kind,
+            };
+            let old_bytes = rmp_serde::to_vec_named(&before).unwrap();
+            assert_eq!(rmp_serde::to_vec_named(&now).unwrap(), old_bytes);
+            assert_eq!(rmp_serde::from_slice::<TaskEvent>(&old_bytes).unwrap(), now);
+            assert_eq!(
+                serde_json::to_string(&now).unwrap(),
+                serde_json::to_string(&before).unwrap()
+            );
+        }
+    }
+}
