@@ -144,6 +144,7 @@ impl ComputeAgent {
             // Meanwhile keep observing tasks so ends are buffered, but start
             // and stop nothing on a desired state that may be stale.
             ledger.desired = None;
+            ledger.stopping.clear();
             let events = ledger.reconcile(self.runner.as_ref());
             ledger.queue(events);
             if wait {
@@ -264,8 +265,9 @@ impl ComputeAgent {
             let mut reconcile = false;
             tokio::select! {
                 m = rx.recv() => match m {
-                    Some(ServerMsg::Desired { tasks, .. }) => {
+                    Some(ServerMsg::Desired { tasks, stopping, .. }) => {
                         ledger.desired = Some(tasks.into_iter().map(|t| (t.key, t)).collect());
+                        ledger.stopping = stopping.into_iter().collect();
                         reconcile = true;
                     }
                     Some(ServerMsg::EventsCommitted { seq }) => {

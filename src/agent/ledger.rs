@@ -45,6 +45,10 @@ fn start_all(
 pub(super) struct Ledger {
     /// The desired set of the current connection; `None` until it arrived.
     pub(super) desired: Option<HashMap<TaskKey, DesiredTask>>,
+    /// Ranks of the leader's ending jobs on this node with no end committed
+    /// (sent with the desired set): one this node does not have is reported
+    /// ended here, since nothing else would ever end it.
+    pub(super) stopping: BTreeSet<TaskKey>,
     started_reported: BTreeSet<TaskKey>,
     ended_reported: BTreeSet<TaskKey>,
     /// Ends the leader has committed.
@@ -105,6 +109,44 @@ impl Ledger {
                     }
                 }
             }
+        }
+        // An ending job's rank that this node does not have: cancelled
+        // before any desired set carried it here (a cancel right after the
+        // schedule, across a leader change), or its directory is gone.
+        // Reconcile runs one step at a time, so a task being started now
+        // would be in `seen`.
+        for &key in &self.stopping {
+            if seen.contains(&key) || !self.ended_reported.insert(key) {
+                continue;
+            }
+            let end = if self.started_reported.contains(&key) {
+                TaskEnd::Lost {
+                    reason: "its task directory is gone from the node".into(),
+                }
+            } else {
+                TaskEnd::Cancelled
+            };
+            tracing::info!(task = %key, "an ending job's task that this node does not have: reported ended");
+            events.push(TaskEvent {
+                key,
+                kind: TaskEventKind::Ended(end),
+            });
+        }
+        // Ends of tasks with no directory, once committed and neither
+        // desired nor stopping any more, are forgotten.
+        let listed = |k: &TaskKey| {
+            self.stopping.contains(k) || self.desired.as_ref().is_some_and(|d| d.contains_key(k))
+        };
+        let done: Vec<TaskKey> = self
+            .ended_committed
+            .iter()
+            .filter(|k| !seen.contains(*k) && !listed(k))
+            .copied()
+            .collect();
+        for key in done {
+            self.ended_committed.remove(&key);
+            self.ended_reported.remove(&key);
+            self.started_reported.remove(&key);
         }
         let to_start: Vec<(TaskKey, &DesiredTask)> = match &self.desired {
             Some(desired) if !stopping => desired
@@ -249,6 +291,42 @@ mod tests {
 
     fn desire(ledger: &mut Ledger, tasks: &[DesiredTask]) {
         ledger.desired = Some(tasks.iter().map(|t| (t.key, t.clone())).collect());
+    }
+
+    #[test]
+    fn an_ending_jobs_rank_this_node_never_had_is_reported_ended_once() {
+        let runner = FakeRunner::default();
+        let mut ledger = Ledger::default();
+        // Job 1 rank 0 runs here; job 2 rank 0 was cancelled before any
+        // desired set carried it here.
+        desire(&mut ledger, &[task(1, 0)]);
+        ledger.reconcile(&runner);
+        desire(&mut ledger, &[]);
+        ledger.stopping = [key(1, 0), key(2, 0)].into_iter().collect();
+        let ev = ledger.reconcile(&runner);
+        assert_eq!(
+            ev,
+            vec![TaskEvent {
+                key: key(2, 0),
+                kind: TaskEventKind::Ended(TaskEnd::Cancelled)
+            }],
+            "the running one is stopped, not reported ended"
+        );
+        assert_eq!(*runner.stopped.lock().unwrap(), vec![key(1, 0)]);
+        assert!(ledger.reconcile(&runner).is_empty(), "no repeats");
+        let (seq, _) = ledger.queue(ev).unwrap();
+        ledger.committed(seq);
+        // Committed and no longer listed: forgotten.
+        ledger.stopping.clear();
+        ledger.reconcile(&runner);
+        assert!(!ledger.ended_reported.contains(&key(2, 0)));
+        assert!(!ledger.ended_committed.contains(&key(2, 0)));
+        assert!(runner
+            .started
+            .lock()
+            .unwrap()
+            .iter()
+            .all(|k| *k != key(2, 0)));
     }
 
     #[test]

@@ -55,8 +55,17 @@ pub enum ServerMsg {
         #[serde(default)]
         leader_addr: Option<String>,
     },
-    /// Every task this node should be running now (full set).
-    Desired { index: u64, tasks: Vec<DesiredTask> },
+    /// Every task this node should be running now (full set), and the ranks
+    /// of its ending (COMPLETING) jobs that have not reported an end: an
+    /// agent that never had one of those (it was cancelled before a desired
+    /// set carried it, e.g. across a leader change) reports it ended, or the
+    /// job would wait for it for ever.
+    Desired {
+        index: u64,
+        tasks: Vec<DesiredTask>,
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        stopping: Vec<TaskKey>,
+    },
     /// Events up to and including `seq` are committed.
     EventsCommitted { seq: u64 },
 }

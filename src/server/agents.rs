@@ -109,6 +109,34 @@ impl AgentHub {
     }
 }
 
+/// The ranks on `node` of its ending (COMPLETING) jobs that have not
+/// reported an end, as sent to its agent beside the desired set.
+pub fn stopping_tasks(state: &State, node: &str) -> Vec<TaskKey> {
+    let mut out = Vec::new();
+    for job in state.jobs_on(node) {
+        if job.state != JobState::Completing {
+            continue;
+        }
+        let Some(run) = &job.run else { continue };
+        let per_node = job.spec.ntasks_per_node.max(1);
+        let Some(node_rank) = run.allocation.nodes.iter().position(|n| n.node == node) else {
+            continue;
+        };
+        for local_rank in 0..per_node {
+            let rank = node_rank as u32 * per_node + local_rank;
+            if !run.ended.contains_key(&rank) {
+                out.push(TaskKey {
+                    job: job.id,
+                    attempt: run.attempt,
+                    rank,
+                });
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
 /// The tasks `node` should run, as sent to its agent. Ranks that already
 /// ended are left out, so a rank is never started twice in one attempt.
 pub fn desired_tasks(state: &State, node: &str) -> Vec<DesiredTask> {
@@ -244,7 +272,7 @@ pub async fn serve(api: Arc<Api>, hub: Arc<AgentHub>, peer: Peer) {
     });
 
     let mut metrics = api.metrics();
-    let mut last_sent: Option<Vec<DesiredTask>> = None;
+    let mut last_sent: Option<(Vec<DesiredTask>, Vec<TaskKey>)> = None;
     // The node's index version when `last_sent` was computed: an applied
     // entry that touched no job on this node leaves it, and the desired
     // state is then neither recomputed nor compared.
@@ -277,13 +305,15 @@ pub async fn serve(api: Arc<Api>, hub: Arc<AgentHub>, peer: Peer) {
                 None
             } else {
                 sent_version = Some(version);
-                Some((desired_tasks(&s, &node), api.applied_index()))
+                let sets = (desired_tasks(&s, &node), stopping_tasks(&s, &node));
+                Some((sets, api.applied_index()))
             }
         };
         if let Some((desired, index)) = changed.filter(|(d, _)| last_sent.as_ref() != Some(d)) {
             let msg = ServerMsg::Desired {
                 index,
-                tasks: desired.clone(),
+                tasks: desired.0.clone(),
+                stopping: desired.1.clone(),
             };
             if write_frame(&mut send, &msg).await.is_err() {
                 break;

@@ -395,6 +395,16 @@ pub fn server_msgs() -> Vec<ServerMsg> {
         ServerMsg::Desired {
             index: 9,
             tasks: vec![desired_task(), desired_task()],
+            stopping: vec![],
+        },
+        ServerMsg::Desired {
+            index: 10,
+            tasks: vec![desired_task()],
+            stopping: vec![gpuq::model::TaskKey {
+                job: JobId(7),
+                attempt: 1,
+                rank: 3,
+            }],
         },
         ServerMsg::EventsCommitted { seq: 3 },
     ]

@@ -335,6 +335,7 @@ pub fn samples(store: &Store, _dir: &Path) -> Vec<Sample> {
         ServerMsg::Desired {
             index: 9,
             tasks: vec![task],
+            stopping: vec![],
         },
         ServerMsg::EventsCommitted { seq: 3 },
     ];
