@@ -5,6 +5,7 @@
 //! exactly those in the same redb transaction that records the applied index.
 
 mod apply;
+pub mod codec;
 mod command;
 mod deps;
 pub mod history;
@@ -13,6 +14,7 @@ mod policy;
 mod queue;
 mod run;
 pub mod store;
+mod store_error;
 mod view;
 
 use std::collections::{BTreeMap, BTreeSet};
