@@ -247,21 +247,3 @@ impl State {
 
 #[cfg(test)]
 mod tests;
-
-#[cfg(test)]
-mod tests_run;
-
-#[cfg(test)]
-mod tests_alloc;
-
-#[cfg(test)]
-mod tests_history;
-
-#[cfg(test)]
-mod tests_queue;
-
-#[cfg(test)]
-mod tests_restart;
-
-#[cfg(test)]
-mod tests_policy;
