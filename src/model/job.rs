@@ -431,6 +431,30 @@ pub struct Job {
 pub const REDACTED: &str = "(hidden: only the job's owner and admins see its script)";
 
 impl Job {
+    /// A job just queued: PENDING since `submit_time`, never run, held if
+    /// its spec asks (`--hold`). An array task's `array` is the caller's to
+    /// set.
+    pub fn pending(id: JobId, user: impl Into<String>, spec: JobSpec, submit_time: Millis) -> Job {
+        Job {
+            id,
+            user: user.into(),
+            held: spec.queue.hold,
+            spec,
+            state: JobState::Pending,
+            submit_time,
+            start_time: None,
+            end_time: None,
+            restart_count: 0,
+            reason: None,
+            exit_code: None,
+            cancelled_by: None,
+            run: None,
+            preemptions: Vec::new(),
+            array: None,
+            expected_start: None,
+        }
+    }
+
     /// What other users see of this job: everything but its environment
     /// and its script's body, which carry tokens and passwords (as Slurm
     /// shows neither to other users).

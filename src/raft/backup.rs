@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use super::{open_storage, RaftError, ServerNode};
+use crate::state::codec;
 
 const MAGIC: &[u8] = b"gpuq-backup/1\n";
 
@@ -63,7 +64,7 @@ pub fn write(path: &Path, backup: &Backup) -> Result<u64, BackupError> {
         path: path.to_path_buf(),
         source,
     };
-    let body = rmp_serde::to_vec_named(backup).map_err(|e| BackupError::Decode {
+    let body = codec::encode(backup).map_err(|e| BackupError::Decode {
         path: path.to_path_buf(),
         reason: e.to_string(),
     })?;
@@ -124,7 +125,7 @@ pub fn read(path: &Path) -> Result<Backup, BackupError> {
     if Sha256::digest(body).as_slice() != &rest[8 + len..8 + len + 32] {
         return Err(BackupError::Damaged { path: p() });
     }
-    rmp_serde::from_slice(body).map_err(|e| BackupError::Decode {
+    codec::decode(body).map_err(|e| BackupError::Decode {
         path: p(),
         reason: e.to_string(),
     })

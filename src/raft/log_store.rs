@@ -39,9 +39,9 @@ use openraft::storage::{LogFlushed, RaftLogStorage};
 use openraft::{LogId, LogState, RaftLogReader, StorageError, StorageIOError, Vote};
 use redb::{Database, Durability, ReadableTable, TableDefinition, WriteTransaction};
 use serde::de::DeserializeOwned;
-use serde::Serialize;
 
 use super::{LogEntry, TypeConfig};
+use crate::state::codec::{decode, encode, EncodeError};
 
 /// Log entries: index -> MessagePack of the entry.
 const LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("raft_log");
@@ -131,14 +131,6 @@ impl Drop for Shared {
 #[derive(Clone)]
 pub struct LogStore {
     shared: Arc<Shared>,
-}
-
-fn encode<T: Serialize>(v: &T) -> Result<Vec<u8>, rmp_serde::encode::Error> {
-    rmp_serde::to_vec_named(v)
-}
-
-fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, rmp_serde::decode::Error> {
-    rmp_serde::from_slice(bytes)
 }
 
 fn read_err(e: impl std::error::Error + 'static) -> StorageError<u64> {
@@ -531,7 +523,7 @@ enum WriteError {
     #[error("raft log database: {0}")]
     Db(Box<redb::Error>),
     #[error("raft log record could not be encoded: {0}")]
-    Encode(#[from] rmp_serde::encode::Error),
+    Encode(#[from] EncodeError),
 }
 
 fn db_err(e: impl Into<redb::Error>) -> WriteError {

@@ -34,9 +34,9 @@ use redb::{
     Database, Durability, ReadTransaction, ReadableTable, TableDefinition, WriteTransaction,
 };
 use serde::de::DeserializeOwned;
-use serde::Serialize;
 
 use super::{LogEntry, ServerNode, TypeConfig};
+use crate::state::codec::{self, encode, DecodeError, EncodeError};
 use crate::state::store::{self, StoreError};
 use crate::state::{CommandResult, Dirty, State};
 
@@ -67,10 +67,10 @@ enum SmError {
     #[error("state machine record {what} could not be decoded: {source}")]
     Decode {
         what: &'static str,
-        source: rmp_serde::decode::Error,
+        source: DecodeError,
     },
     #[error("state machine record could not be encoded: {0}")]
-    Encode(#[from] rmp_serde::encode::Error),
+    Encode(#[from] EncodeError),
     #[error("state machine task failed: {0}")]
     Task(String),
 }
@@ -79,20 +79,14 @@ fn db_err(e: impl Into<redb::Error>) -> SmError {
     SmError::Db(Box::new(e.into()))
 }
 
-fn encode<T: Serialize>(v: &T) -> Result<Vec<u8>, SmError> {
-    Ok(rmp_serde::to_vec_named(v)?)
-}
-
-fn decode<T: DeserializeOwned>(what: &'static str, bytes: &[u8]) -> Result<T, SmError> {
-    rmp_serde::from_slice(bytes).map_err(|source| SmError::Decode { what, source })
-}
-
 fn get<T: DeserializeOwned>(
     table: &impl ReadableTable<&'static str, &'static [u8]>,
     key: &'static str,
 ) -> Result<Option<T>, SmError> {
     match table.get(key).map_err(db_err)? {
-        Some(v) => Ok(Some(decode(key, v.value())?)),
+        Some(v) => Ok(Some(
+            codec::decode(v.value()).map_err(|source| SmError::Decode { what: key, source })?,
+        )),
         None => Ok(None),
     }
 }

@@ -1,8 +1,8 @@
-//! Backfill: the pass's loop over the queue, in whatever order the queue is
-//! given (Slurm's backfill, EASY for jobs past the reservation depth and
-//! conservative for the top `depth` blocked ones).
+//! Backfill (Slurm's backfill: EASY for jobs past the reservation depth,
+//! conservative for the top `depth` blocked ones): the reservations the pass
+//! loop (`pass`) gives blocked jobs, and the rule by which a lower job may
+//! start ahead of them.
 //!
-//! - Jobs start in queue order while they fit the free resources.
 //! - The first `depth` jobs that cannot start get a [`Reservation`]: the
 //!   earliest time `T` their placement (the same gang-, topology- and
 //!   constraint-aware placement as a start now) fits on a timeline of free
@@ -13,47 +13,28 @@
 //!   reservation it would overlap: a reservation starting after the job's own
 //!   end (now + its time limit) is not in its way; any other is. A job with
 //!   no time limit overlaps them all. So no start delays a reservation.
-//! - Jobs held back by the state (holds, dependencies), by `--begin`, by an
-//!   array throttle or a running singleton, by a down partition or by a
-//!   quota wait with that reason and block nobody. A job is placed (now or
-//!   on the timeline) only on its partition's nodes.
-//! - A job that cannot start now may preempt (`super::preempt_for`) where
-//!   what it would take once the victims stopped leaves room for the
-//!   reservations it would overlap: the victims go in the plan, what it
-//!   will take is charged so nobody behind it takes it (and is on the
-//!   timeline as started now, the victims' expected ends not), and it waits
-//!   as `Preempting`, blocking nobody. Not where the pass has fallen back
-//!   to strict priority.
-//! - When a blocked job's start cannot be worked out (resources held by jobs
-//!   the timeline does not know, or `max_times` candidate times tried), the
-//!   pass falls back to strict priority behind it: nothing lower starts.
+//! - A preemptor goes only where what it would take once the victims stopped
+//!   leaves room for the reservations it would overlap ([`clear_of_holds`]).
 //!
-//! Cost: like Slurm's `bf_max_job_test`, at most `max_job_test` jobs behind
-//! the first blocked one are tried per pass; the rest wait for `Priority`.
-//! A request that failed to start (same shape, placement and time limit)
-//! is not tried again in the pass, since free resources only shrink and
-//! reservations only grow within it. Each reservation walks at most
-//! `max_times` candidate start times, and places only at those where enough
-//! GPUs are free; an O(reserved GPUs) count rules out the others.
+//! Cost: each reservation walks at most `max_times` candidate start times,
+//! and places only at those where enough GPUs are free; an O(reserved GPUs)
+//! count rules out the others.
 //!
 //! Counts (CPUs, memory) of a reservation are subtracted from what is free
 //! now in full, even where part of them would be released by running jobs
 //! first: conservative, so a backfilled job may be turned away needlessly,
 //! never let in wrongly. GPUs are exact (indices).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 
 use serde::{Deserialize, Serialize};
 
-use crate::model::{Allocation, JobId, Millis, Placement};
+use crate::model::{Allocation, JobId, Millis};
 
-use super::check::{self, Candidate, Resolved, Scope};
-use super::plan::Reservation;
+use super::check::Resolved;
 use super::pool::Part;
-use super::queue::Queue;
-use super::quota::Quotas;
-use super::view::{ClusterView, PendingJob, RunningJob};
-use super::{Packing, Partitions, PendingReason, Plan, Pool, MAX_PREEMPT_TRIES};
+use super::view::{PendingJob, RunningJob};
+use super::{Packing, PendingReason, Pool};
 
 /// Backfill's knobs (Slurm's `bf_*` parameters).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -84,10 +65,10 @@ impl Default for BackfillConfig {
 }
 
 /// Resources set aside for a blocked job over `[start, end)`.
-struct Hold {
-    start: Millis,
-    end: Option<Millis>,
-    alloc: Allocation,
+pub(super) struct Hold {
+    pub start: Millis,
+    pub end: Option<Millis>,
+    pub alloc: Allocation,
 }
 
 impl Hold {
@@ -99,284 +80,9 @@ impl Hold {
     }
 }
 
-/// One pass over `queue` (`view`'s pending jobs, already in priority order).
-pub(super) fn run<'v>(
-    view: &'v ClusterView,
-    queue: &Queue<'v>,
-    parts: &Partitions,
-    cands: &[Candidate],
-    mut pool: Pool<'v>,
-    now: Millis,
-    packing: Packing,
-) -> Plan {
-    let cfg = &view.backfill;
-    // Jobs stopping for a preemption (earlier passes' and this one's): the
-    // timeline does not count on their expected ends, since what they free
-    // goes to their preemptor, which is on it as started now instead.
-    let mut stopping: BTreeSet<JobId> = view
-        .policy
-        .running
-        .iter()
-        .filter(|r| r.preempted_for.is_some())
-        .map(|r| r.id)
-        .collect();
-    let mut quotas = Quotas::new(&view.policy);
-    // Jobs some running jobs are stopping for (`super::preempt_for`).
-    let preemptors: BTreeSet<JobId> = view
-        .policy
-        .running
-        .iter()
-        .filter_map(|r| r.preempted_for)
-        .collect();
-    // Running jobs' releases, in time order, by node position: worked out
-    // once for every reservation of the pass.
-    let releases = Releases::new(&pool, &view.running, now);
-    // The timeline's pool at a time, carried from one reservation to the next.
-    let mut ahead: Option<Ahead> = None;
-    // Preemption simulates on copies of the pool: a few per pass.
-    let mut preempt_tries = MAX_PREEMPT_TRIES;
-    // Each request's satisfiability, worked out for the first job making it.
-    let mut verdicts: Vec<Option<Result<Resolved, String>>> = vec![None; queue.requests];
-    // Which up nodes each distinct placement allows, in each partition.
-    let mut allowed: BTreeMap<(&Placement, usize), Vec<bool>> = BTreeMap::new();
-    // Requests (with their time limit) that could not start now.
-    let mut failed: BTreeMap<(usize, Option<u64>), PendingReason> = BTreeMap::new();
-    let mut holds: Vec<Hold> = Vec::new();
-    // What this pass started, with when it ends: part of the timeline.
-    let mut started: Vec<(Option<Millis>, Allocation)> = Vec::new();
-    let mut slots: BTreeMap<JobId, u32> = BTreeMap::new();
-    let mut singletons: BTreeSet<(&str, &str)> = BTreeSet::new();
-    let mut blocked = false;
-    let mut barrier = false;
-    let mut tested = 0usize;
-    let mut out = Plan::default();
-
-    for q in &queue.jobs {
-        // Until it is tried, a job is read from `q` only: see `super::queue`.
-        if !q.plain {
-            if let Some(reason) = gate(q.job, now, &slots, &singletons) {
-                out.pending.push((q.id, reason));
-                continue;
-            }
-        }
-        let Some(part) = q.part else {
-            out.pending.push((q.id, PendingReason::PartitionDown));
-            continue;
-        };
-        let job = q.job;
-        let verdict = verdicts[q.request].get_or_insert_with(|| {
-            let in_part: Vec<Candidate> = cands
-                .iter()
-                .zip(&parts.members[part])
-                .filter(|(_, &m)| m)
-                .map(|(c, _)| *c)
-                .collect();
-            check::fits_some(&in_part, job, Scope::Up)
-        });
-        let resolved = match verdict {
-            Ok(r) => *r,
-            Err(why) => {
-                out.pending
-                    .push((q.id, PendingReason::Unsatisfiable(why.clone())));
-                continue;
-            }
-        };
-        let gpus = u64::from(resolved.per_node.gpus) * u64::from(resolved.nodes);
-        if q.capped {
-            if let Err(reason) = quotas.gate(job, gpus) {
-                out.pending.push((q.id, reason));
-                continue;
-            }
-        }
-        if barrier || (blocked && cfg.depth == 0) {
-            out.pending.push((q.id, PendingReason::Priority));
-            continue;
-        }
-        if blocked {
-            if tested >= cfg.max_job_test {
-                out.pending.push((q.id, PendingReason::Priority));
-                continue;
-            }
-            tested += 1;
-        }
-        let end = job.time_limit_secs.map(|s| end_of(now, s));
-        let allowed = allowed.entry((&job.placement, part)).or_insert_with(|| {
-            let mut a = pool.allowed(&job.placement);
-            a.iter_mut()
-                .zip(&parts.members[part])
-                .for_each(|(a, &m)| *a &= m);
-            a
-        });
-        let key = (q.request, job.time_limit_secs);
-        let attempt = match failed.get(&key) {
-            Some(r) => Err(r.clone()),
-            None => {
-                let (placed, held) = place_during(
-                    &mut pool,
-                    &holds,
-                    (now, end),
-                    job,
-                    resolved,
-                    allowed,
-                    packing,
-                );
-                placed.map_err(|reason| {
-                    // Would it fit but for the reservations?
-                    let taken_by_holds =
-                        held && pool.place(job, resolved, allowed, packing).is_ok();
-                    let r = if taken_by_holds {
-                        PendingReason::ReservedForOthers
-                    } else {
-                        reason
-                    };
-                    failed.insert(key, r.clone());
-                    r
-                })
-            }
-        };
-        match attempt {
-            Ok(alloc) => {
-                pool.charge(&alloc);
-                quotas.charge(job, gpus);
-                if let Some(t) = job.array_throttle {
-                    if let Some(s) = slots.get_mut(&t.array) {
-                        *s = s.saturating_sub(1);
-                    } else {
-                        slots.insert(t.array, t.slots.saturating_sub(1));
-                    }
-                }
-                if let Some(name) = &job.singleton {
-                    singletons.insert((job.user.as_str(), name.as_str()));
-                }
-                started.push((end, alloc.clone()));
-                out.allocations.push(alloc);
-            }
-            Err(reason) => {
-                // May it take what others hold? Only where that leaves room
-                // for the reservations it would overlap: it delays none.
-                let preempting = super::preempt_for(
-                    view,
-                    &pool,
-                    job,
-                    resolved,
-                    allowed,
-                    packing,
-                    now,
-                    gpus,
-                    &quotas,
-                    &mut preempt_tries,
-                    &preemptors,
-                )
-                .filter(|(p, at)| {
-                    let victims: Vec<&Allocation> = view
-                        .policy
-                        .running
-                        .iter()
-                        .filter(|r| match p {
-                            Some(p) => p.victims.contains(&r.id),
-                            None => r.preempted_for == Some(job.id),
-                        })
-                        .map(|r| &*r.allocation)
-                        .collect();
-                    clear_of_holds(&pool, &victims, &holds, now, end, at)
-                });
-                if let Some((preemption, reserved)) = preempting {
-                    // What it will take once the victims stopped is not for
-                    // the jobs behind it.
-                    pool.charge(&reserved);
-                    started.push((end, reserved));
-                    // It may charge what victims still hold, and they are not
-                    // released any more: the timeline's pool is stale.
-                    ahead = None;
-                    if let Some(p) = preemption {
-                        stopping.extend(p.victims.iter().copied());
-                        out.preemptions.push(p);
-                    }
-                    out.pending.push((job.id, PendingReason::Preempting));
-                    continue;
-                }
-                let first = !blocked;
-                blocked = true;
-                let mut reserved = false;
-                if holds.len() < cfg.depth {
-                    let timeline = Timeline {
-                        pool: &pool,
-                        running: &releases,
-                        stopping: &stopping,
-                        started: &started,
-                        holds: &holds,
-                        now,
-                        max_times: cfg.max_times,
-                    };
-                    if let Some((start, alloc)) =
-                        timeline.earliest(&mut ahead, job, resolved, allowed, packing)
-                    {
-                        let end = job.time_limit_secs.map(|s| end_of(start, s));
-                        out.reservations.push(Reservation {
-                            job: job.id,
-                            start,
-                            end,
-                            allocation: alloc.clone(),
-                        });
-                        holds.push(Hold { start, end, alloc });
-                        reserved = true;
-                    }
-                }
-                if !reserved && holds.len() < cfg.depth {
-                    // Its start is unknown: protect it the strict way.
-                    barrier = true;
-                }
-                let reason = match reason {
-                    r if first => r,
-                    PendingReason::ReservedForOthers => PendingReason::ReservedForOthers,
-                    _ => PendingReason::Priority,
-                };
-                out.pending.push((job.id, reason));
-            }
-        }
-    }
-    out
-}
-
-/// Whether nothing but resources and quotas can keep `job` back at `now`:
-/// [`gate`] holds no such job, whatever the pass has started.
-pub(super) fn ungated(job: &PendingJob, now: Millis) -> bool {
-    job.blocked.is_none()
-        && job.begin_time.is_none_or(|b| b <= now)
-        && job.array_throttle.is_none()
-        && job.singleton.is_none()
-}
-
-/// Why a job may not even be tried now, if something other than resources
-/// keeps it back.
-fn gate(
-    job: &PendingJob,
-    now: Millis,
-    slots: &BTreeMap<JobId, u32>,
-    singletons: &BTreeSet<(&str, &str)>,
-) -> Option<PendingReason> {
-    if let Some(r) = &job.blocked {
-        return Some(r.clone());
-    }
-    if job.begin_time.is_some_and(|b| b > now) {
-        return Some(PendingReason::BeginTime);
-    }
-    if let Some(t) = job.array_throttle {
-        if slots.get(&t.array).copied().unwrap_or(t.slots) == 0 {
-            return Some(PendingReason::JobArrayTaskLimit);
-        }
-    }
-    if let Some(name) = &job.singleton {
-        if singletons.contains(&(job.user.as_str(), name.as_str())) {
-            return Some(PendingReason::Dependency);
-        }
-    }
-    None
-}
-
 /// Whether `at` (where a preemptor goes once `victims` stopped) leaves room
 /// for every reservation overlapping `[from, to)`.
-fn clear_of_holds(
+pub(super) fn clear_of_holds(
     pool: &Pool,
     victims: &[&Allocation],
     holds: &[Hold],
@@ -401,7 +107,8 @@ fn clear_of_holds(
     })
 }
 
-fn end_of(start: Millis, secs: u64) -> Millis {
+/// `secs` after `start`.
+pub(super) fn end_of(start: Millis, secs: u64) -> Millis {
     start.saturating_add(secs.saturating_mul(1000))
 }
 
@@ -409,7 +116,7 @@ fn end_of(start: Millis, secs: u64) -> Millis {
 /// `during` (`[from, to)`), and whether any does. The reservations are
 /// charged to the nodes they name and those nodes put back after: `pool`
 /// is as it was, and no copy of it is made.
-fn place_during(
+pub(super) fn place_during(
     pool: &mut Pool,
     holds: &[Hold],
     (from, to): (Millis, Option<Millis>),
@@ -437,7 +144,7 @@ fn place_during(
 /// nodes that are not up are dropped: they free nothing the pass uses).
 /// Jobs never known to end are not in it. The parts of all jobs are one
 /// vector: a release is a range of it, not an allocation of its own.
-struct Releases<'v> {
+pub(super) struct Releases<'v> {
     ends: Vec<Release>,
     parts: Vec<Part<'v>>,
 }
@@ -451,7 +158,7 @@ struct Release {
 }
 
 impl<'v> Releases<'v> {
-    fn new(pool: &Pool, running: &'v [RunningJob], now: Millis) -> Releases<'v> {
+    pub fn new(pool: &Pool, running: &'v [RunningJob], now: Millis) -> Releases<'v> {
         let mut parts = Vec::with_capacity(running.len());
         let mut ends: Vec<Release> = running
             .iter()
@@ -492,7 +199,7 @@ impl<'v> Releases<'v> {
 /// to the same), and released again at their ends. Anything else the pass
 /// does to its pool (a preemptor's charge, a new victim whose release no
 /// longer counts) makes it stale, and the pass drops it.
-struct Ahead<'v> {
+pub(super) struct Ahead<'v> {
     at: Pool<'v>,
     /// Every release with an end up to `t` is in `at`.
     t: Millis,
@@ -559,23 +266,23 @@ impl<'v> Ahead<'v> {
 }
 
 /// Free capacity over time, for one reservation's search.
-struct Timeline<'a, 'v> {
+pub(super) struct Timeline<'a, 'v> {
     /// Free now, after this pass's starts.
-    pool: &'a Pool<'v>,
-    running: &'a Releases<'v>,
+    pub pool: &'a Pool<'v>,
+    pub running: &'a Releases<'v>,
     /// Jobs in `running` whose release the timeline ignores.
-    stopping: &'a BTreeSet<JobId>,
-    started: &'a [(Option<Millis>, Allocation)],
-    holds: &'a [Hold],
-    now: Millis,
-    max_times: usize,
+    pub stopping: &'a BTreeSet<JobId>,
+    pub started: &'a [(Option<Millis>, Allocation)],
+    pub holds: &'a [Hold],
+    pub now: Millis,
+    pub max_times: usize,
 }
 
 impl<'v> Timeline<'_, 'v> {
     /// The earliest time after now at which `job` fits for its whole time
     /// limit, and where; `None` if the timeline does not know one. `ahead`
     /// is the pool at a time of the timeline, carried between reservations.
-    fn earliest(
+    pub fn earliest(
         &self,
         ahead: &mut Option<Ahead<'v>>,
         job: &PendingJob,

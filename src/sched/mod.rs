@@ -47,7 +47,7 @@
 //!   ([`pick_gpus`]), and CPUs of their NUMA nodes ([`pick_cpus`]).
 //!
 //! Where it grows: new reasons ([`PendingReason`]) come with gates next to
-//! `backfill::gate` and `quota::Quotas::gate`, and fields of [`Plan`].
+//! `queue::gate` and `quota::Quotas::gate`, and fields of [`Plan`].
 
 mod backfill;
 mod check;
@@ -56,6 +56,7 @@ mod cpus;
 pub mod fairshare;
 mod gpus;
 mod gpuset;
+mod pass;
 mod plan;
 mod policy;
 mod pool;
@@ -70,9 +71,7 @@ mod view;
 #[cfg(test)]
 mod tests;
 
-use std::collections::BTreeSet;
-
-use crate::model::{Allocation, Millis};
+use crate::model::Millis;
 
 pub use backfill::BackfillConfig;
 pub use check::{check_allocation, check_allocation_by, feasible};
@@ -80,12 +79,13 @@ pub use cpus::pick_cpus;
 pub use gpus::pick_gpus;
 pub use plan::{PendingReason, PendingReasons, Plan, Preemption, Reservation};
 pub use policy::{ActiveJob, PolicyView};
+pub use queue::order as queue_order;
 pub use view::{
     cpu_layout, ArrayThrottle, Capacity, ClusterView, NodeState, NodeView, PendingJob, RunningJob,
     Shape, Usage, DEFAULT_MEM_PER_CPU_MB,
 };
 
-use check::{Candidate, Resolved};
+use check::Candidate;
 use pool::Pool;
 
 /// How a pass chooses among the nodes a job fits on.
@@ -160,68 +160,7 @@ pub fn plan_ref(view: &ViewRef, now: Millis, packing: Packing) -> Plan {
     let cluster_gpus = cands.iter().map(|c| c.cap.gpus).sum();
     let parts = Partitions::new(&view.rest.policy.policy, &up);
     let queue = queue::build(view, now, &parts, cluster_gpus);
-    backfill::run(view.rest, &queue, &parts, &cands, pool, now, packing)
-}
-
-/// Preemption attempts (each simulates on copies of the pool) per pass.
-const MAX_PREEMPT_TRIES: u32 = 16;
-
-/// For a job that does not fit now: if jobs are already stopping for it,
-/// where it will go once they have (no new victims); else new victims that
-/// make it fit, if it may preempt any. `None`: it just waits.
-#[allow(clippy::too_many_arguments)]
-fn preempt_for(
-    view: &ClusterView,
-    pool: &Pool,
-    job: &PendingJob,
-    resolved: Resolved,
-    allowed: &[bool],
-    packing: Packing,
-    now: Millis,
-    gpus: u64,
-    quotas: &quota::Quotas,
-    tries: &mut u32,
-    preemptors: &BTreeSet<crate::model::JobId>,
-) -> Option<(Option<Preemption>, Allocation)> {
-    let stopping: Vec<&ActiveJob> = if preemptors.contains(&job.id) {
-        view.policy
-            .running
-            .iter()
-            .filter(|r| r.preempted_for == Some(job.id))
-            .collect()
-    } else {
-        Vec::new()
-    };
-    if !stopping.is_empty() {
-        let mut freed = pool.clone();
-        for r in &stopping {
-            freed.release(&r.allocation);
-        }
-        let at = freed.place(job, resolved, allowed, packing).ok()?;
-        return Some((None, at));
-    }
-    if *tries == 0 {
-        return None;
-    }
-    let cands = preempt::candidates(&view.policy, job, gpus, &|a| quotas.account_gpus(a));
-    if cands.is_empty() {
-        return None;
-    }
-    *tries -= 1;
-    let (victims, at) = preempt::find(pool, job, resolved, allowed, packing, &cands, now)?;
-    let why = victims
-        .iter()
-        .filter_map(|id| cands.iter().find(|r| r.id == *id))
-        .map(|r| preempt::why(&view.policy, job, r))
-        .collect();
-    Some((
-        Some(Preemption {
-            job: job.id,
-            victims,
-            why,
-        }),
-        at,
-    ))
+    pass::run(view.rest, &queue, &parts, &cands, pool, now, packing)
 }
 
 /// Which up nodes each partition holds, and which partition a job is in.

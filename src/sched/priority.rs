@@ -28,22 +28,6 @@ pub fn priorities(view: &ClusterView, now: Millis) -> BTreeMap<JobId, Factors> {
         .collect()
 }
 
-/// The pending jobs in queue order, with their priorities: the order of a
-/// pass's queue (`super::queue`), which this builds.
-///
-/// Ids are unique, so the order is total and the same as a stable sort of
-/// the jobs would give (the view's order breaks a tie of ids).
-pub fn order(view: &ClusterView, now: Millis) -> Vec<(&PendingJob, i64)> {
-    let v = view.by_ref();
-    let up = super::up_nodes(&v.nodes);
-    let parts = super::Partitions::new(&v.rest.policy.policy, &up);
-    super::queue::build(&v, now, &parts, up_gpus(&up))
-        .jobs
-        .into_iter()
-        .map(|q| (q.job, q.priority))
-        .collect()
-}
-
 /// A job's place in queue order, by its total priority: ids are unique, so
 /// the order is total.
 pub(super) type Key = (std::cmp::Reverse<i64>, bool, Millis, JobId);

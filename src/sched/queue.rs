@@ -6,20 +6,42 @@
 //! All of it is worked out in one walk over the pending jobs in the order
 //! the state keeps them, and the names a job's factors depend on (account,
 //! QoS, partition) once per distinct trio. The trios and requests are found
-//! again by hash (Fx): ordered maps compared up to a dozen strings a job. Backfill then decides the jobs
-//! it does not try (most of a long queue: past `max_job_test`, they wait
+//! again by hash (Fx): ordered maps compared up to a dozen strings a job.
+//! The pass loop (`pass`) then decides the jobs it does not try (most of a long queue: past `max_job_test`, they wait
 //! for `Priority`) from these few bytes, without reading their records
 //! again: at 100,000 pending jobs, reading each record a second time, out
 //! of order, was most of the pass.
+//!
+//! The gates live here too: [`ungated`] says while the queue is built
+//! whether a job could be held back by anything but resources and quotas,
+//! and [`gate`] says, as the pass reaches it, whether it is.
+
+use std::collections::{BTreeMap, BTreeSet};
 
 use rustc_hash::FxHashMap;
 
 use crate::model::{JobId, Millis, Placement};
 
 use super::priority::{self, ByName, Ranker};
-use super::view::{PendingJob, Shape};
-use super::{backfill, quota};
-use super::{Partitions, ViewRef};
+use super::quota;
+use super::view::{ClusterView, PendingJob, Shape};
+use super::{Partitions, PendingReason, ViewRef};
+
+/// The pending jobs in queue order, with their priorities: the order of a
+/// pass's queue, which this builds.
+///
+/// Ids are unique, so the order is total and the same as a stable sort of
+/// the jobs would give (the view's order breaks a tie of ids).
+pub fn order(view: &ClusterView, now: Millis) -> Vec<(&PendingJob, i64)> {
+    let v = view.by_ref();
+    let up = super::up_nodes(&v.nodes);
+    let parts = Partitions::new(&v.rest.policy.policy, &up);
+    build(&v, now, &parts, priority::up_gpus(&up))
+        .jobs
+        .into_iter()
+        .map(|q| (q.job, q.priority))
+        .collect()
+}
 
 /// One job of the queue.
 #[derive(Clone, Copy)]
@@ -98,7 +120,7 @@ pub(super) fn build<'v>(
                 }
                 None => 0,
             };
-            let plain = backfill::ungated(job, now);
+            let plain = ungated(job, now);
             let q = Queued {
                 id: job.id,
                 priority: total,
@@ -130,4 +152,40 @@ pub(super) fn request_of(job: &PendingJob, part: usize) -> Request<'_> {
         &job.placement,
         part,
     )
+}
+
+/// Whether nothing but resources and quotas can keep `job` back at `now`:
+/// [`gate`] holds no such job, whatever the pass has started.
+pub(super) fn ungated(job: &PendingJob, now: Millis) -> bool {
+    job.blocked.is_none()
+        && job.begin_time.is_none_or(|b| b <= now)
+        && job.array_throttle.is_none()
+        && job.singleton.is_none()
+}
+
+/// Why a job may not even be tried now, if something other than resources
+/// keeps it back.
+pub(super) fn gate(
+    job: &PendingJob,
+    now: Millis,
+    slots: &BTreeMap<JobId, u32>,
+    singletons: &BTreeSet<(&str, &str)>,
+) -> Option<PendingReason> {
+    if let Some(r) = &job.blocked {
+        return Some(r.clone());
+    }
+    if job.begin_time.is_some_and(|b| b > now) {
+        return Some(PendingReason::BeginTime);
+    }
+    if let Some(t) = job.array_throttle {
+        if slots.get(&t.array).copied().unwrap_or(t.slots) == 0 {
+            return Some(PendingReason::JobArrayTaskLimit);
+        }
+    }
+    if let Some(name) = &job.singleton {
+        if singletons.contains(&(job.user.as_str(), name.as_str())) {
+            return Some(PendingReason::Dependency);
+        }
+    }
+    None
 }

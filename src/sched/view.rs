@@ -8,7 +8,9 @@ use std::fmt;
 use compact_str::CompactString;
 use serde::{Deserialize, Serialize};
 
-use crate::model::{Job, JobId, Millis, NodeAllocation, NodeInventory, NodeName, Placement};
+use crate::model::{
+    Job, JobId, JobSpec, Millis, NodeAllocation, NodeInventory, NodeName, Placement,
+};
 
 /// Memory a job gets per CPU on each node when it gives no `--mem` (Slurm's
 /// `DefMemPerCPU`). Per CPU rather than per task so a 1-task job with 16 CPUs
@@ -343,35 +345,50 @@ impl PendingJob {
     }
 }
 
+impl PendingJob {
+    /// What a pass would see of a new job asking for `spec`, before it has
+    /// an id, a user or a submit time: all the submit-time feasibility check
+    /// needs, and what [`PendingJob::from`] a [`Job`] starts from.
+    pub fn of_spec(spec: &JobSpec) -> PendingJob {
+        PendingJob {
+            id: JobId(0),
+            user: CompactString::default(),
+            nodes: spec.nodes,
+            ntasks_per_node: spec.ntasks_per_node,
+            gpus_per_node: spec.gpus_per_node,
+            cpus_per_task: spec.cpus_per_task,
+            mem_per_node_mb: spec.mem_per_node_mb,
+            submit_time: 0,
+            priority: 0,
+            total_gpus: spec.total_gpus,
+            placement: spec.placement.clone(),
+            time_limit_secs: spec.time_limit_secs,
+            begin_time: spec.queue.begin_time,
+            blocked: None,
+            array_throttle: None,
+            singleton: None,
+            previous: Vec::new(),
+            account: spec.account.as_deref().unwrap_or_default().into(),
+            qos: spec.qos.as_deref().unwrap_or_default().into(),
+            partition: spec.partition.as_deref().unwrap_or_default().into(),
+            nice: spec.nice,
+        }
+    }
+}
+
 impl From<&Job> for PendingJob {
     fn from(job: &Job) -> PendingJob {
         PendingJob {
             id: job.id,
             user: job.user.as_str().into(),
-            nodes: job.spec.nodes,
-            ntasks_per_node: job.spec.ntasks_per_node,
-            gpus_per_node: job.spec.gpus_per_node,
-            cpus_per_task: job.spec.cpus_per_task,
-            mem_per_node_mb: job.spec.mem_per_node_mb,
             submit_time: job.submit_time,
-            priority: 0,
-            total_gpus: job.spec.total_gpus,
-            placement: job.spec.placement.clone(),
-            time_limit_secs: job.spec.time_limit_secs,
-            begin_time: job.spec.queue.begin_time,
-            blocked: None,
-            array_throttle: None,
-            singleton: None,
             previous: match (&job.run, job.state) {
                 (Some(run), crate::model::JobState::Pending) if job.restart_count > 0 => {
                     run.allocation.nodes.clone()
                 }
                 _ => Vec::new(),
             },
-            account: job.spec.account.as_deref().unwrap_or_default().into(),
-            qos: job.spec.qos.as_deref().unwrap_or_default().into(),
-            partition: job.spec.partition.as_deref().unwrap_or_default().into(),
-            nice: job.spec.nice,
+            ..PendingJob::of_spec(&job.spec)
         }
     }
 }

@@ -19,7 +19,8 @@ use redb::{
     ReadableTableMetadata, TableDefinition, WriteTransaction,
 };
 
-use super::store::{decode, encode, StoreError};
+use super::codec::{decode, encode};
+use super::store_error::StoreError;
 use super::{CommandResult, Dirty, State};
 use crate::model::acct::{account_of, AcctFilter};
 use crate::model::{Job, JobId, Millis};
@@ -128,7 +129,9 @@ pub fn get(txn: &ReadTransaction, id: JobId) -> Result<Option<Job>, StoreError> 
         Err(e) => return Err(StoreError::Db(Box::new(e.into()))),
     };
     match db!(rows.get(id.0))? {
-        Some(v) => Ok(Some(decode(format!("archived job {id}"), v.value())?)),
+        Some(v) => Ok(Some(
+            decode(v.value()).map_err(StoreError::decoding(format!("archived job {id}")))?,
+        )),
         None => Ok(None),
     }
 }
@@ -170,7 +173,7 @@ pub fn query(txn: &ReadTransaction, filter: &AcctFilter) -> Result<Vec<Job>, Sto
     }
     let mut out = Vec::new();
     let mut keep = |id: u64, bytes: &[u8]| -> Result<(), StoreError> {
-        let job: Job = decode(format!("archived job {id}"), bytes)?;
+        let job: Job = decode(bytes).map_err(StoreError::decoding(format!("archived job {id}")))?;
         if filter.matches(&job) {
             out.push(job);
         }
@@ -249,7 +252,9 @@ pub fn restore(txn: &WriteTransaction, mut section: &[u8]) -> Result<u64, StoreE
                 .unwrap_or([0; 4]),
         ) as usize;
         let bytes = section.get(12..12 + len).ok_or_else(bad)?;
-        let job: Job = decode(format!("archived job {id} in the snapshot"), bytes)?;
+        let job: Job = decode(bytes).map_err(StoreError::decoding(format!(
+            "archived job {id} in the snapshot"
+        )))?;
         db!(rows.insert(id, bytes))?;
         jobs.push(job);
         section = &section[12 + len..];

@@ -19,9 +19,9 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use rustc_hash::FxHashMap;
 
-use super::State;
+use super::{NodeStatus, State};
 use crate::model::{DependencyKind, Job, JobId, JobState};
-use crate::sched::{NodeView, PendingJob, Usage};
+use crate::sched::{NodeState, NodeView, PendingJob, Usage};
 
 /// Active-job indexes (see the module comment).
 #[derive(Clone, Debug, Default)]
@@ -160,7 +160,7 @@ impl State {
         Some(NodeView {
             name: n.inventory.name.clone(),
             inventory: n.inventory.clone(),
-            state: super::view::node_state(&n.status),
+            state: node_state(&n.status),
             used,
         })
     }
@@ -286,4 +286,13 @@ pub(super) fn queued(job: &Job) -> (PendingJob, bool) {
         .then(|| job.spec.name.clone());
     let derived = job.held || !deps.is_empty() || job.array.is_some_and(|a| a.throttle.is_some());
     (p, derived)
+}
+
+/// What the scheduler sees of a node's status.
+pub(crate) fn node_state(status: &NodeStatus) -> NodeState {
+    match status {
+        NodeStatus::Up => NodeState::Up,
+        NodeStatus::Drained { .. } => NodeState::Drained,
+        NodeStatus::Down { .. } => NodeState::Down,
+    }
 }

@@ -5,14 +5,19 @@
 //! exactly those in the same redb transaction that records the applied index.
 
 mod apply;
+pub mod codec;
 mod command;
 mod deps;
+mod fairshare;
 pub mod history;
 mod index;
+mod nodes;
 mod policy;
+mod preempt;
 mod queue;
-mod run;
+mod runs;
 pub mod store;
+mod store_error;
 mod view;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -242,21 +247,3 @@ impl State {
 
 #[cfg(test)]
 mod tests;
-
-#[cfg(test)]
-mod tests_run;
-
-#[cfg(test)]
-mod tests_alloc;
-
-#[cfg(test)]
-mod tests_history;
-
-#[cfg(test)]
-mod tests_queue;
-
-#[cfg(test)]
-mod tests_restart;
-
-#[cfg(test)]
-mod tests_policy;

@@ -1,8 +1,8 @@
-//! Policy in the replicated state: the admin changes (`Command::Policy`),
-//! each validated whole before anything changes; preemption
-//! (`Command::Preempt`); and fair-share usage, accumulated when an attempt
-//! stops holding its GPUs, from the times the leader stamped into the
-//! commands, decayed by the half-life from those same times (never a clock).
+//! Policy in the replicated state: the admin changes (`Command::Policy`:
+//! accounts, QoS, partitions, priority weights, the MASTER_PORT range), each
+//! validated whole before anything changes, and what a pass reads of the
+//! policy ([`State::policy_view`]). Fair-share charging is in `fairshare`,
+//! preemption in `preempt`.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -10,10 +10,8 @@ use std::sync::Arc;
 use super::{CommandResult, Dirty, Rejection, State};
 use crate::model::policy::{DEFAULT_ACCOUNT, DEFAULT_PARTITION, DEFAULT_QOS};
 use crate::model::policy_change::{AccountPatch, Op, PartitionPatch, PolicyChange, QosPatch};
-use crate::model::{
-    Account, JobId, JobState, Millis, Partition, PreemptMode, PreemptionRecord, Qos, UsageCell,
-};
-use crate::sched::{ActiveJob, PolicyView, Preemption};
+use crate::model::{Account, JobState, Partition, Qos};
+use crate::sched::{ActiveJob, PolicyView};
 
 fn refuse(msg: impl Into<String>) -> Rejection {
     Rejection::Policy(msg.into())
@@ -372,38 +370,6 @@ impl State {
         ))
     }
 
-    /// Charges an attempt's GPU time to its account and user, when the job
-    /// stops holding its resources.
-    pub(super) fn charge_usage(&mut self, id: JobId, now: Millis, dirty: &mut Dirty) {
-        let Some(job) = self.jobs.get(&id) else {
-            return;
-        };
-        let (Some(start), Some(run)) = (job.start_time, job.run.as_ref()) else {
-            return;
-        };
-        let gpus: u64 = run
-            .allocation
-            .nodes
-            .iter()
-            .map(|n| n.gpus.len() as u64)
-            .sum();
-        let gpu_ms = gpus.saturating_mul(now.saturating_sub(start));
-        let account = job
-            .spec
-            .account
-            .clone()
-            .unwrap_or_else(|| DEFAULT_ACCOUNT.to_string());
-        let user = job.user.clone();
-        let half_life = self.policy.half_life_secs;
-        self.usage
-            .entry(account)
-            .or_default()
-            .entry(user)
-            .or_insert(UsageCell { gpu_ms: 0, at: now })
-            .charge(gpu_ms, now, half_life);
-        dirty.meta = true;
-    }
-
     /// What a pass needs of the policy: the policy, usage and the jobs that
     /// hold resources.
     pub fn policy_view(&self) -> PolicyView {
@@ -422,71 +388,6 @@ impl State {
             usage: self.usage.clone(),
             running,
         }
-    }
-
-    /// Stops the victims of each preemption: all of one preemption's or
-    /// none (one already ended or stopping voids it, and the next pass
-    /// decides again). Each victim goes COMPLETING: its ranks get SIGTERM
-    /// and their QoS grace; then it is requeued with the same id or ends
-    /// PREEMPTED, per its QoS's `preempt_mode`.
-    pub(super) fn apply_preempt(
-        &mut self,
-        preemptions: &[Preemption],
-        now: Millis,
-        dirty: &mut Dirty,
-    ) -> CommandResult {
-        let mut stopped = Vec::new();
-        let mut skipped = Vec::new();
-        for p in preemptions {
-            let ok_for = self
-                .jobs
-                .get(&p.job)
-                .is_some_and(|j| j.state == JobState::Pending);
-            let victims_ok = p.victims.iter().all(|v| {
-                self.jobs.get(v).is_some_and(|j| {
-                    j.state == JobState::Running
-                        && j.run.as_ref().is_some_and(|r| r.preempted_for.is_none())
-                })
-            });
-            if !ok_for || !victims_ok || p.victims.is_empty() {
-                skipped.push(p.job);
-                continue;
-            }
-            for (i, v) in p.victims.iter().enumerate() {
-                let why = p.why.get(i).cloned().unwrap_or_default();
-                let mode = self
-                    .jobs
-                    .get(v)
-                    .and_then(|j| {
-                        self.policy
-                            .qos(j.spec.qos.as_deref().unwrap_or(DEFAULT_QOS))
-                    })
-                    .map_or(PreemptMode::Requeue, |q| q.preempt_mode);
-                let Some(job) = self.jobs.get_mut(v) else {
-                    continue;
-                };
-                let attempt = job.restart_count;
-                job.preemptions.push(PreemptionRecord {
-                    at: now,
-                    attempt,
-                    by: p.job,
-                    mode,
-                    why: why.clone(),
-                });
-                job.reason = Some(format!("preempted by job {} ({why})", p.job));
-                if let Some(run) = job.run.as_mut() {
-                    run.final_state = Some(JobState::Preempted);
-                    // Preemption is not the job's failure: it requeues
-                    // whatever its restart count.
-                    run.requeue = mode == PreemptMode::Requeue;
-                    run.preempted_for = Some(p.job);
-                }
-                self.transition(*v, JobState::Completing, now, dirty);
-                self.finish_if_all_ended(*v, now, dirty);
-                stopped.push(*v);
-            }
-        }
-        CommandResult::Preempted { stopped, skipped }
     }
 }
 

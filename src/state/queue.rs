@@ -88,22 +88,8 @@ impl State {
     ) -> JobId {
         let base = JobId(self.counters.next_job_id);
         let new_job = |id: JobId, spec: JobSpec, array: Option<ArrayTask>| Job {
-            id,
-            user: user.to_string(),
-            held: spec.queue.hold,
-            spec,
-            state: JobState::Pending,
-            submit_time: now,
-            start_time: None,
-            end_time: None,
-            restart_count: 0,
-            reason: None,
-            exit_code: None,
-            cancelled_by: None,
-            run: None,
             array,
-            expected_start: None,
-            preemptions: Vec::new(),
+            ..Job::pending(id, user, spec, now)
         };
         match &spec.queue.array {
             None => {

@@ -4,8 +4,8 @@
 //!
 //! Tables: `jobs` (id -> Job), `tokens` (id -> TokenRecord), `nodes` (name ->
 //! NodeRecord), `state_meta` (`cluster`, `counters`, `policy`, `usage`), and the history archive's
-//! tables (`history`). Values are MessagePack with named fields, so records
-//! written by an older build still decode after an upgrade.
+//! tables (`history`). Values are MessagePack with named fields (`codec`), so
+//! records written by an older build still decode after an upgrade.
 //!
 //! A snapshot is `SNAPSHOT_MAGIC`, the active state's length (u64 LE), the
 //! active state (MessagePack), then the history section: the archived rows as
@@ -13,50 +13,21 @@
 //! magic are an older build's snapshot: the active state alone.
 
 use redb::{ReadTransaction, ReadableTable, TableDefinition, WriteTransaction};
-use serde::de::DeserializeOwned;
-use serde::Serialize;
 
+use super::codec::{decode, encode};
 use super::{Dirty, State};
+
+pub use super::store_error::StoreError;
 
 const JOBS: TableDefinition<u64, &[u8]> = TableDefinition::new("jobs");
 const TOKENS: TableDefinition<&str, &[u8]> = TableDefinition::new("tokens");
 const META: TableDefinition<&str, &[u8]> = TableDefinition::new("state_meta");
 const NODES: TableDefinition<&str, &[u8]> = TableDefinition::new("nodes");
 
-/// Why the state could not be read or written.
-#[derive(Debug, thiserror::Error)]
-pub enum StoreError {
-    #[error("state database error: {0}")]
-    Db(Box<redb::Error>),
-    #[error("state record {what} could not be decoded ({source}); the data dir may come from a newer gpuq")]
-    Decode {
-        what: String,
-        source: rmp_serde::decode::Error,
-    },
-    #[error("snapshot is malformed: {0}")]
-    Snapshot(String),
-    #[error("state record could not be encoded: {0}")]
-    Encode(#[from] rmp_serde::encode::Error),
-}
-
 macro_rules! db {
     ($e:expr) => {
         $e.map_err(|e| StoreError::Db(Box::new(e.into())))
     };
-}
-
-pub(super) fn encode<T: Serialize>(v: &T) -> Result<Vec<u8>, StoreError> {
-    Ok(rmp_serde::to_vec_named(v)?)
-}
-
-pub(super) fn decode<T: DeserializeOwned>(
-    what: impl Into<String>,
-    bytes: &[u8],
-) -> Result<T, StoreError> {
-    rmp_serde::from_slice(bytes).map_err(|source| StoreError::Decode {
-        what: what.into(),
-        source,
-    })
 }
 
 /// Creates the tables if they are missing, so readers never see a missing table.
@@ -75,16 +46,16 @@ pub fn load(txn: &ReadTransaction) -> Result<State, StoreError> {
     match txn.open_table(META) {
         Ok(meta) => {
             if let Some(v) = db!(meta.get("cluster"))? {
-                state.cluster = Some(decode("cluster", v.value())?);
+                state.cluster = Some(decode(v.value()).map_err(StoreError::decoding("cluster"))?);
             }
             if let Some(v) = db!(meta.get("counters"))? {
-                state.counters = decode("counters", v.value())?;
+                state.counters = decode(v.value()).map_err(StoreError::decoding("counters"))?;
             }
             if let Some(v) = db!(meta.get("policy"))? {
-                state.policy = decode("policy", v.value())?;
+                state.policy = decode(v.value()).map_err(StoreError::decoding("policy"))?;
             }
             if let Some(v) = db!(meta.get("usage"))? {
-                state.usage = decode("usage", v.value())?;
+                state.usage = decode(v.value()).map_err(StoreError::decoding("usage"))?;
             }
         }
         Err(redb::TableError::TableDoesNotExist(_)) => return Ok(state),
@@ -93,20 +64,23 @@ pub fn load(txn: &ReadTransaction) -> Result<State, StoreError> {
     let jobs = db!(txn.open_table(JOBS))?;
     for row in db!(jobs.iter())? {
         let (k, v) = db!(row)?;
-        let job: crate::model::Job = decode(format!("job {}", k.value()), v.value())?;
+        let job: crate::model::Job =
+            decode(v.value()).map_err(StoreError::decoding(format!("job {}", k.value())))?;
         state.jobs.insert(job.id, job);
     }
     let tokens = db!(txn.open_table(TOKENS))?;
     for row in db!(tokens.iter())? {
         let (k, v) = db!(row)?;
-        let t: crate::model::TokenRecord = decode(format!("token {}", k.value()), v.value())?;
+        let t: crate::model::TokenRecord =
+            decode(v.value()).map_err(StoreError::decoding(format!("token {}", k.value())))?;
         state.tokens.insert(t.id.clone(), t);
     }
     match txn.open_table(NODES) {
         Ok(nodes) => {
             for row in db!(nodes.iter())? {
                 let (k, v) = db!(row)?;
-                let n: super::NodeRecord = decode(format!("node {}", k.value()), v.value())?;
+                let n: super::NodeRecord = decode(v.value())
+                    .map_err(StoreError::decoding(format!("node {}", k.value())))?;
                 state.nodes.insert(k.value().to_string(), n);
             }
         }
@@ -211,7 +185,7 @@ pub fn snapshot_of(txn: &ReadTransaction) -> Result<Vec<u8>, StoreError> {
 /// Decodes a snapshot into the active state and its history section.
 pub fn from_snapshot_bytes(bytes: &[u8]) -> Result<(State, &[u8]), StoreError> {
     let Some(rest) = bytes.strip_prefix(SNAPSHOT_MAGIC.as_slice()) else {
-        let mut state: State = decode("snapshot", bytes)?;
+        let mut state: State = decode(bytes).map_err(StoreError::decoding("snapshot"))?;
         state.rebuild_index();
         return Ok((state, &[]));
     };
@@ -225,7 +199,7 @@ pub fn from_snapshot_bytes(bytes: &[u8]) -> Result<(State, &[u8]), StoreError> {
     let len = usize::try_from(len).map_err(|_| short())?;
     let end = len.checked_add(8).ok_or_else(short)?;
     let active = rest.get(8..end).ok_or_else(short)?;
-    let mut state: State = decode("snapshot", active)?;
+    let mut state: State = decode(active).map_err(StoreError::decoding("snapshot"))?;
     check_keys(&state)?;
     state.rebuild_index();
     Ok((state, &rest[end..]))

@@ -6,11 +6,11 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use super::{NodeStatus, State};
+use super::index::{node_state, queued};
+use super::State;
 use crate::model::{Job, JobId, JobState};
 use crate::sched::{
-    ArrayThrottle, BackfillConfig, ClusterView, NodeState, NodeView, PendingJob, RunningJob, Usage,
-    ViewRef,
+    ArrayThrottle, BackfillConfig, ClusterView, NodeView, PendingJob, RunningJob, Usage, ViewRef,
 };
 
 impl State {
@@ -175,7 +175,7 @@ impl State {
             "the index's queued jobs are not the pending ones"
         );
         for (p, derived) in self.index.queued.iter() {
-            let fresh = super::index::queued(&self.jobs[&p.id]);
+            let fresh = queued(&self.jobs[&p.id]);
             assert!(
                 (p, derived) == (&fresh.0, fresh.1),
                 "the index's view of job {} is stale",
@@ -227,14 +227,5 @@ impl SchedInput<'_> {
                 .collect(),
             rest: &self.rest,
         }
-    }
-}
-
-/// What the scheduler sees of a node's status.
-pub(crate) fn node_state(status: &NodeStatus) -> NodeState {
-    match status {
-        NodeStatus::Up => NodeState::Up,
-        NodeStatus::Drained { .. } => NodeState::Drained,
-        NodeStatus::Down { .. } => NodeState::Down,
     }
 }

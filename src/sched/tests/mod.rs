@@ -550,9 +550,9 @@ pub fn assert_sound(view: &ClusterView, plan: &Plan, now: Millis) {
     }
 }
 
-/// Each pending job's place in the pass's queue order (`priority::order`).
+/// Each pending job's place in the pass's queue order (`queue_order`).
 fn queue_rank(view: &ClusterView, now: Millis) -> std::collections::BTreeMap<JobId, usize> {
-    crate::sched::priority::order(view, now)
+    crate::sched::queue_order(view, now)
         .iter()
         .enumerate()
         .map(|(i, (j, _))| (j.id, i))

@@ -4,7 +4,7 @@
 
 use super::*;
 use crate::model::{Account, Partition, PartitionState, Policy, PriorityWeights, Qos, UsageCell};
-use crate::sched::{priority, ActiveJob, Preemption};
+use crate::sched::{ActiveJob, Preemption};
 
 fn weights(f: impl FnOnce(&mut PriorityWeights)) -> Policy {
     let mut p = Policy::fifo();
@@ -44,7 +44,7 @@ fn running(
 }
 
 fn order(s: &Scenario) -> Vec<u64> {
-    priority::order(&s.view, s.now)
+    crate::sched::queue_order(&s.view, s.now)
         .iter()
         .map(|(j, _)| j.id.0)
         .collect()

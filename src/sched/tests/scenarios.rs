@@ -3,7 +3,7 @@
 use std::collections::BTreeSet;
 
 use super::*;
-use crate::model::{Job, JobSpec, JobState, Program};
+use crate::model::{Job, JobSpec, Program};
 use crate::sched::PendingReason::{Priority, Resources};
 
 fn cases() -> Vec<Case> {
@@ -390,24 +390,7 @@ fn a_pending_job_is_built_from_the_recorded_job() {
             argv: vec!["torchrun".into()],
         },
     };
-    let recorded = Job {
-        id: JobId(42),
-        user: "alice".into(),
-        spec,
-        state: JobState::Pending,
-        submit_time: 1234,
-        start_time: None,
-        end_time: None,
-        restart_count: 0,
-        reason: None,
-        exit_code: None,
-        cancelled_by: None,
-        run: None,
-        held: false,
-        array: None,
-        expected_start: None,
-        preemptions: Vec::new(),
-    };
+    let recorded = Job::pending(JobId(42), "alice", spec, 1234);
     let p = PendingJob::from(&recorded);
     assert_eq!(
         (

@@ -3,7 +3,7 @@
 //! (the spec's invariants, who may lower `--nice`, whether any node set could
 //! ever hold the job); apply re-checks the spec and resolves the policy.
 
-use crate::model::{JobId, JobSpec, JobState, NodeInventory};
+use crate::model::{JobSpec, NodeInventory};
 use crate::net::proto::{
     batch_entry_error, ApiResponse, Caller, ErrorKind, MAX_SUBMIT_MANY, MAX_SUBMIT_MANY_BYTES,
 };
@@ -123,23 +123,5 @@ fn feasible<'a>(
     if inventories.peek().is_none() {
         return Ok(());
     }
-    let probe = crate::model::Job {
-        id: JobId(0),
-        user: String::new(),
-        spec: spec.clone(),
-        state: JobState::Pending,
-        submit_time: 0,
-        start_time: None,
-        end_time: None,
-        restart_count: 0,
-        reason: None,
-        exit_code: None,
-        cancelled_by: None,
-        run: None,
-        held: false,
-        array: None,
-        expected_start: None,
-        preemptions: Vec::new(),
-    };
-    crate::sched::feasible(inventories, &crate::sched::PendingJob::from(&probe))
+    crate::sched::feasible(inventories, &crate::sched::PendingJob::of_spec(spec))
 }

@@ -2,11 +2,11 @@
 //! submissions resolved and checked against the policy, usage charged from
 //! the leader's timestamps, preemption to requeue with the same id.
 
-use super::tests_run::{cluster, ev, report, spec, start};
-use super::*;
+use super::run::{cluster, ev, report, spec, start};
 use crate::model::policy_change::{AccountPatch, Limit, PartitionPatch, QosPatch};
 use crate::model::{PreemptMode, TaskEnd, TaskEventKind};
 use crate::sched::Preemption;
+use crate::state::*;
 
 fn admin(s: &mut State, change: PolicyChange) -> CommandResult {
     s.apply(

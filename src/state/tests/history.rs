@@ -2,10 +2,10 @@
 //! of memory, the store writes them with their indexes, queries use them, and
 //! snapshots carry the archive to another server.
 
-use super::tests_run::{alloc, cluster, spec};
-use super::*;
+use super::run::{alloc, cluster, spec};
 use crate::model::acct::{AcctFilter, AcctRecord};
 use crate::model::{TaskEnd, TaskEvent, TaskEventKind, TaskKey};
+use crate::state::*;
 
 fn submit_as(s: &mut State, d: &mut Dirty, user: &str, account: Option<&str>, now: u64) -> JobId {
     let mut sp = spec(1, 2);

@@ -2,11 +2,11 @@
 //! never-satisfiable ones), holds and releases, arrays and their throttle,
 //! begin times passed to the scheduler.
 
-use super::*;
 use crate::model::{
     ArraySpec, Dependency, DependencyKind, ExportMode, JobRef, JobSpec, Program, QueueSpec,
 };
 use crate::sched::PendingReason;
+use crate::state::*;
 
 fn spec(name: &str, queue: QueueSpec) -> JobSpec {
     JobSpec {

@@ -2,9 +2,9 @@
 //! old rank has stopped, then restarts in place on its healthy nodes; and
 //! MASTER_PORT comes from the cluster's range.
 
-use super::tests_run::{alloc, cluster, ev, inventory, report, start, submit};
-use super::*;
+use super::run::{alloc, cluster, ev, inventory, report, start, submit};
 use crate::model::{PortRange, TaskEnd, TaskEventKind};
+use crate::state::*;
 
 const ALL8: &[u32] = &[0, 1, 2, 3, 4, 5, 6, 7];
 

@@ -1,11 +1,11 @@
 //! Running jobs through the state machine: scheduling decisions re-checked on
 //! apply, idempotent task events, COMPLETING until every rank ended.
 
-use super::*;
 use crate::model::{
     Allocation, GpuInfo, GpuLink, JobSpec, NodeAllocation, NodeInventory, NumaNode, Program,
     RequeuePolicy, TaskEnd, TaskEvent, TaskEventKind, TaskKey,
 };
+use crate::state::*;
 
 pub(super) fn inventory(name: &str, gpus: u32) -> NodeInventory {
     NodeInventory {

@@ -1,5 +1,16 @@
 //! Apply is deterministic, ids are monotonic, transitions follow the table,
 //! rejected commands change nothing, and the redb store round-trips.
+//!
+//! The state's other unit tests, one file a theme: `run` (running jobs, and
+//! the cluster and job helpers the others share), `alloc`, `history`,
+//! `queue`, `restart` and `policy`.
+
+mod alloc;
+mod history;
+mod policy;
+mod queue;
+mod restart;
+mod run;
 
 use super::*;
 use crate::model::{ExportMode, JobSpec, Program, Role, TokenRecord};

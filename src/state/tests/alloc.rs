@@ -1,9 +1,9 @@
 //! Allocations through the state machine: a `--gpus N` job runs in the shape
 //! the plan chose, and apply refuses a cpuset another job holds.
 
-use super::tests_run::*;
-use super::*;
+use super::run::*;
 use crate::model::{JobSpec, TaskEnd, TaskEventKind};
+use crate::state::*;
 
 #[test]
 fn a_gpus_total_job_starts_in_the_shape_the_plan_chose() {

@@ -1,0 +1,339 @@
+//! The pass loop: one walk over the queue (`queue`: the pending jobs in
+//! priority order), deciding for each job whether it starts now, preempts,
+//! gets a reservation or waits, and why.
+//!
+//! - Jobs start in queue order while they fit the free resources; behind
+//!   the first that cannot, backfill's rule (`backfill`) says which may.
+//! - Jobs held back by the state (holds, dependencies), by `--begin`, by an
+//!   array throttle or a running singleton (`queue::gate`), by a down
+//!   partition or by a quota wait with that reason and block nobody. A job
+//!   is placed (now or on the timeline) only on its partition's nodes.
+//! - A job that cannot start now may preempt ([`preempt_for`]) where
+//!   what it would take once the victims stopped leaves room for the
+//!   reservations it would overlap: the victims go in the plan, what it
+//!   will take is charged so nobody behind it takes it (and is on the
+//!   timeline as started now, the victims' expected ends not), and it waits
+//!   as `Preempting`, blocking nobody. Not where the pass has fallen back
+//!   to strict priority.
+//! - When a blocked job's start cannot be worked out (resources held by jobs
+//!   the timeline does not know, or `max_times` candidate times tried), the
+//!   pass falls back to strict priority behind it: nothing lower starts.
+//!
+//! Cost: like Slurm's `bf_max_job_test`, at most `max_job_test` jobs behind
+//! the first blocked one are tried per pass; the rest wait for `Priority`.
+//! A request that failed to start (same shape, placement and time limit)
+//! is not tried again in the pass, since free resources only shrink and
+//! reservations only grow within it.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::model::{Allocation, JobId, Millis, Placement};
+
+use super::backfill::{clear_of_holds, end_of, place_during, Ahead, Hold, Releases, Timeline};
+use super::check::{self, Candidate, Resolved, Scope};
+use super::plan::Reservation;
+use super::preempt;
+use super::queue::{gate, Queue};
+use super::quota::Quotas;
+use super::view::{ClusterView, PendingJob};
+use super::{ActiveJob, Packing, Partitions, PendingReason, Plan, Pool, Preemption};
+
+/// One pass over `queue` (`view`'s pending jobs, already in priority order).
+pub(super) fn run<'v>(
+    view: &'v ClusterView,
+    queue: &Queue<'v>,
+    parts: &Partitions,
+    cands: &[Candidate],
+    mut pool: Pool<'v>,
+    now: Millis,
+    packing: Packing,
+) -> Plan {
+    let cfg = &view.backfill;
+    // Jobs stopping for a preemption (earlier passes' and this one's): the
+    // timeline does not count on their expected ends, since what they free
+    // goes to their preemptor, which is on it as started now instead.
+    let mut stopping: BTreeSet<JobId> = view
+        .policy
+        .running
+        .iter()
+        .filter(|r| r.preempted_for.is_some())
+        .map(|r| r.id)
+        .collect();
+    let mut quotas = Quotas::new(&view.policy);
+    // Jobs some running jobs are stopping for ([`preempt_for`]).
+    let preemptors: BTreeSet<JobId> = view
+        .policy
+        .running
+        .iter()
+        .filter_map(|r| r.preempted_for)
+        .collect();
+    // Running jobs' releases, in time order, by node position: worked out
+    // once for every reservation of the pass.
+    let releases = Releases::new(&pool, &view.running, now);
+    // The timeline's pool at a time, carried from one reservation to the next.
+    let mut ahead: Option<Ahead> = None;
+    // Preemption simulates on copies of the pool: a few per pass.
+    let mut preempt_tries = MAX_PREEMPT_TRIES;
+    // Each request's satisfiability, worked out for the first job making it.
+    let mut verdicts: Vec<Option<Result<Resolved, String>>> = vec![None; queue.requests];
+    // Which up nodes each distinct placement allows, in each partition.
+    let mut allowed: BTreeMap<(&Placement, usize), Vec<bool>> = BTreeMap::new();
+    // Requests (with their time limit) that could not start now.
+    let mut failed: BTreeMap<(usize, Option<u64>), PendingReason> = BTreeMap::new();
+    let mut holds: Vec<Hold> = Vec::new();
+    // What this pass started, with when it ends: part of the timeline.
+    let mut started: Vec<(Option<Millis>, Allocation)> = Vec::new();
+    let mut slots: BTreeMap<JobId, u32> = BTreeMap::new();
+    let mut singletons: BTreeSet<(&str, &str)> = BTreeSet::new();
+    let mut blocked = false;
+    let mut barrier = false;
+    let mut tested = 0usize;
+    let mut out = Plan::default();
+
+    for q in &queue.jobs {
+        // Until it is tried, a job is read from `q` only: see `super::queue`.
+        if !q.plain {
+            if let Some(reason) = gate(q.job, now, &slots, &singletons) {
+                out.pending.push((q.id, reason));
+                continue;
+            }
+        }
+        let Some(part) = q.part else {
+            out.pending.push((q.id, PendingReason::PartitionDown));
+            continue;
+        };
+        let job = q.job;
+        let verdict = verdicts[q.request].get_or_insert_with(|| {
+            let in_part: Vec<Candidate> = cands
+                .iter()
+                .zip(&parts.members[part])
+                .filter(|(_, &m)| m)
+                .map(|(c, _)| *c)
+                .collect();
+            check::fits_some(&in_part, job, Scope::Up)
+        });
+        let resolved = match verdict {
+            Ok(r) => *r,
+            Err(why) => {
+                out.pending
+                    .push((q.id, PendingReason::Unsatisfiable(why.clone())));
+                continue;
+            }
+        };
+        let gpus = u64::from(resolved.per_node.gpus) * u64::from(resolved.nodes);
+        if q.capped {
+            if let Err(reason) = quotas.gate(job, gpus) {
+                out.pending.push((q.id, reason));
+                continue;
+            }
+        }
+        if barrier || (blocked && cfg.depth == 0) {
+            out.pending.push((q.id, PendingReason::Priority));
+            continue;
+        }
+        if blocked {
+            if tested >= cfg.max_job_test {
+                out.pending.push((q.id, PendingReason::Priority));
+                continue;
+            }
+            tested += 1;
+        }
+        let end = job.time_limit_secs.map(|s| end_of(now, s));
+        let allowed = allowed.entry((&job.placement, part)).or_insert_with(|| {
+            let mut a = pool.allowed(&job.placement);
+            a.iter_mut()
+                .zip(&parts.members[part])
+                .for_each(|(a, &m)| *a &= m);
+            a
+        });
+        let key = (q.request, job.time_limit_secs);
+        let attempt = match failed.get(&key) {
+            Some(r) => Err(r.clone()),
+            None => {
+                let (placed, held) = place_during(
+                    &mut pool,
+                    &holds,
+                    (now, end),
+                    job,
+                    resolved,
+                    allowed,
+                    packing,
+                );
+                placed.map_err(|reason| {
+                    // Would it fit but for the reservations?
+                    let taken_by_holds =
+                        held && pool.place(job, resolved, allowed, packing).is_ok();
+                    let r = if taken_by_holds {
+                        PendingReason::ReservedForOthers
+                    } else {
+                        reason
+                    };
+                    failed.insert(key, r.clone());
+                    r
+                })
+            }
+        };
+        match attempt {
+            Ok(alloc) => {
+                pool.charge(&alloc);
+                quotas.charge(job, gpus);
+                if let Some(t) = job.array_throttle {
+                    if let Some(s) = slots.get_mut(&t.array) {
+                        *s = s.saturating_sub(1);
+                    } else {
+                        slots.insert(t.array, t.slots.saturating_sub(1));
+                    }
+                }
+                if let Some(name) = &job.singleton {
+                    singletons.insert((job.user.as_str(), name.as_str()));
+                }
+                started.push((end, alloc.clone()));
+                out.allocations.push(alloc);
+            }
+            Err(reason) => {
+                // May it take what others hold? Only where that leaves room
+                // for the reservations it would overlap: it delays none.
+                let preempting = preempt_for(
+                    view,
+                    &pool,
+                    job,
+                    resolved,
+                    allowed,
+                    packing,
+                    now,
+                    gpus,
+                    &quotas,
+                    &mut preempt_tries,
+                    &preemptors,
+                )
+                .filter(|(p, at)| {
+                    let victims: Vec<&Allocation> = view
+                        .policy
+                        .running
+                        .iter()
+                        .filter(|r| match p {
+                            Some(p) => p.victims.contains(&r.id),
+                            None => r.preempted_for == Some(job.id),
+                        })
+                        .map(|r| &*r.allocation)
+                        .collect();
+                    clear_of_holds(&pool, &victims, &holds, now, end, at)
+                });
+                if let Some((preemption, reserved)) = preempting {
+                    // What it will take once the victims stopped is not for
+                    // the jobs behind it.
+                    pool.charge(&reserved);
+                    started.push((end, reserved));
+                    // It may charge what victims still hold, and they are not
+                    // released any more: the timeline's pool is stale.
+                    ahead = None;
+                    if let Some(p) = preemption {
+                        stopping.extend(p.victims.iter().copied());
+                        out.preemptions.push(p);
+                    }
+                    out.pending.push((job.id, PendingReason::Preempting));
+                    continue;
+                }
+                let first = !blocked;
+                blocked = true;
+                let mut reserved = false;
+                if holds.len() < cfg.depth {
+                    let timeline = Timeline {
+                        pool: &pool,
+                        running: &releases,
+                        stopping: &stopping,
+                        started: &started,
+                        holds: &holds,
+                        now,
+                        max_times: cfg.max_times,
+                    };
+                    if let Some((start, alloc)) =
+                        timeline.earliest(&mut ahead, job, resolved, allowed, packing)
+                    {
+                        let end = job.time_limit_secs.map(|s| end_of(start, s));
+                        out.reservations.push(Reservation {
+                            job: job.id,
+                            start,
+                            end,
+                            allocation: alloc.clone(),
+                        });
+                        holds.push(Hold { start, end, alloc });
+                        reserved = true;
+                    }
+                }
+                if !reserved && holds.len() < cfg.depth {
+                    // Its start is unknown: protect it the strict way.
+                    barrier = true;
+                }
+                let reason = match reason {
+                    r if first => r,
+                    PendingReason::ReservedForOthers => PendingReason::ReservedForOthers,
+                    _ => PendingReason::Priority,
+                };
+                out.pending.push((job.id, reason));
+            }
+        }
+    }
+    out
+}
+
+/// Preemption attempts (each simulates on copies of the pool) per pass.
+const MAX_PREEMPT_TRIES: u32 = 16;
+
+/// For a job that does not fit now: if jobs are already stopping for it,
+/// where it will go once they have (no new victims); else new victims that
+/// make it fit, if it may preempt any. `None`: it just waits.
+#[allow(clippy::too_many_arguments)]
+fn preempt_for(
+    view: &ClusterView,
+    pool: &Pool,
+    job: &PendingJob,
+    resolved: Resolved,
+    allowed: &[bool],
+    packing: Packing,
+    now: Millis,
+    gpus: u64,
+    quotas: &Quotas,
+    tries: &mut u32,
+    preemptors: &BTreeSet<JobId>,
+) -> Option<(Option<Preemption>, Allocation)> {
+    let stopping: Vec<&ActiveJob> = if preemptors.contains(&job.id) {
+        view.policy
+            .running
+            .iter()
+            .filter(|r| r.preempted_for == Some(job.id))
+            .collect()
+    } else {
+        Vec::new()
+    };
+    if !stopping.is_empty() {
+        let mut freed = pool.clone();
+        for r in &stopping {
+            freed.release(&r.allocation);
+        }
+        let at = freed.place(job, resolved, allowed, packing).ok()?;
+        return Some((None, at));
+    }
+    if *tries == 0 {
+        return None;
+    }
+    let cands = preempt::candidates(&view.policy, job, gpus, &|a| quotas.account_gpus(a));
+    if cands.is_empty() {
+        return None;
+    }
+    *tries -= 1;
+    let (victims, at) = preempt::find(pool, job, resolved, allowed, packing, &cands, now)?;
+    let why = victims
+        .iter()
+        .filter_map(|id| cands.iter().find(|r| r.id == *id))
+        .map(|r| preempt::why(&view.policy, job, r))
+        .collect();
+    Some((
+        Some(Preemption {
+            job: job.id,
+            victims,
+            why,
+        }),
+        at,
+    ))
+}

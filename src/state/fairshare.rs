@@ -1,0 +1,43 @@
+//! Fair-share usage in the replicated state: an attempt's GPU time is
+//! charged to its account and user when it stops holding its GPUs, from the
+//! times the leader stamped into the commands, and decayed by the policy's
+//! half-life from those same times (never a clock). The scheduler reads it
+//! (`sched::fairshare`) through the policy view.
+
+use super::{Dirty, State};
+use crate::model::policy::DEFAULT_ACCOUNT;
+use crate::model::{JobId, Millis, UsageCell};
+
+impl State {
+    /// Charges an attempt's GPU time to its account and user, when the job
+    /// stops holding its resources.
+    pub(super) fn charge_usage(&mut self, id: JobId, now: Millis, dirty: &mut Dirty) {
+        let Some(job) = self.jobs.get(&id) else {
+            return;
+        };
+        let (Some(start), Some(run)) = (job.start_time, job.run.as_ref()) else {
+            return;
+        };
+        let gpus: u64 = run
+            .allocation
+            .nodes
+            .iter()
+            .map(|n| n.gpus.len() as u64)
+            .sum();
+        let gpu_ms = gpus.saturating_mul(now.saturating_sub(start));
+        let account = job
+            .spec
+            .account
+            .clone()
+            .unwrap_or_else(|| DEFAULT_ACCOUNT.to_string());
+        let user = job.user.clone();
+        let half_life = self.policy.half_life_secs;
+        self.usage
+            .entry(account)
+            .or_default()
+            .entry(user)
+            .or_insert(UsageCell { gpu_ms: 0, at: now })
+            .charge(gpu_ms, now, half_life);
+        dirty.meta = true;
+    }
+}
