@@ -556,13 +556,15 @@ pub fn check_cancels(cancels: &[CancelOp], runs: &[TaskRun], jobs: &[FinalJob]) 
 /// A job script that appends `start JOB ATTEMPT NODE GPUS TIME` to
 /// `records`, runs `body` (a shell command, e.g. `sleep 2`) and appends the
 /// matching `stop` line when it ends or is sent SIGTERM (how the shim stops a
-/// task; its 1 s grace leaves the trap time to write). One-node jobs only:
+/// task; its 1 s grace leaves the trap time to write; the trap ignores a
+/// second SIGTERM, which would kill its `date` and leave a stop line with no
+/// time). One-node jobs only:
 /// GPUQ_NODELIST names the node.
 pub fn recording_script(records: &std::path::Path, body: &str) -> String {
     let line = "$GPUQ_JOB_ID $GPUQ_RESTART_COUNT $GPUQ_NODELIST ${CUDA_VISIBLE_DEVICES:--}";
     format!(
         "r={r}; echo \"start {line} $(date +%s.%N)\" >> $r; \
-         trap 'echo \"stop {line} $(date +%s.%N)\" >> $r; exit 143' TERM; \
+         trap 'trap \"\" TERM; echo \"stop {line} $(date +%s.%N)\" >> $r; exit 143' TERM; \
          {body} & wait $!; echo \"stop {line} $(date +%s.%N)\" >> $r",
         r = records.display()
     )
