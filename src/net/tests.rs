@@ -9,8 +9,9 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use tokio::io::AsyncWriteExt;
 
-use super::endpoint::{close, Endpoint, EndpointError, Peer, Service};
+use super::endpoint::{Endpoint, Peer, Service};
 use super::endpoint::{ALPN_AGENT, ALPN_API, ALPN_JOIN, ALPN_RAFT};
+use super::error::{close, EndpointError};
 use super::frame::{read_frame, write_frame, FrameError};
 use super::join::{join, serve_join, JoinAuthority, JoinError, JoinRequest};
 use super::pki::{ClusterCa, NodeIdentity};
