@@ -9,8 +9,10 @@ mod acct;
 pub mod admin;
 pub mod cluster;
 mod hold;
+mod policy_change;
 mod ports;
 mod queue;
+mod report;
 mod show;
 mod submit;
 pub mod table;
@@ -332,7 +334,7 @@ pub async fn run(cmd: ClientCommand) -> Result<(), CliError> {
             user,
             json,
             ..
-        } => admin::queue_priority(user, json.json).await,
+        } => report::queue_priority(user, json.json).await,
         ClientCommand::Queue {
             all,
             user,
@@ -373,8 +375,8 @@ pub async fn run(cmd: ClientCommand) -> Result<(), CliError> {
                 }
                 print!("{}", show::text(&job, &placement));
                 if job.state == JobState::Pending {
-                    if let Some((_, f)) = admin::priorities(vec![job.id]).await?.first() {
-                        println!("{:>16}: {}", "Priority", admin::factors_line(f));
+                    if let Some((_, f)) = report::priorities(vec![job.id]).await?.first() {
+                        println!("{:>16}: {}", "Priority", report::factors_line(f));
                     }
                 }
                 Ok(())
@@ -435,7 +437,7 @@ pub async fn run(cmd: ClientCommand) -> Result<(), CliError> {
         ClientCommand::Logs { id, rank, follow } => logs(JobId(id), rank, follow).await,
         ClientCommand::Token { cmd } => token(cmd).await,
         ClientCommand::Admin { cmd } => admin::run(cmd).await,
-        ClientCommand::Share { json } => admin::share(json.json).await,
+        ClientCommand::Share { json } => report::share(json.json).await,
     }
 }
 

@@ -117,7 +117,7 @@ pub fn text(j: &Job, placement: &[RankPlacement]) -> String {
     if let Some(c) = j.exit_code {
         kv("ExitCode", c.to_string());
     }
-    out.push_str(&super::admin::preemption_lines(j));
+    out.push_str(&super::report::preemption_lines(j));
     if !placement.is_empty() {
         let attempt = j.run.as_ref().map_or(0, |r| r.attempt);
         out.push_str(&format!("\nPlacement (attempt {attempt}):\n"));
