@@ -7,7 +7,7 @@ use super::table::{fmt_duration, fmt_time, Table};
 use super::{call, parse_state, print_json, unexpected, CliError, JsonFlag};
 use crate::model::acct::{AcctFilter, AcctRecord, AcctSummary};
 // The one nodelist compressor (`node[001-064]`), shared with the task env.
-use crate::agent::exec::env::compress_hostlist;
+use crate::model::hostlist::compress_hostlist;
 use crate::model::{JobState, Millis};
 use crate::net::proto::{ApiRequest, ApiResponse};
 
