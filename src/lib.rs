@@ -9,6 +9,7 @@
 
 pub mod agent;
 pub mod cli;
+pub mod clock;
 pub mod config;
 pub mod dev;
 pub mod model;

@@ -513,7 +513,7 @@ async fn token(cmd: TokenCommand) -> Result<(), CliError> {
                     return print_json(&tokens);
                 }
                 let mut t = Table::new(&["ID", "ROLE", "EXPIRES", "CREATED_BY", "USES", "STATE"]);
-                let now = crate::server::now_ms();
+                let now = crate::clock::now_ms();
                 for k in tokens {
                     let st = if k.revoked {
                         "revoked"

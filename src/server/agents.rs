@@ -15,7 +15,8 @@ use crate::net::endpoint::Peer;
 use crate::net::frame::{read_frame, write_frame, DEFAULT_MAX_FRAME};
 use crate::state::{Command, State};
 
-use super::{now_ms, Api};
+use super::Api;
+use crate::clock::now_ms;
 
 /// An agent is taken for alive while heard from within this long (agents
 /// heartbeat every second), so a restarted agent is admitted quickly while a

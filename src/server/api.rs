@@ -15,7 +15,7 @@ use crate::net::{rpc, DEFAULT_MAX_FRAME};
 use crate::raft::RaftNode;
 use crate::state::{Command, CommandResult, Rejection, State};
 
-use super::now_ms;
+use crate::clock::now_ms;
 
 mod logs;
 mod status;

@@ -10,7 +10,8 @@ use tokio::sync::watch;
 
 use crate::state::{Command, CommandResult};
 
-use super::{now_ms, Api};
+use super::Api;
+use crate::clock::now_ms;
 
 /// Runs while this server leads, until `shutdown`: checks every `retention / 4`
 /// (between 100 ms and 10 s) for finished jobs past `retention`.

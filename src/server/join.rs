@@ -11,7 +11,8 @@ use crate::net::join::{JoinAuthority, JoinRequest};
 use crate::net::pki::ClusterCa;
 use crate::state::Command;
 
-use super::{now_ms, Api};
+use super::Api;
+use crate::clock::now_ms;
 
 /// How long an issued node certificate is valid.
 const CERT_VALIDITY_DAYS: u32 = 3650;

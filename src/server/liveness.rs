@@ -12,7 +12,8 @@ use tokio::sync::watch;
 
 use crate::state::{Command, NodeStatus};
 
-use super::{now_ms, Api};
+use super::Api;
+use crate::clock::now_ms;
 
 /// Runs the liveness check while this server leads, until `shutdown`.
 pub async fn run(api: Arc<Api>, ttl: Duration, mut shutdown: watch::Receiver<bool>) {

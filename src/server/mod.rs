@@ -25,6 +25,7 @@ use std::time::Duration;
 use anyhow::Context;
 use tokio::sync::watch;
 
+use crate::clock::now_ms;
 use crate::config::ServerConfig;
 use crate::net::endpoint::{Endpoint, Service, ALPN_AGENT, ALPN_API, ALPN_JOIN, ALPN_RAFT};
 use crate::net::DEFAULT_MAX_FRAME;
@@ -55,14 +56,6 @@ pub struct RunningServer {
     pub raft: RaftNode,
     pub quic_addr: SocketAddr,
     pub ca_fingerprint: String,
-}
-
-/// Milliseconds since the Unix epoch, the `now` the leader stamps into commands.
-pub fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
 }
 
 fn raft_config(cfg: &ServerConfig) -> anyhow::Result<openraft::Config> {

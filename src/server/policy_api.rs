@@ -7,7 +7,8 @@ use crate::model::Policy;
 use crate::net::proto::{ApiRequest, ApiResponse, Caller, ErrorKind};
 use crate::state::{Command, CommandResult};
 
-use super::{now_ms, Api};
+use super::Api;
+use crate::clock::now_ms;
 
 /// The policy with the built-ins filled in, as `gpuq admin ... list` shows it.
 fn effective(p: &Policy) -> Policy {

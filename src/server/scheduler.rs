@@ -10,7 +10,8 @@ use tokio::sync::watch;
 
 use crate::state::{Command, CommandResult};
 
-use super::{now_ms, Api};
+use super::Api;
+use crate::clock::now_ms;
 
 /// How long a burst of state changes is collected before a pass.
 const DEBOUNCE: Duration = Duration::from_millis(2);

@@ -3,11 +3,11 @@
 //! (the spec's invariants, who may lower `--nice`, whether any node set could
 //! ever hold the job); apply re-checks the spec and resolves the policy.
 
+use crate::clock::now_ms;
 use crate::model::{JobId, JobSpec, JobState, NodeInventory};
 use crate::net::proto::{
     batch_entry_error, ApiResponse, Caller, ErrorKind, MAX_SUBMIT_MANY, MAX_SUBMIT_MANY_BYTES,
 };
-use crate::server::now_ms;
 use crate::state::{Command, CommandResult};
 
 use super::Api;
