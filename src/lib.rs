@@ -19,6 +19,7 @@ pub mod raft;
 pub mod sched;
 pub mod server;
 pub mod sim;
+pub mod socket_path;
 pub mod spec;
 pub mod state;
 

@@ -25,11 +25,9 @@ use clap::{Args, Subcommand};
 use crate::model::{Job, JobId, JobRef, JobState, Role};
 use crate::net::local::LocalClient;
 use crate::net::proto::{ApiRequest, ApiResponse, ErrorKind};
+use crate::socket_path;
 use crate::spec::SubmitArgs;
 use table::{fmt_duration, fmt_time, Table};
-
-/// The default daemon socket.
-pub const DEFAULT_SOCKET: &str = "/run/gpuq/gpuq.sock";
 
 /// The daemon socket the CLI uses: `GPUQ_SOCKET`; else the system daemon's
 /// socket if it exists; else a running `gpuq dev`'s; else the system default.
@@ -37,11 +35,11 @@ pub fn socket_path() -> PathBuf {
     if let Some(p) = std::env::var_os("GPUQ_SOCKET") {
         return PathBuf::from(p);
     }
-    let system = PathBuf::from(DEFAULT_SOCKET);
+    let system = socket_path::system();
     if system.exists() {
         return system;
     }
-    let dev = crate::dev::socket_in(&crate::dev::default_dir());
+    let dev = socket_path::socket_in(&socket_path::dev_dir());
     if dev.exists() {
         return dev;
     }
