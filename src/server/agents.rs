@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
 
+use crate::clock::now_ms;
 use crate::model::{JobState, Role};
 use crate::net::agent_proto::{AgentHello, AgentMsg, DesiredTask, ServerMsg};
 use crate::net::endpoint::Peer;
@@ -16,7 +17,6 @@ use crate::net::frame::{read_frame, write_frame, DEFAULT_MAX_FRAME};
 use crate::state::{Command, State};
 
 use super::Api;
-use crate::clock::now_ms;
 
 /// An agent is taken for alive while heard from within this long (agents
 /// heartbeat every second), so a restarted agent is admitted quickly while a

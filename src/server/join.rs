@@ -3,6 +3,7 @@
 //! daemon's CSR is signed with the cluster CA for the identity the server
 //! decides, never the one the CSR claims.
 
+use crate::clock::now_ms;
 use crate::model::Role;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -12,7 +13,6 @@ use crate::net::pki::ClusterCa;
 use crate::state::Command;
 
 use super::Api;
-use crate::clock::now_ms;
 
 /// How long an issued node certificate is valid.
 const CERT_VALIDITY_DAYS: u32 = 3650;

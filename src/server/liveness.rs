@@ -10,10 +10,10 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
+use crate::clock::now_ms;
 use crate::state::{Command, NodeStatus};
 
 use super::Api;
-use crate::clock::now_ms;
 
 /// Runs the liveness check while this server leads, until `shutdown`.
 pub async fn run(api: Arc<Api>, ttl: Duration, mut shutdown: watch::Receiver<bool>) {
