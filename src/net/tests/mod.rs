@@ -1,5 +1,7 @@
 //! Real QUIC on 127.0.0.1: mutual TLS, admission per protocol, join, bad frames,
-//! protocol version mismatch.
+//! protocol version mismatch. The PKI ([`pki`]) has its own file.
+
+mod pki;
 
 use std::future::Future;
 use std::net::SocketAddr;
