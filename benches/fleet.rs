@@ -81,7 +81,7 @@ fn bed(nodes: u32, extra: &[&str]) -> Bed {
 
 async fn call(c: &mut LocalClient, req: ApiRequest) -> ApiResponse {
     match c.call(&req).await {
-        Ok(ApiResponse::Error { kind, message }) => panic!("{req:?}: {kind:?} {message}"),
+        Ok(ApiResponse::Error { kind, message, .. }) => panic!("{req:?}: {kind:?} {message}"),
         Ok(r) => r,
         Err(e) => panic!("{req:?}: {e}"),
     }

@@ -290,22 +290,28 @@ fn parse_ttl(s: &str) -> Result<u64, String> {
         .map_err(|e| e.to_string())
 }
 
+/// Sends `req` to the daemon; its refusals become a [`CliError`].
 pub(crate) async fn call(req: ApiRequest) -> Result<ApiResponse, CliError> {
-    let path = socket_path();
-    let mut client = LocalClient::connect(&path)
-        .await
-        .map_err(|e| CliError::unreachable(e.to_string()))?;
-    let resp = client
-        .call(&req)
-        .await
-        .map_err(|e| CliError::unreachable(e.to_string()))?;
-    match resp {
-        ApiResponse::Error { kind, message } => Err(CliError {
+    match call_answer(req).await? {
+        ApiResponse::Error { kind, message, .. } => Err(CliError {
             code: kind.into(),
             message,
         }),
         other => Ok(other),
     }
+}
+
+/// Sends `req` to the daemon and returns its answer as it is, a refusal
+/// included; only not reaching the daemon is an error.
+pub(crate) async fn call_answer(req: ApiRequest) -> Result<ApiResponse, CliError> {
+    let path = socket_path();
+    let mut client = LocalClient::connect(&path)
+        .await
+        .map_err(|e| CliError::unreachable(e.to_string()))?;
+    client
+        .call(&req)
+        .await
+        .map_err(|e| CliError::unreachable(e.to_string()))
 }
 
 pub(crate) fn print_json<T: serde::Serialize>(v: &T) -> Result<(), CliError> {

@@ -269,7 +269,7 @@ impl Default for DriveOptions {
 /// One call on a fresh or kept connection, as an error on anything but success.
 async fn call(c: &mut LocalClient, req: &ApiRequest) -> anyhow::Result<ApiResponse> {
     match c.call(req).await? {
-        ApiResponse::Error { kind, message } => bail!("{kind:?}: {message}"),
+        ApiResponse::Error { kind, message, .. } => bail!("{kind:?}: {message}"),
         other => Ok(other),
     }
 }

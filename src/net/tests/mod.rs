@@ -1,7 +1,9 @@
 //! Real QUIC on 127.0.0.1: mutual TLS, admission per protocol, join, bad frames,
-//! protocol version mismatch. The PKI ([`pki`]) has its own file.
+//! protocol version mismatch. The PKI ([`pki`]) and the client API's wire
+//! shape ([`proto`]) have their own files.
 
 mod pki;
+mod proto;
 
 use std::future::Future;
 use std::net::SocketAddr;
