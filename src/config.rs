@@ -19,8 +19,12 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+pub use gpus::{FakeGpuConfig, FakeNvLink, GpuConfig};
+pub use health_check::HealthCheck;
 use toml_file::field_names;
 
+pub mod gpus;
+pub mod health_check;
 mod toml_file;
 
 /// Where the daemons look for their config when no path is given.
@@ -100,7 +104,7 @@ pub struct AgentConfig {
     pub role: AgentRole,
     pub admin_group: Option<String>,
     /// Where GPUs come from: "auto", "nvml", "none", or a fake table.
-    pub gpus: crate::agent::gpu::GpuConfig,
+    pub gpus: GpuConfig,
     /// CPUs kept for the system; jobs never get them.
     pub reserved_cpus: u32,
     /// Memory in MiB kept for the system.
@@ -118,7 +122,7 @@ pub struct AgentConfig {
     /// Seconds between SIGTERM and SIGKILL when a task is stopped.
     pub kill_grace_secs: u64,
     /// A command whose failure drains the node (`[agent.health_check]`).
-    pub health_check: Option<crate::agent::health::HealthCheck>,
+    pub health_check: Option<HealthCheck>,
     /// A node joining for the first time stays drained until its health
     /// check passes once.
     pub preflight: bool,

@@ -11,9 +11,9 @@ use std::time::Duration;
 use anyhow::Context;
 use tokio::sync::watch;
 
-use crate::agent::gpu::{FakeGpuConfig, GpuConfig};
 use crate::agent::runner::{tasks_root, ExecRunner};
 use crate::config::{AgentConfig, AgentRole, ServerConfig};
+use crate::config::{FakeGpuConfig, GpuConfig};
 use crate::model::Role;
 use crate::net::proto::{ApiRequest, ApiResponse, Caller};
 use crate::socket_path::{dev_dir, socket_in};
