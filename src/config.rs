@@ -268,18 +268,13 @@ impl ServerConfig {
         default_path: &Path,
         env: &[(String, String)],
     ) -> Result<Self, ConfigError> {
-        let mut config = read_file(path, default_path)?.server;
-        config.apply_env(env)?;
-        config.validate()?;
-        Ok(config)
+        load_table(path, default_path, env)
     }
 
     /// Parses the `[server]` table of a config file's text (no env, validated).
     /// `origin` is only used in messages.
     pub fn from_toml(text: &str, origin: &Path) -> Result<Self, ConfigError> {
-        let config = parse_file(text, origin)?.server;
-        config.validate()?;
-        Ok(config)
+        table_from_toml(text, origin)
     }
 
     /// Applies `GPUQ_CLUSTER_NAME`, `GPUQ_NODE_NAME`, `GPUQ_DATA_DIR`,
@@ -394,17 +389,12 @@ impl AgentConfig {
         default_path: &Path,
         env: &[(String, String)],
     ) -> Result<Self, ConfigError> {
-        let mut config = read_file(path, default_path)?.agent;
-        config.apply_env(env)?;
-        config.validate()?;
-        Ok(config)
+        load_table(path, default_path, env)
     }
 
     /// Parses the `[agent]` table of a config file's text (no env, validated).
     pub fn from_toml(text: &str, origin: &Path) -> Result<Self, ConfigError> {
-        let config = parse_file(text, origin)?.agent;
-        config.validate()?;
-        Ok(config)
+        table_from_toml(text, origin)
     }
 
     /// Applies `GPUQ_NODE_NAME`, `GPUQ_DATA_DIR`, `GPUQ_LISTEN`, `GPUQ_SOCKET`,
@@ -454,6 +444,58 @@ impl AgentConfig {
         }
         Ok(())
     }
+}
+
+/// A daemon's table of the file: how it is taken out of the whole file,
+/// overridden from the environment and checked. One loader reads either.
+trait DaemonTable: Sized {
+    fn take(file: ConfigFile) -> Self;
+    fn apply_env(&mut self, env: &[(String, String)]) -> Result<(), ConfigError>;
+    fn validate(&self) -> Result<(), ConfigError>;
+}
+
+impl DaemonTable for ServerConfig {
+    fn take(file: ConfigFile) -> Self {
+        file.server
+    }
+    fn apply_env(&mut self, env: &[(String, String)]) -> Result<(), ConfigError> {
+        ServerConfig::apply_env(self, env)
+    }
+    fn validate(&self) -> Result<(), ConfigError> {
+        ServerConfig::validate(self)
+    }
+}
+
+impl DaemonTable for AgentConfig {
+    fn take(file: ConfigFile) -> Self {
+        file.agent
+    }
+    fn apply_env(&mut self, env: &[(String, String)]) -> Result<(), ConfigError> {
+        AgentConfig::apply_env(self, env)
+    }
+    fn validate(&self) -> Result<(), ConfigError> {
+        AgentConfig::validate(self)
+    }
+}
+
+/// Reads the file (`path`, else `default_path` if present, else defaults),
+/// takes the daemon's table, applies `GPUQ_*` overrides, validates.
+fn load_table<T: DaemonTable>(
+    path: Option<&Path>,
+    default_path: &Path,
+    env: &[(String, String)],
+) -> Result<T, ConfigError> {
+    let mut config = T::take(read_file(path, default_path)?);
+    config.apply_env(env)?;
+    config.validate()?;
+    Ok(config)
+}
+
+/// Parses a file's text and takes the daemon's table (no env, validated).
+fn table_from_toml<T: DaemonTable>(text: &str, origin: &Path) -> Result<T, ConfigError> {
+    let config = T::take(parse_file(text, origin)?);
+    config.validate()?;
+    Ok(config)
 }
 
 fn read_file(path: Option<&Path>, default_path: &Path) -> Result<ConfigFile, ConfigError> {
