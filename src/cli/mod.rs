@@ -22,12 +22,12 @@ use std::process::ExitCode;
 
 use clap::{Args, Subcommand};
 
-use crate::model::{Job, JobId, JobRef, JobState, Role};
+use crate::model::{JobId, JobRef, JobState, Role};
 use crate::net::local::LocalClient;
 use crate::net::proto::{ApiRequest, ApiResponse, ErrorKind};
 use crate::socket_path;
 use crate::spec::SubmitArgs;
-use table::{fmt_duration, fmt_time, Table};
+use table::{fmt_time, Table};
 
 /// The daemon socket the CLI uses: `GPUQ_SOCKET`; else the system daemon's
 /// socket if it exists; else a running `gpuq dev`'s; else the system default.
@@ -360,7 +360,7 @@ pub async fn run(cmd: ClientCommand) -> Result<(), CliError> {
                 if start {
                     print!("{}", queue::start_table(&jobs));
                 } else {
-                    print!("{}", queue_table(&jobs));
+                    print!("{}", queue::queue_table(&jobs));
                 }
                 Ok(())
             }
@@ -553,42 +553,6 @@ async fn token(cmd: TokenCommand) -> Result<(), CliError> {
             other => Err(unexpected(other)),
         },
     }
-}
-
-pub(crate) fn opt_time(t: Option<u64>) -> String {
-    t.map(fmt_time).unwrap_or_else(|| "-".into())
-}
-
-fn queue_table(jobs: &[Job]) -> String {
-    let mut t = Table::new(&[
-        "JOBID",
-        "NAME",
-        "USER",
-        "STATE",
-        "NODES",
-        "GPUS",
-        "TIME_LIMIT",
-        "SUBMIT",
-        "REASON",
-    ]);
-    for r in queue::rows(jobs) {
-        let j = r.job;
-        t.row(vec![
-            r.id,
-            j.spec.name.clone(),
-            j.user.clone(),
-            j.state.to_string(),
-            j.spec.nodes.to_string(),
-            j.spec.total_gpus().to_string(),
-            j.spec
-                .time_limit_secs
-                .map(fmt_duration)
-                .unwrap_or_else(|| "UNLIMITED".into()),
-            fmt_time(j.submit_time),
-            j.reason.clone().unwrap_or_default(),
-        ]);
-    }
-    t.render()
 }
 
 fn nodes_table(nodes: &[crate::net::proto::NodeInfo]) -> String {

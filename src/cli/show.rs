@@ -4,8 +4,8 @@ use crate::model::{format_cpulist, Job, JobState, Program};
 use crate::net::proto::RankPlacement;
 use crate::spec::memory::format_mem;
 
-use super::table::{fmt_duration, fmt_time, Table};
-use super::{opt_time, CliError};
+use super::table::{fmt_duration, fmt_time, opt_time, Table};
+use super::CliError;
 
 pub fn text(j: &Job, placement: &[RankPlacement]) -> String {
     let s = &j.spec;
