@@ -12,6 +12,9 @@
 //! message name the full key and its line and suggest the nearest key. Every
 //! key is documented once, with its default, in `config/server.toml` and
 //! `config/agent.toml`; tests hold the examples and the structs together.
+//!
+//! The value types of the agent's nested keys are here too, not in the
+//! agent: [`gpus`] (`gpus = ...`) and [`health_check`] (`[agent.health_check]`).
 
 use std::io;
 use std::net::SocketAddr;
