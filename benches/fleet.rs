@@ -37,6 +37,7 @@ use std::time::{Duration, Instant};
 use gpuq::model::JobId;
 use gpuq::net::local::LocalClient;
 use gpuq::net::proto::{ApiRequest, ApiResponse};
+use gpuq::sim::report;
 use gpuq::sim::workload::{self, DriveOptions, JobClass, Mix};
 use serde_json::json;
 
@@ -48,7 +49,7 @@ pub(crate) fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
 }
 
 pub(crate) fn pct(v: &[f64], p: f64) -> f64 {
-    workload::quantile(v, p)
+    report::quantile(v, p)
 }
 
 struct Bed {
@@ -80,7 +81,7 @@ fn bed(nodes: u32, extra: &[&str]) -> Bed {
 
 async fn call(c: &mut LocalClient, req: ApiRequest) -> ApiResponse {
     match c.call(&req).await {
-        Ok(ApiResponse::Error { kind, message }) => panic!("{req:?}: {kind:?} {message}"),
+        Ok(ApiResponse::Error { kind, message, .. }) => panic!("{req:?}: {kind:?} {message}"),
         Ok(r) => r,
         Err(e) => panic!("{req:?}: {e}"),
     }
@@ -230,7 +231,7 @@ pub(crate) async fn drive_with(
     let t0 = Instant::now();
     let records = workload::drive(&b.socket, items, &opts).await.unwrap();
     let wall = t0.elapsed().as_secs_f64();
-    let report = workload::report(&records, gpus, compression);
+    let report = report::report(&records, gpus, compression);
     println!("\n== {label} ({nodes} nodes, {wall:.1} s) ==\n{report}");
     let spid = b.server.pid().unwrap();
     let mut v = serde_json::to_value(&report).unwrap();

@@ -12,6 +12,9 @@
 //! message name the full key and its line and suggest the nearest key. Every
 //! key is documented once, with its default, in `config/server.toml` and
 //! `config/agent.toml`; tests hold the examples and the structs together.
+//!
+//! The value types of the agent's nested keys are here too, not in the
+//! agent: [`gpus`] (`gpus = ...`) and [`health_check`] (`[agent.health_check]`).
 
 use std::io;
 use std::net::SocketAddr;
@@ -19,8 +22,12 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+pub use gpus::{FakeGpuConfig, FakeNvLink, GpuConfig};
+pub use health_check::HealthCheck;
 use toml_file::field_names;
 
+pub mod gpus;
+pub mod health_check;
 mod toml_file;
 
 /// Where the daemons look for their config when no path is given.
@@ -100,7 +107,7 @@ pub struct AgentConfig {
     pub role: AgentRole,
     pub admin_group: Option<String>,
     /// Where GPUs come from: "auto", "nvml", "none", or a fake table.
-    pub gpus: crate::agent::gpu::GpuConfig,
+    pub gpus: GpuConfig,
     /// CPUs kept for the system; jobs never get them.
     pub reserved_cpus: u32,
     /// Memory in MiB kept for the system.
@@ -118,7 +125,7 @@ pub struct AgentConfig {
     /// Seconds between SIGTERM and SIGKILL when a task is stopped.
     pub kill_grace_secs: u64,
     /// A command whose failure drains the node (`[agent.health_check]`).
-    pub health_check: Option<crate::agent::health::HealthCheck>,
+    pub health_check: Option<HealthCheck>,
     /// A node joining for the first time stays drained until its health
     /// check passes once.
     pub preflight: bool,
@@ -143,7 +150,7 @@ impl Default for ServerConfig {
             data_dir: "/var/lib/gpuq/server".into(),
             listen: SocketAddr::from(([0, 0, 0, 0], 7420)),
             advertise: None,
-            socket: "/run/gpuq/gpuq.sock".into(),
+            socket: crate::socket_path::system(),
             admin_group: None,
             admin_users: Vec::new(),
             private_jobs: false,
@@ -176,7 +183,7 @@ impl Default for AgentConfig {
             node_name: short_hostname(),
             data_dir: "/var/lib/gpuq/agent".into(),
             listen: SocketAddr::from(([0, 0, 0, 0], 7421)),
-            socket: "/run/gpuq/gpuq.sock".into(),
+            socket: crate::socket_path::system(),
             servers: Vec::new(),
             role: AgentRole::Compute,
             admin_group: None,
@@ -264,18 +271,13 @@ impl ServerConfig {
         default_path: &Path,
         env: &[(String, String)],
     ) -> Result<Self, ConfigError> {
-        let mut config = read_file(path, default_path)?.server;
-        config.apply_env(env)?;
-        config.validate()?;
-        Ok(config)
+        load_table(path, default_path, env)
     }
 
     /// Parses the `[server]` table of a config file's text (no env, validated).
     /// `origin` is only used in messages.
     pub fn from_toml(text: &str, origin: &Path) -> Result<Self, ConfigError> {
-        let config = parse_file(text, origin)?.server;
-        config.validate()?;
-        Ok(config)
+        table_from_toml(text, origin)
     }
 
     /// Applies `GPUQ_CLUSTER_NAME`, `GPUQ_NODE_NAME`, `GPUQ_DATA_DIR`,
@@ -390,17 +392,12 @@ impl AgentConfig {
         default_path: &Path,
         env: &[(String, String)],
     ) -> Result<Self, ConfigError> {
-        let mut config = read_file(path, default_path)?.agent;
-        config.apply_env(env)?;
-        config.validate()?;
-        Ok(config)
+        load_table(path, default_path, env)
     }
 
     /// Parses the `[agent]` table of a config file's text (no env, validated).
     pub fn from_toml(text: &str, origin: &Path) -> Result<Self, ConfigError> {
-        let config = parse_file(text, origin)?.agent;
-        config.validate()?;
-        Ok(config)
+        table_from_toml(text, origin)
     }
 
     /// Applies `GPUQ_NODE_NAME`, `GPUQ_DATA_DIR`, `GPUQ_LISTEN`, `GPUQ_SOCKET`,
@@ -450,6 +447,58 @@ impl AgentConfig {
         }
         Ok(())
     }
+}
+
+/// A daemon's table of the file: how it is taken out of the whole file,
+/// overridden from the environment and checked. One loader reads either.
+trait DaemonTable: Sized {
+    fn take(file: ConfigFile) -> Self;
+    fn apply_env(&mut self, env: &[(String, String)]) -> Result<(), ConfigError>;
+    fn validate(&self) -> Result<(), ConfigError>;
+}
+
+impl DaemonTable for ServerConfig {
+    fn take(file: ConfigFile) -> Self {
+        file.server
+    }
+    fn apply_env(&mut self, env: &[(String, String)]) -> Result<(), ConfigError> {
+        ServerConfig::apply_env(self, env)
+    }
+    fn validate(&self) -> Result<(), ConfigError> {
+        ServerConfig::validate(self)
+    }
+}
+
+impl DaemonTable for AgentConfig {
+    fn take(file: ConfigFile) -> Self {
+        file.agent
+    }
+    fn apply_env(&mut self, env: &[(String, String)]) -> Result<(), ConfigError> {
+        AgentConfig::apply_env(self, env)
+    }
+    fn validate(&self) -> Result<(), ConfigError> {
+        AgentConfig::validate(self)
+    }
+}
+
+/// Reads the file (`path`, else `default_path` if present, else defaults),
+/// takes the daemon's table, applies `GPUQ_*` overrides, validates.
+fn load_table<T: DaemonTable>(
+    path: Option<&Path>,
+    default_path: &Path,
+    env: &[(String, String)],
+) -> Result<T, ConfigError> {
+    let mut config = T::take(read_file(path, default_path)?);
+    config.apply_env(env)?;
+    config.validate()?;
+    Ok(config)
+}
+
+/// Parses a file's text and takes the daemon's table (no env, validated).
+fn table_from_toml<T: DaemonTable>(text: &str, origin: &Path) -> Result<T, ConfigError> {
+    let config = T::take(parse_file(text, origin)?);
+    config.validate()?;
+    Ok(config)
 }
 
 fn read_file(path: Option<&Path>, default_path: &Path) -> Result<ConfigFile, ConfigError> {

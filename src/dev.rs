@@ -4,18 +4,19 @@
 //! tasks are real processes under real shims. State lives in one local
 //! directory; the CLI finds the socket with no flags.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
 use tokio::sync::watch;
 
-use crate::agent::gpu::{FakeGpuConfig, GpuConfig};
 use crate::agent::runner::{tasks_root, ExecRunner};
 use crate::config::{AgentConfig, AgentRole, ServerConfig};
+use crate::config::{FakeGpuConfig, GpuConfig};
 use crate::model::Role;
 use crate::net::proto::{ApiRequest, ApiResponse, Caller};
+use crate::socket_path::{dev_dir, socket_in};
 
 /// Options of `gpuq dev`.
 #[derive(Clone, Debug)]
@@ -27,23 +28,6 @@ pub struct DevOptions {
     pub fresh: bool,
     /// Use this machine's real GPUs through NVML (one node) instead of fakes.
     pub nvml: bool,
-}
-
-/// Where `gpuq dev` keeps its state by default, and where the CLI looks for
-/// its socket: `$XDG_STATE_HOME/gpuq/dev`, else `~/.local/state/gpuq/dev`.
-pub fn default_dir() -> PathBuf {
-    if let Some(d) = std::env::var_os("XDG_STATE_HOME") {
-        return PathBuf::from(d).join("gpuq/dev");
-    }
-    let home = std::env::var_os("HOME")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| "/tmp".into());
-    home.join(".local/state/gpuq/dev")
-}
-
-/// The dev cluster's socket in `dir`.
-pub fn socket_in(dir: &Path) -> PathBuf {
-    dir.join("gpuq.sock")
 }
 
 fn current_user() -> anyhow::Result<(String, bool)> {
@@ -159,7 +143,7 @@ pub async fn start(
         let cfg = AgentConfig {
             node_name: name.clone(),
             data_dir: data_dir.clone(),
-            socket: data_dir.join("gpuq.sock"),
+            socket: socket_in(&data_dir),
             servers: vec![server.quic_addr.to_string()],
             role: AgentRole::Compute,
             gpus: if opts.nvml {
@@ -220,7 +204,7 @@ pub async fn start(
 pub async fn run(opts: DevOptions) -> anyhow::Result<()> {
     let (tx, rx) = watch::channel(false);
     let cluster = start(&opts, rx).await?;
-    let default = socket_in(&default_dir());
+    let default = socket_in(&dev_dir());
     println!(
         "gpuq dev: 1 server, {} nodes x {} fake GPUs; state in {}",
         opts.nodes,

@@ -5,10 +5,13 @@
 //! input into a `model::JobSpec`; `state` is the replicated state machine;
 //! `net` carries typed frames over QUIC and unix sockets; `raft` glues openraft
 //! to `state` and `net`; `server` and `agent` are the two daemon roles; `cli`
-//! is the client side. Nothing imports `cli`.
+//! is the client side. Nothing imports `cli`. Helpers every role needs live
+//! once, low in the house: `clock` (the time in ms) and `socket_path` (where
+//! the daemon's unix socket is); the hostlist syntax is in `model::hostlist`.
 
 pub mod agent;
 pub mod cli;
+pub mod clock;
 pub mod config;
 pub mod dev;
 pub mod model;
@@ -18,6 +21,7 @@ pub mod raft;
 pub mod sched;
 pub mod server;
 pub mod sim;
+pub mod socket_path;
 pub mod spec;
 pub mod state;
 

@@ -352,7 +352,7 @@ async fn daemon(cmd: Cmd) -> anyhow::Result<()> {
             gpuq::dev::run(gpuq::dev::DevOptions {
                 nodes: a.nodes,
                 gpus_per_node: a.gpus_per_node,
-                dir: a.dir.unwrap_or_else(gpuq::dev::default_dir),
+                dir: a.dir.unwrap_or_else(gpuq::socket_path::dev_dir),
                 fresh: a.fresh,
                 nvml: a.gpus == "nvml",
             })

@@ -284,10 +284,17 @@ fn a_bulk_submit_with_one_bad_job_submits_none_and_names_the_line() {
     bad.nodes = 0;
     let good = common::trivial_spec("good");
     match answer(vec![good.clone(), bad, good.clone()]) {
-        gpuq::net::proto::ApiResponse::Error { kind, message } => {
+        gpuq::net::proto::ApiResponse::Error {
+            kind,
+            message,
+            batch_entry,
+        } => {
             assert_eq!(kind, gpuq::net::proto::ErrorKind::BadInput);
             assert!(message.starts_with("job 2 of the batch"), "{message}");
             assert!(message.contains("nodes"), "{message}");
+            let entry = batch_entry.expect("the refused job's index");
+            assert_eq!(entry.index, 1);
+            assert!(message.contains(&entry.why), "{message} / {}", entry.why);
         }
         other => panic!("expected a refusal, got {other:?}"),
     }

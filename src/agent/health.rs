@@ -6,28 +6,9 @@
 
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
-/// `[agent.health_check]`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct HealthCheck {
-    /// Run with `/bin/sh -c`; exit 0 means healthy.
-    pub command: String,
-    pub interval_secs: u64,
-    pub timeout_secs: u64,
-}
-
-impl Default for HealthCheck {
-    fn default() -> Self {
-        HealthCheck {
-            command: String::new(),
-            interval_secs: 60,
-            timeout_secs: 30,
-        }
-    }
-}
+pub use crate::config::health_check::HealthCheck;
 
 /// The latest result: `None` until the first run finished.
 pub type Latest = watch::Receiver<Option<(bool, String)>>;

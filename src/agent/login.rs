@@ -51,7 +51,7 @@ fn safe_to_repeat(request: &ApiRequest) -> bool {
 /// leader to forward to, or is a leader that lost its majority.
 fn try_elsewhere(resp: &ApiResponse) -> bool {
     match resp {
-        ApiResponse::Error { kind, message } => {
+        ApiResponse::Error { kind, message, .. } => {
             *kind == ErrorKind::Unavailable
                 && (message.starts_with("not leader") || message.starts_with("no leader"))
         }

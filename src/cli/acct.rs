@@ -3,11 +3,11 @@
 
 use clap::Args;
 
-use super::table::{fmt_duration, fmt_time, Table};
+use super::table::{fmt_duration, fmt_time, opt_time, Table};
 use super::{call, parse_state, print_json, unexpected, CliError, JsonFlag};
 use crate::model::acct::{AcctFilter, AcctRecord, AcctSummary};
 // The one nodelist compressor (`node[001-064]`), shared with the task env.
-use crate::agent::exec::env::compress_hostlist;
+use crate::model::hostlist::compress_hostlist;
 use crate::model::{JobState, Millis};
 use crate::net::proto::{ApiRequest, ApiResponse};
 
@@ -68,10 +68,6 @@ pub async fn run(args: AcctArgs) -> Result<(), CliError> {
         }
         other => Err(unexpected(other)),
     }
-}
-
-fn opt_time(t: Option<Millis>) -> String {
-    t.map(fmt_time).unwrap_or_else(|| "-".into())
 }
 
 fn records_table(records: &[AcctRecord]) -> String {

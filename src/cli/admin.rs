@@ -1,16 +1,18 @@
 //! `gpuq admin account|qos|partition|priority|ports ...` (admins: root or
-//! admin_group), `gpuq share`, and the priority factors `gpuq queue
-//! --priority` and `gpuq show` print.
+//! admin_group): the arguments of each policy change and the `show` listings
+//! of the policy. The reports anyone may read (`gpuq share`, priority
+//! factors) are in [`super::report`].
 
 use clap::{Args, Subcommand};
 
+use super::policy_change;
 use super::table::Table;
 use super::{call, print_json, unexpected, CliError, JsonFlag};
 use crate::model::policy::fmt_secs;
 use crate::model::policy_change::{
     AccountPatch, Limit, Op, PartitionPatch, PolicyChange, PriorityPatch, QosPatch,
 };
-use crate::model::{JobId, PartitionState, PreemptMode, PriorityFactors};
+use crate::model::{PartitionState, PreemptMode};
 use crate::net::proto::{ApiRequest, ApiResponse};
 
 // `gpuq admin ...`
@@ -318,24 +320,6 @@ fn partition_change(op: Op, p: PartitionArgs) -> PolicyChange {
     }
 }
 
-pub(super) async fn change(change: PolicyChange) -> Result<(), CliError> {
-    match call(ApiRequest::Admin { change }).await? {
-        ApiResponse::PolicyUpdated { what } => {
-            println!("{}", capitalise(&what));
-            Ok(())
-        }
-        other => Err(unexpected(other)),
-    }
-}
-
-fn capitalise(s: &str) -> String {
-    let mut c = s.chars();
-    match c.next() {
-        Some(f) => f.to_uppercase().chain(c).collect(),
-        None => String::new(),
-    }
-}
-
 fn opt<T: ToString>(v: Option<T>) -> String {
     v.map(|v| v.to_string()).unwrap_or_else(|| "-".into())
 }
@@ -367,10 +351,10 @@ pub async fn run(cmd: AdminCommand) -> Result<(), CliError> {
     match cmd {
         AdminCommand::Ports { cmd } => super::ports::run(cmd).await,
         AdminCommand::Account { cmd } => match cmd {
-            AccountCommand::Add(a) => change(account_change(Op::Add, a)).await,
-            AccountCommand::Modify(a) => change(account_change(Op::Modify, a)).await,
+            AccountCommand::Add(a) => policy_change::send(account_change(Op::Add, a)).await,
+            AccountCommand::Modify(a) => policy_change::send(account_change(Op::Modify, a)).await,
             AccountCommand::Remove { name } => {
-                change(account_change(
+                policy_change::send(account_change(
                     Op::Remove,
                     AccountArgs {
                         name,
@@ -418,10 +402,10 @@ pub async fn run(cmd: AdminCommand) -> Result<(), CliError> {
             }
         },
         AdminCommand::Qos { cmd } => match cmd {
-            QosCommand::Add(q) => change(qos_change(Op::Add, q)).await,
-            QosCommand::Modify(q) => change(qos_change(Op::Modify, q)).await,
+            QosCommand::Add(q) => policy_change::send(qos_change(Op::Add, q)).await,
+            QosCommand::Modify(q) => policy_change::send(qos_change(Op::Modify, q)).await,
             QosCommand::Remove { name } => {
-                change(PolicyChange::Qos {
+                policy_change::send(PolicyChange::Qos {
                     op: Op::Remove,
                     name,
                     patch: QosPatch::default(),
@@ -466,10 +450,12 @@ pub async fn run(cmd: AdminCommand) -> Result<(), CliError> {
             }
         },
         AdminCommand::Partition { cmd } => match cmd {
-            PartitionCommand::Add(p) => change(partition_change(Op::Add, p)).await,
-            PartitionCommand::Modify(p) => change(partition_change(Op::Modify, p)).await,
+            PartitionCommand::Add(p) => policy_change::send(partition_change(Op::Add, p)).await,
+            PartitionCommand::Modify(p) => {
+                policy_change::send(partition_change(Op::Modify, p)).await
+            }
             PartitionCommand::Remove { name } => {
-                change(PolicyChange::Partition {
+                policy_change::send(PolicyChange::Partition {
                     op: Op::Remove,
                     name,
                     patch: PartitionPatch::default(),
@@ -515,7 +501,7 @@ pub async fn run(cmd: AdminCommand) -> Result<(), CliError> {
                 max_age,
                 half_life,
             } => {
-                change(PolicyChange::Priority(PriorityPatch {
+                policy_change::send(PolicyChange::Priority(PriorityPatch {
                     age,
                     fairshare,
                     job_size,
@@ -548,139 +534,4 @@ pub async fn run(cmd: AdminCommand) -> Result<(), CliError> {
             }
         },
     }
-}
-
-/// `gpuq share`: the share tree with usage and factors.
-pub async fn share(json: bool) -> Result<(), CliError> {
-    match call(ApiRequest::Share).await? {
-        ApiResponse::Share {
-            rows,
-            half_life_secs,
-        } => {
-            if json {
-                return print_json(&serde_json::json!({
-                    "half_life_secs": half_life_secs,
-                    "rows": rows,
-                }));
-            }
-            let mut t = Table::new(&[
-                "ACCOUNT",
-                "USER",
-                "SHARES",
-                "NORM_SHARES",
-                "GPU_HOURS",
-                "NORM_USAGE",
-                "FAIRSHARE",
-            ]);
-            for r in rows {
-                t.row(vec![
-                    if r.user.is_some() {
-                        format!("  {}", r.account)
-                    } else {
-                        r.account.clone()
-                    },
-                    r.user.clone().unwrap_or_default(),
-                    r.shares.to_string(),
-                    format!("{:.4}", r.norm_shares),
-                    format!("{:.2}", r.usage_gpu_secs / 3600.0),
-                    format!("{:.4}", r.norm_usage),
-                    format!("{:.4}", r.factor),
-                ]);
-            }
-            print!("{}", t.render());
-            Ok(())
-        }
-        other => Err(unexpected(other)),
-    }
-}
-
-/// Priority factors of pending jobs (`ids` empty: all).
-pub async fn priorities(ids: Vec<JobId>) -> Result<Vec<(JobId, PriorityFactors)>, CliError> {
-    match call(ApiRequest::Priorities { ids }).await? {
-        ApiResponse::Priorities { jobs, .. } => Ok(jobs),
-        other => Err(unexpected(other)),
-    }
-}
-
-/// The `gpuq queue --priority` table.
-pub fn priority_table(jobs: &[crate::model::Job], prios: &[(JobId, PriorityFactors)]) -> String {
-    let mut t = Table::new(&[
-        "JOBID",
-        "USER",
-        "ACCOUNT",
-        "QOS",
-        "PRIORITY",
-        "AGE",
-        "FAIRSHARE",
-        "JOBSIZE",
-        "QOS_F",
-        "PARTITION_F",
-        "NICE",
-    ]);
-    for (id, f) in prios {
-        let Some(j) = jobs.iter().find(|j| j.id == *id) else {
-            continue;
-        };
-        t.row(vec![
-            id.to_string(),
-            j.user.clone(),
-            j.spec.account.clone().unwrap_or_default(),
-            j.spec.qos.clone().unwrap_or_default(),
-            f.total.to_string(),
-            format!("{:.3}", f.age),
-            format!("{:.3}", f.fairshare),
-            format!("{:.3}", f.job_size),
-            format!("{:.3}", f.qos),
-            format!("{:.3}", f.partition),
-            f.nice.to_string(),
-        ]);
-    }
-    t.render()
-}
-
-/// One line of factors for `gpuq show`.
-pub fn factors_line(f: &PriorityFactors) -> String {
-    format!(
-        "{} (age {:.3}, fairshare {:.3}, jobsize {:.3}, qos {:.3}, partition {:.3}, nice {})",
-        f.total, f.age, f.fairshare, f.job_size, f.qos, f.partition, f.nice
-    )
-}
-
-/// `gpuq queue --priority`: pending jobs in priority order with their factors.
-pub async fn queue_priority(user: Option<String>, json: bool) -> Result<(), CliError> {
-    let jobs = match call(ApiRequest::Queue {
-        all: false,
-        user,
-        states: vec![crate::model::JobState::Pending],
-    })
-    .await?
-    {
-        ApiResponse::Jobs { jobs } => jobs,
-        other => return Err(unexpected(other)),
-    };
-    let mut prios = priorities(vec![]).await?;
-    prios.retain(|(id, _)| jobs.iter().any(|j| j.id == *id));
-    if json {
-        return print_json(&prios);
-    }
-    print!("{}", priority_table(&jobs, &prios));
-    Ok(())
-}
-
-/// `gpuq show` lines for each time the job was preempted.
-pub fn preemption_lines(j: &crate::model::Job) -> String {
-    j.preemptions
-        .iter()
-        .map(|p| {
-            format!(
-                "{:>16}: PREEMPTED attempt {} at {} for job {} ({}; {})\n",
-                "Preempted",
-                p.attempt,
-                super::table::fmt_time(p.at),
-                p.by,
-                p.why,
-                p.mode.as_str()
-            )
-        })
-        .collect()
 }

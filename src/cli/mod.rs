@@ -9,8 +9,10 @@ mod acct;
 pub mod admin;
 pub mod cluster;
 mod hold;
+mod policy_change;
 mod ports;
 mod queue;
+mod report;
 mod show;
 mod submit;
 pub mod table;
@@ -20,14 +22,12 @@ use std::process::ExitCode;
 
 use clap::{Args, Subcommand};
 
-use crate::model::{Job, JobId, JobRef, JobState, Role};
+use crate::model::{JobId, JobRef, JobState, Role};
 use crate::net::local::LocalClient;
 use crate::net::proto::{ApiRequest, ApiResponse, ErrorKind};
+use crate::socket_path;
 use crate::spec::SubmitArgs;
-use table::{fmt_duration, fmt_time, Table};
-
-/// The default daemon socket.
-pub const DEFAULT_SOCKET: &str = "/run/gpuq/gpuq.sock";
+use table::{fmt_time, Table};
 
 /// The daemon socket the CLI uses: `GPUQ_SOCKET`; else the system daemon's
 /// socket if it exists; else a running `gpuq dev`'s; else the system default.
@@ -35,11 +35,11 @@ pub fn socket_path() -> PathBuf {
     if let Some(p) = std::env::var_os("GPUQ_SOCKET") {
         return PathBuf::from(p);
     }
-    let system = PathBuf::from(DEFAULT_SOCKET);
+    let system = socket_path::system();
     if system.exists() {
         return system;
     }
-    let dev = crate::dev::socket_in(&crate::dev::default_dir());
+    let dev = socket_path::socket_in(&socket_path::dev_dir());
     if dev.exists() {
         return dev;
     }
@@ -290,22 +290,28 @@ fn parse_ttl(s: &str) -> Result<u64, String> {
         .map_err(|e| e.to_string())
 }
 
+/// Sends `req` to the daemon; its refusals become a [`CliError`].
 pub(crate) async fn call(req: ApiRequest) -> Result<ApiResponse, CliError> {
-    let path = socket_path();
-    let mut client = LocalClient::connect(&path)
-        .await
-        .map_err(|e| CliError::unreachable(e.to_string()))?;
-    let resp = client
-        .call(&req)
-        .await
-        .map_err(|e| CliError::unreachable(e.to_string()))?;
-    match resp {
-        ApiResponse::Error { kind, message } => Err(CliError {
+    match call_answer(req).await? {
+        ApiResponse::Error { kind, message, .. } => Err(CliError {
             code: kind.into(),
             message,
         }),
         other => Ok(other),
     }
+}
+
+/// Sends `req` to the daemon and returns its answer as it is, a refusal
+/// included; only not reaching the daemon is an error.
+pub(crate) async fn call_answer(req: ApiRequest) -> Result<ApiResponse, CliError> {
+    let path = socket_path();
+    let mut client = LocalClient::connect(&path)
+        .await
+        .map_err(|e| CliError::unreachable(e.to_string()))?;
+    client
+        .call(&req)
+        .await
+        .map_err(|e| CliError::unreachable(e.to_string()))
 }
 
 pub(crate) fn print_json<T: serde::Serialize>(v: &T) -> Result<(), CliError> {
@@ -332,7 +338,7 @@ pub async fn run(cmd: ClientCommand) -> Result<(), CliError> {
             user,
             json,
             ..
-        } => admin::queue_priority(user, json.json).await,
+        } => report::queue_priority(user, json.json).await,
         ClientCommand::Queue {
             all,
             user,
@@ -354,7 +360,7 @@ pub async fn run(cmd: ClientCommand) -> Result<(), CliError> {
                 if start {
                     print!("{}", queue::start_table(&jobs));
                 } else {
-                    print!("{}", queue_table(&jobs));
+                    print!("{}", queue::queue_table(&jobs));
                 }
                 Ok(())
             }
@@ -373,8 +379,8 @@ pub async fn run(cmd: ClientCommand) -> Result<(), CliError> {
                 }
                 print!("{}", show::text(&job, &placement));
                 if job.state == JobState::Pending {
-                    if let Some((_, f)) = admin::priorities(vec![job.id]).await?.first() {
-                        println!("{:>16}: {}", "Priority", admin::factors_line(f));
+                    if let Some((_, f)) = report::priorities(vec![job.id]).await?.first() {
+                        println!("{:>16}: {}", "Priority", report::factors_line(f));
                     }
                 }
                 Ok(())
@@ -435,7 +441,7 @@ pub async fn run(cmd: ClientCommand) -> Result<(), CliError> {
         ClientCommand::Logs { id, rank, follow } => logs(JobId(id), rank, follow).await,
         ClientCommand::Token { cmd } => token(cmd).await,
         ClientCommand::Admin { cmd } => admin::run(cmd).await,
-        ClientCommand::Share { json } => admin::share(json.json).await,
+        ClientCommand::Share { json } => report::share(json.json).await,
     }
 }
 
@@ -511,7 +517,7 @@ async fn token(cmd: TokenCommand) -> Result<(), CliError> {
                     return print_json(&tokens);
                 }
                 let mut t = Table::new(&["ID", "ROLE", "EXPIRES", "CREATED_BY", "USES", "STATE"]);
-                let now = crate::server::now_ms();
+                let now = crate::clock::now_ms();
                 for k in tokens {
                     let st = if k.revoked {
                         "revoked"
@@ -547,42 +553,6 @@ async fn token(cmd: TokenCommand) -> Result<(), CliError> {
             other => Err(unexpected(other)),
         },
     }
-}
-
-pub(crate) fn opt_time(t: Option<u64>) -> String {
-    t.map(fmt_time).unwrap_or_else(|| "-".into())
-}
-
-fn queue_table(jobs: &[Job]) -> String {
-    let mut t = Table::new(&[
-        "JOBID",
-        "NAME",
-        "USER",
-        "STATE",
-        "NODES",
-        "GPUS",
-        "TIME_LIMIT",
-        "SUBMIT",
-        "REASON",
-    ]);
-    for r in queue::rows(jobs) {
-        let j = r.job;
-        t.row(vec![
-            r.id,
-            j.spec.name.clone(),
-            j.user.clone(),
-            j.state.to_string(),
-            j.spec.nodes.to_string(),
-            j.spec.total_gpus().to_string(),
-            j.spec
-                .time_limit_secs
-                .map(fmt_duration)
-                .unwrap_or_else(|| "UNLIMITED".into()),
-            fmt_time(j.submit_time),
-            j.reason.clone().unwrap_or_default(),
-        ]);
-    }
-    t.render()
 }
 
 fn nodes_table(nodes: &[crate::net::proto::NodeInfo]) -> String {

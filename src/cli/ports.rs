@@ -34,7 +34,7 @@ pub enum PortsCommand {
 pub async fn run(cmd: PortsCommand) -> Result<(), CliError> {
     match cmd {
         PortsCommand::Set { range } => {
-            super::admin::change(PolicyChange::MasterPorts { range }).await
+            super::policy_change::send(PolicyChange::MasterPorts { range }).await
         }
         PortsCommand::Show { json } => {
             let range = match call(ApiRequest::PolicyShow).await? {

@@ -1,9 +1,10 @@
-//! Queue listing helpers: array tasks shown compactly (`12_[4-99%8]`, as
-//! squeue does) and the `--start` view of expected start times.
+//! The queue listings: `gpuq queue`'s table and its `--start` view of
+//! expected start times, both with array tasks shown compactly
+//! (`12_[4-99%8]`, as squeue does).
 
 use crate::model::{Job, JobState};
 
-use super::table::{fmt_time, Table};
+use super::table::{fmt_duration, fmt_time, Table};
 
 /// One line of the queue: a job, or pending tasks of one array folded
 /// together (same reason) with the id shown as `12_[4-7,9%2]`.
@@ -73,6 +74,39 @@ pub fn ranges(indices: &[u32]) -> String {
         i = k + 1;
     }
     parts.join(",")
+}
+
+/// `gpuq queue`: one line per job, pending array tasks folded.
+pub fn queue_table(jobs: &[Job]) -> String {
+    let mut t = Table::new(&[
+        "JOBID",
+        "NAME",
+        "USER",
+        "STATE",
+        "NODES",
+        "GPUS",
+        "TIME_LIMIT",
+        "SUBMIT",
+        "REASON",
+    ]);
+    for r in rows(jobs) {
+        let j = r.job;
+        t.row(vec![
+            r.id,
+            j.spec.name.clone(),
+            j.user.clone(),
+            j.state.to_string(),
+            j.spec.nodes.to_string(),
+            j.spec.total_gpus().to_string(),
+            j.spec
+                .time_limit_secs
+                .map(fmt_duration)
+                .unwrap_or_else(|| "UNLIMITED".into()),
+            fmt_time(j.submit_time),
+            j.reason.clone().unwrap_or_default(),
+        ]);
+    }
+    t.render()
 }
 
 /// `gpuq queue --start`: pending jobs with their expected start (squeue --start).

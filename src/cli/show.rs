@@ -4,8 +4,8 @@ use crate::model::{format_cpulist, Job, JobState, Program};
 use crate::net::proto::RankPlacement;
 use crate::spec::memory::format_mem;
 
-use super::table::{fmt_duration, fmt_time, Table};
-use super::{opt_time, CliError};
+use super::table::{fmt_duration, fmt_time, opt_time, Table};
+use super::CliError;
 
 pub fn text(j: &Job, placement: &[RankPlacement]) -> String {
     let s = &j.spec;
@@ -117,7 +117,7 @@ pub fn text(j: &Job, placement: &[RankPlacement]) -> String {
     if let Some(c) = j.exit_code {
         kv("ExitCode", c.to_string());
     }
-    out.push_str(&super::admin::preemption_lines(j));
+    out.push_str(&super::report::preemption_lines(j));
     if !placement.is_empty() {
         let attempt = j.run.as_ref().map_or(0, |r| r.attempt);
         out.push_str(&format!("\nPlacement (attempt {attempt}):\n"));

@@ -11,9 +11,9 @@ use std::path::{Path, PathBuf};
 
 use clap::Parser;
 
-use super::{call, print_json, unexpected, CliError};
+use super::{call, call_answer, print_json, unexpected, CliError};
 use crate::model::JobSpec;
-use crate::net::proto::{parse_batch_entry_error, ApiRequest, ApiResponse, MAX_SUBMIT_MANY};
+use crate::net::proto::{ApiRequest, ApiResponse, MAX_SUBMIT_MANY};
 use crate::spec::directives::{split_words, SplitError};
 use crate::spec::SubmitArgs;
 
@@ -58,18 +58,25 @@ pub(super) async fn run(
     let jobs = parse_lines(&text, &shown, args, &env, &cwd)?;
     let lines: Vec<usize> = jobs.iter().map(|(line, _)| *line).collect();
     let specs: Vec<JobSpec> = jobs.into_iter().map(|(_, spec)| spec).collect();
-    match call(ApiRequest::SubmitMany { specs }).await {
-        Ok(ApiResponse::SubmittedMany { ids }) => print_ids(&ids, parsable, json),
-        Ok(other) => Err(unexpected(other)),
-        Err(mut e) => {
+    match call_answer(ApiRequest::SubmitMany { specs }).await? {
+        ApiResponse::SubmittedMany { ids } => print_ids(&ids, parsable, json),
+        ApiResponse::Error {
+            kind,
+            message,
+            batch_entry,
+        } => {
             // Name the line of the refused job rather than its index.
-            if let Some((i, why)) = parse_batch_entry_error(&e.message) {
-                if let Some(line) = lines.get(i) {
-                    e.message = format!("{shown} line {line}: {why}; nothing was submitted");
-                }
-            }
-            Err(e)
+            let line = batch_entry.and_then(|b| Some((lines.get(b.index)?, b.why)));
+            let message = match line {
+                Some((line, why)) => format!("{shown} line {line}: {why}; nothing was submitted"),
+                None => message,
+            };
+            Err(CliError {
+                code: kind.into(),
+                message,
+            })
         }
+        other => Err(unexpected(other)),
     }
 }
 

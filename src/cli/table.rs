@@ -46,6 +46,11 @@ impl Table {
     }
 }
 
+/// [`fmt_time`], or `-` for a time that has not come.
+pub fn opt_time(t: Option<Millis>) -> String {
+    t.map(fmt_time).unwrap_or_else(|| "-".into())
+}
+
 /// Formats Unix milliseconds as `YYYY-MM-DDTHH:MM:SS` in UTC.
 pub fn fmt_time(ms: Millis) -> String {
     let secs = ms / 1000;

@@ -1,7 +1,9 @@
 //! Slurm's hostlist syntax (`n[1-4]`, `gpu[01-16,20],login1`,
 //! `r[1-2]-n[1-3]`), expanded into node names. `--nodelist` and `--exclude`
-//! take it, and so does anything else that names many nodes at once; the
-//! agents' `GPUQ_NODELIST` is the same syntax in the other direction.
+//! take it, and so does anything else that names many nodes at once. The
+//! other direction, [`compress_hostlist`], writes the agents' `GPUQ_NODELIST`
+//! and the node column of `gpuq acct`, so it lives here with the parser
+//! rather than in either role.
 
 /// Names one list may expand to: a typo such as `n[1-1000000]` is refused
 /// instead of filling memory.
@@ -196,6 +198,107 @@ fn expand_ranges(list: &str, ranges: &str) -> Result<Vec<String>, HostlistError>
     Ok(out)
 }
 
+/// A host name split into a prefix and a numeric suffix (`node` + `007`).
+struct HostName<'a> {
+    prefix: &'a str,
+    digits: &'a str,
+    number: u64,
+}
+
+fn split_host(name: &str) -> Option<HostName<'_>> {
+    let cut = name.trim_end_matches(|c: char| c.is_ascii_digit()).len();
+    let digits = &name[cut..];
+    let number = digits.parse().ok()?;
+    Some(HostName {
+        prefix: &name[..cut],
+        digits,
+        number,
+    })
+}
+
+fn is_padded(digits: &str) -> bool {
+    digits.len() > 1 && digits.starts_with('0')
+}
+
+/// Compresses host names Slurm-style (`node[001-064]`, `a1,b[2-3]`). The order
+/// is kept, so expanding the result gives the node-rank order back: only
+/// neighbours with the same prefix (and, when zero-padded, the same width)
+/// share brackets, and only ascending runs become ranges.
+pub fn compress_hostlist<S: AsRef<str>>(names: &[S]) -> String {
+    struct Group<'a> {
+        prefix: &'a str,
+        width: usize,
+        /// Every member's suffix has `width` digits.
+        uniform: bool,
+        padded: bool,
+        numbers: Vec<u64>,
+    }
+    let mut groups: Vec<Result<Group<'_>, &str>> = Vec::new();
+    for name in names.iter().map(AsRef::as_ref) {
+        let Some(host) = split_host(name) else {
+            groups.push(Err(name));
+            continue;
+        };
+        let padded = is_padded(host.digits);
+        if let Some(Ok(group)) = groups.last_mut() {
+            let same_width = group.uniform && group.width == host.digits.len();
+            if group.prefix == host.prefix && (same_width || !(group.padded || padded)) {
+                group.padded |= padded;
+                group.uniform = same_width;
+                group.numbers.push(host.number);
+                continue;
+            }
+        }
+        groups.push(Ok(Group {
+            prefix: host.prefix,
+            width: host.digits.len(),
+            uniform: true,
+            padded,
+            numbers: vec![host.number],
+        }));
+    }
+    let parts: Vec<String> = groups
+        .into_iter()
+        .map(|group| match group {
+            Err(name) => name.to_string(),
+            Ok(group) => {
+                let fmt = |n: u64| {
+                    if group.padded {
+                        format!("{n:0width$}", width = group.width)
+                    } else {
+                        n.to_string()
+                    }
+                };
+                if group.numbers.len() == 1 {
+                    return format!("{}{}", group.prefix, fmt(group.numbers[0]));
+                }
+                let mut ranges: Vec<String> = Vec::new();
+                let mut i = 0;
+                while i < group.numbers.len() {
+                    let start = group.numbers[i];
+                    let mut end = start;
+                    // `checked_add`: a name may end in u64::MAX, which no
+                    // range continues.
+                    while i + 1 < group.numbers.len()
+                        && Some(group.numbers[i + 1]) == end.checked_add(1)
+                    {
+                        end += 1;
+                        i += 1;
+                    }
+                    ranges.push(if start == end {
+                        fmt(start)
+                    } else {
+                        format!("{}-{}", fmt(start), fmt(end))
+                    });
+                    i += 1;
+                }
+                format!("{}[{}]", group.prefix, ranges.join(","))
+            }
+        })
+        .collect();
+    parts.join(",")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -249,6 +352,112 @@ mod tests {
                 Err(e) if e.to_string().contains(want) => {}
                 other => panic!("{list:?}: expected an error with {want:?}, got {other:?}"),
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod compress_tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// Expands a compressed host list, to check that compression loses nothing.
+    fn expand(list: &str) -> Vec<String> {
+        let mut out = Vec::new();
+        let mut rest = list;
+        while !rest.is_empty() {
+            let next_comma = rest.find(',').unwrap_or(rest.len());
+            let bracket = rest.find('[').filter(|&b| b < next_comma);
+            let Some(open) = bracket else {
+                out.push(rest[..next_comma].to_string());
+                rest = rest.get(next_comma + 1..).unwrap_or("");
+                continue;
+            };
+            let close = rest.find(']').unwrap();
+            let prefix = &rest[..open];
+            for range in rest[open + 1..close].split(',') {
+                let (lo, hi) = range.split_once('-').unwrap_or((range, range));
+                let width = if lo.len() > 1 && lo.starts_with('0') {
+                    lo.len()
+                } else {
+                    0
+                };
+                for n in lo.parse::<u64>().unwrap()..=hi.parse::<u64>().unwrap() {
+                    out.push(format!("{prefix}{n:0width$}"));
+                }
+            }
+            rest = rest.get(close + 2..).unwrap_or("");
+        }
+        out
+    }
+
+    fn names(list: &[&str]) -> Vec<String> {
+        list.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn hostlist_compresses_ranges() {
+        let nodes: Vec<String> = (1..=64).map(|i| format!("node{i:03}")).collect();
+        assert_eq!(compress_hostlist(&nodes), "node[001-064]");
+        assert_eq!(compress_hostlist(&names(&["a1", "b2", "b3"])), "a1,b[2-3]");
+        assert_eq!(compress_hostlist(&names(&["gpu7"])), "gpu7");
+        assert_eq!(compress_hostlist(&names(&["login"])), "login");
+        assert_eq!(compress_hostlist::<String>(&[]), "");
+        assert_eq!(
+            compress_hostlist(&names(&["n1", "n2", "n3", "n5", "n7", "n8"])),
+            "n[1-3,5,7-8]"
+        );
+        assert_eq!(compress_hostlist(&names(&["n9", "n10", "n11"])), "n[9-11]");
+        assert_eq!(
+            compress_hostlist(&names(&["node099", "node100"])),
+            "node[099-100]"
+        );
+    }
+
+    #[test]
+    fn hostlist_with_the_largest_number_compresses_without_overflow() {
+        // Found by the fuzz target hostlist-names: `end + 1` overflowed.
+        let max = u64::MAX;
+        let list = names(&[
+            &format!("n{max}"),
+            "n1",
+            "n2",
+            &format!("m{}", max - 1),
+            &format!("m{max}"),
+        ]);
+        let compressed = compress_hostlist(&list);
+        assert_eq!(compressed, format!("n[{max},1-2],m[{}-{max}]", max - 1));
+        assert_eq!(expand_hostlist(&compressed).unwrap(), list);
+    }
+
+    #[test]
+    fn hostlist_keeps_node_rank_order_and_widths_apart() {
+        assert_eq!(compress_hostlist(&names(&["n3", "n1", "n2"])), "n[3,1-2]");
+        assert_eq!(compress_hostlist(&names(&["a1", "b1", "a2"])), "a1,b1,a2");
+        assert_eq!(compress_hostlist(&names(&["n01", "n1"])), "n01,n1");
+        assert_eq!(compress_hostlist(&names(&["n1", "n01"])), "n1,n01");
+        assert_eq!(compress_hostlist(&names(&["n01", "n100"])), "n01,n100");
+        assert_eq!(
+            compress_hostlist(&names(&["n10", "n5", "n07"])),
+            "n[10,5],n07"
+        );
+        assert_eq!(
+            compress_hostlist(&names(&["rack1-node1", "rack1-node2"])),
+            "rack1-node[1-2]"
+        );
+    }
+
+    proptest! {
+        #[test]
+        fn hostlist_expands_back_to_its_input(
+            hosts in proptest::collection::vec((0usize..3, 0u64..40, 0usize..3), 0..20)
+        ) {
+            let prefixes = ["gpu", "node", "x"];
+            let list: Vec<String> = hosts
+                .iter()
+                .map(|&(p, n, w)| format!("{}{n:0w$}", prefixes[p], w = w + 1))
+                .collect();
+            prop_assert_eq!(expand(&compress_hostlist(&list)), list);
         }
     }
 }

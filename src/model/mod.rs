@@ -3,6 +3,7 @@
 //! which job state may follow which). Nothing here does I/O or reads a clock.
 
 pub mod acct;
+mod bulk_submit;
 pub mod hostlist;
 mod job;
 mod node;
@@ -13,6 +14,7 @@ mod queue;
 mod task;
 mod token;
 
+pub use bulk_submit::BatchEntryError;
 pub use hostlist::{expand_hostlist, HostlistError};
 pub use job::*;
 pub use node::*;

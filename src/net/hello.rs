@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::endpoint::{close, code, connection_failed, EndpointError};
+use super::error::{close, code, connection_failed, EndpointError};
 use super::frame::{read_frame, write_frame, FrameError};
 
 /// The wire protocol version this build speaks, exchanged in [`Hello`].

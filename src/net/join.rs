@@ -13,7 +13,8 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use super::endpoint::{unspecified_for, Endpoint, EndpointError, Peer, ALPN_JOIN};
+use super::endpoint::{unspecified_for, Endpoint, Peer, ALPN_JOIN};
+use super::error::EndpointError;
 use super::pki::{self, NodeIdentity, PkiError};
 use super::rpc::{self, RpcError};
 use super::token::JoinToken;

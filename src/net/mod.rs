@@ -3,7 +3,8 @@
 //!
 //! Layering, bottom up: [`frame`] (length-prefixed MessagePack, also used on
 //! unix sockets) -> [`pki`] (CA, node certificates, identities in the SAN) ->
-//! [`tls`] (rustls configs: trust is the cluster CA) -> [`endpoint`] (QUIC,
+//! [`tls`] (rustls configs: trust is the cluster CA) -> [`error`] (what a
+//! connection can fail with, and the close codes) -> [`endpoint`] (QUIC,
 //! per-ALPN admission, connection cache; [`hello`] checks protocol versions)
 //! -> [`rpc`] (one stream per request) -> [`mod@join`] (getting a certificate
 //! with a [`token::JoinToken`]). [`local`] is the daemon's unix-socket API for
@@ -12,6 +13,7 @@
 
 pub mod agent_proto;
 pub mod endpoint;
+pub mod error;
 pub mod frame;
 pub mod hello;
 pub mod join;
@@ -22,9 +24,8 @@ pub mod rpc;
 pub mod tls;
 pub mod token;
 
-pub use endpoint::{
-    Admit, Endpoint, EndpointError, Peer, Service, ALPN_AGENT, ALPN_API, ALPN_JOIN, ALPN_RAFT,
-};
+pub use endpoint::{Admit, Endpoint, Peer, Service, ALPN_AGENT, ALPN_API, ALPN_JOIN, ALPN_RAFT};
+pub use error::EndpointError;
 pub use frame::{read_frame, write_frame, FrameError, DEFAULT_MAX_FRAME};
 pub use hello::PROTOCOL_VERSION;
 pub use join::{join, serve_join, JoinAuthority, JoinError, JoinRequest, JoinResponse};

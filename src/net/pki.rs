@@ -352,7 +352,7 @@ pub fn peer_identity(cert_der: &[u8]) -> Result<(Role, String), PkiError> {
     parse_identity_uri(uri)
 }
 
-fn parse_identity_uri(uri: &str) -> Result<(Role, String), PkiError> {
+pub(super) fn parse_identity_uri(uri: &str) -> Result<(Role, String), PkiError> {
     let bad = |reason| PkiError::BadIdentity {
         uri: uri.to_string(),
         reason,
@@ -538,7 +538,3 @@ fn set_validity(params: &mut CertificateParams, days: u32) {
     params.not_before = now - Duration::from_secs(3600);
     params.not_after = now + Duration::from_secs(u64::from(days) * 86_400);
 }
-
-#[cfg(test)]
-#[path = "pki_tests.rs"]
-mod tests;

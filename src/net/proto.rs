@@ -4,7 +4,9 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::model::{Job, JobId, JobRef, JobSpec, JobState, Millis, NodeInventory, Role};
+use crate::model::{
+    BatchEntryError, Job, JobId, JobRef, JobSpec, JobState, Millis, NodeInventory, Role,
+};
 
 /// A request from the CLI. The caller's identity is not in it: the daemon
 /// learns it from the socket (SO_PEERCRED), never from the client.
@@ -100,7 +102,7 @@ pub enum ApiRequest {
     },
     /// Queue many jobs in one call and one log entry, all or none: the
     /// first spec that would be refused refuses the batch, and the error
-    /// names its index (see [`batch_entry_error`]). Answered with
+    /// names its index (see [`BatchEntryError`]). Answered with
     /// `SubmittedMany` after commit. At most [`MAX_SUBMIT_MANY`] specs.
     SubmitMany { specs: Vec<JobSpec> },
     /// Let a new machine take a registered node's name (admins): its next
@@ -355,6 +357,11 @@ pub enum ApiResponse {
     Error {
         kind: ErrorKind,
         message: String,
+        /// Which job of a `SubmitMany` refused the batch, when that is why
+        /// (`message` then reads as [`BatchEntryError`]'s text). Absent on
+        /// the wire otherwise, and from servers before it existed.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        batch_entry: Option<BatchEntryError>,
     },
     /// The job ids of a `SubmitMany`, in the order of its specs (an array's
     /// id for an array).
@@ -371,6 +378,16 @@ impl ApiResponse {
         ApiResponse::Error {
             kind,
             message: message.into(),
+            batch_entry: None,
+        }
+    }
+
+    /// The answer when one job of a `SubmitMany` refuses the batch.
+    pub fn batch_entry_error(kind: ErrorKind, entry: BatchEntryError) -> ApiResponse {
+        ApiResponse::Error {
+            kind,
+            message: entry.to_string(),
+            batch_entry: Some(entry),
         }
     }
 }
@@ -382,22 +399,3 @@ pub const MAX_SUBMIT_MANY: usize = 10_000;
 /// batch is one Raft log entry, which must fit a replication frame with room
 /// to spare.
 pub const MAX_SUBMIT_MANY_BYTES: usize = 4 << 20;
-
-/// How a refusal of one job of a `SubmitMany` reads: `job N of the batch
-/// (from 1): why`. [`parse_batch_entry_error`] reads the index back, so the
-/// CLI can name the line of its input file.
-pub fn batch_entry_error(index: usize, why: &impl std::fmt::Display) -> String {
-    format!(
-        "job {} of the batch (from 1): {why}; nothing was submitted",
-        index + 1
-    )
-}
-
-/// The 0-based index and the reason of a [`batch_entry_error`] message.
-pub fn parse_batch_entry_error(message: &str) -> Option<(usize, &str)> {
-    let rest = message.strip_prefix("job ")?;
-    let (n, rest) = rest.split_once(" of the batch (from 1): ")?;
-    let why = rest.strip_suffix("; nothing was submitted")?;
-    let n: usize = n.parse().ok()?;
-    Some((n.checked_sub(1)?, why))
-}

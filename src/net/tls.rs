@@ -140,8 +140,8 @@ pub fn member_client_config(
 ) -> Result<(ClientConfig, PeerCheck), TlsError> {
     let provider = provider();
     let check = PeerCheck::default();
-    let verifier = Arc::new(ClusterServerVerifier {
-        roots: identity.roots.clone(),
+    let verifier = Arc::new(ServerVerifier {
+        trust: Trust::ClusterCa(identity.roots.clone()),
         provider: provider.clone(),
         expect: expect.to_vec(),
         check: check.clone(),
@@ -240,8 +240,8 @@ pub fn pinned_client_config(
     }
     let provider = provider();
     let check = PeerCheck::default();
-    let verifier = Arc::new(PinnedServerVerifier {
-        pinned,
+    let verifier = Arc::new(ServerVerifier {
+        trust: Trust::Pinned(pinned),
         provider: provider.clone(),
         expect: expect.to_vec(),
         check: check.clone(),
@@ -256,110 +256,72 @@ pub fn pinned_client_config(
     Ok((config, check))
 }
 
-/// Verifies a member's chain against the cluster CA, ignoring the dialled name.
+/// Which CA a server's chain must lead to.
 #[derive(Debug)]
-struct ClusterServerVerifier {
-    roots: Arc<RootCertStore>,
+enum Trust {
+    /// The cluster CA this member holds.
+    ClusterCa(Arc<RootCertStore>),
+    /// A CA pinned by SHA-256 fingerprint (lowercase hex) that the server's
+    /// chain must carry: the join handshake, before we hold the CA.
+    Pinned(String),
+}
+
+/// The client's check of a server: its chain leads to the trusted CA (the
+/// dialled name is ignored) and its certificate names an expected role.
+#[derive(Debug)]
+struct ServerVerifier {
+    trust: Trust,
     provider: Arc<CryptoProvider>,
     expect: Vec<Role>,
     check: PeerCheck,
 }
 
-impl ServerCertVerifier for ClusterServerVerifier {
-    fn verify_server_cert(
+impl ServerVerifier {
+    /// The root store for a pinned CA: the chain's certificate with the
+    /// pinned fingerprint, or [`TlsError::WrongCa`] naming the one it had.
+    fn pinned_roots(
         &self,
-        end_entity: &CertificateDer<'_>,
+        pinned: &str,
         intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp_response: &[u8],
-        now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        let cert = ParsedCertificate::try_from(end_entity).map_err(|e| self.check.note(e))?;
-        rustls::client::verify_server_cert_signed_by_trust_anchor(
-            &cert,
-            &self.roots,
-            intermediates,
-            now,
-            self.provider.signature_verification_algorithms.all,
-        )
-        .map_err(|e| self.check.note(e))?;
-        self.check.check_role(end_entity, &self.expect)?;
-        Ok(ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.provider
-            .signature_verification_algorithms
-            .supported_schemes()
-    }
-}
-
-/// Verifies a server against a CA pinned by fingerprint (the join handshake).
-#[derive(Debug)]
-struct PinnedServerVerifier {
-    pinned: String,
-    provider: Arc<CryptoProvider>,
-    expect: Vec<Role>,
-    check: PeerCheck,
-}
-
-impl ServerCertVerifier for PinnedServerVerifier {
-    fn verify_server_cert(
-        &self,
-        end_entity: &CertificateDer<'_>,
-        intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp_response: &[u8],
-        now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
+    ) -> Result<RootCertStore, rustls::Error> {
         let Some(ca) = intermediates
             .iter()
-            .find(|c| pki::fingerprint_der(c.as_ref()) == self.pinned)
+            .find(|c| pki::fingerprint_der(c.as_ref()) == pinned)
         else {
             let found = intermediates
                 .last()
                 .map(|c| pki::fingerprint_der(c.as_ref()))
                 .unwrap_or_else(|| "(none: the server sent no CA certificate)".to_string());
             return Err(self.check.object(TlsError::WrongCa {
-                expected: self.pinned.clone(),
+                expected: pinned.to_string(),
                 found,
             }));
         };
         let mut roots = RootCertStore::empty();
         roots.add(ca.clone().into_owned())?;
+        Ok(roots)
+    }
+}
+
+impl ServerCertVerifier for ServerVerifier {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp_response: &[u8],
+        now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        // A pinned CA is the anchor itself, so no intermediates remain.
+        let (roots, intermediates) = match &self.trust {
+            Trust::ClusterCa(roots) => (roots.clone(), intermediates),
+            Trust::Pinned(pinned) => (Arc::new(self.pinned_roots(pinned, intermediates)?), &[][..]),
+        };
         let cert = ParsedCertificate::try_from(end_entity).map_err(|e| self.check.note(e))?;
         rustls::client::verify_server_cert_signed_by_trust_anchor(
             &cert,
             &roots,
-            &[],
+            intermediates,
             now,
             self.provider.signature_verification_algorithms.all,
         )

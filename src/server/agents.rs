@@ -9,13 +9,14 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
 
+use crate::clock::now_ms;
 use crate::model::{JobState, Role, TaskKey};
 use crate::net::agent_proto::{AgentHello, AgentMsg, DesiredTask, ServerMsg};
 use crate::net::endpoint::Peer;
 use crate::net::frame::{read_frame, write_frame, DEFAULT_MAX_FRAME};
 use crate::state::{Command, State};
 
-use super::{now_ms, Api};
+use super::Api;
 
 /// An agent is taken for alive while heard from within this long (agents
 /// heartbeat every second), so a restarted agent is admitted quickly while a

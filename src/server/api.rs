@@ -5,8 +5,9 @@
 
 use std::sync::Arc;
 
+use crate::clock::now_ms;
 use crate::config::ServerConfig;
-use crate::model::{JobRef, JobState, Role, TokenRecord};
+use crate::model::{BatchEntryError, JobRef, JobState, Role, TokenRecord};
 use crate::net::endpoint::{Endpoint, Peer, ALPN_API};
 use crate::net::pki::NodeIdentity;
 use crate::net::proto::{ApiRequest, ApiResponse, Caller, ErrorKind, TokenInfo, Vouched};
@@ -14,8 +15,6 @@ use crate::net::token::JoinToken;
 use crate::net::{rpc, DEFAULT_MAX_FRAME};
 use crate::raft::RaftNode;
 use crate::state::{Command, CommandResult, Rejection, State};
-
-use super::now_ms;
 
 mod logs;
 mod status;
@@ -57,11 +56,16 @@ fn token_info(t: &TokenRecord) -> TokenInfo {
 }
 
 fn rejection(r: Rejection) -> ApiResponse {
-    let kind = match &r {
-        Rejection::InBatch { why, .. } => rejection_kind(why),
-        r => rejection_kind(r),
-    };
-    ApiResponse::error(kind, r.to_string())
+    match r {
+        Rejection::InBatch { index, why } => ApiResponse::batch_entry_error(
+            rejection_kind(&why),
+            BatchEntryError {
+                index,
+                why: why.to_string(),
+            },
+        ),
+        r => ApiResponse::error(rejection_kind(&r), r.to_string()),
+    }
 }
 
 fn rejection_kind(r: &Rejection) -> ErrorKind {
@@ -331,6 +335,7 @@ impl Api {
         if let ApiResponse::Error {
             kind: ErrorKind::Forbidden,
             message,
+            ..
         } = &resp
         {
             tracing::warn!(peer = %peer.describe(), %user, request = what, "refused: {message}");

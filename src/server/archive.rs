@@ -8,9 +8,10 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
+use crate::clock::now_ms;
 use crate::state::{Command, CommandResult};
 
-use super::{now_ms, Api};
+use super::Api;
 
 /// Runs while this server leads, until `shutdown`: checks every `retention / 4`
 /// (between 100 ms and 10 s) for finished jobs past `retention`.

@@ -27,7 +27,8 @@ use anyhow::{bail, Context};
 use sha2::{Digest, Sha256};
 
 use crate::model::Role;
-use crate::net::endpoint::{unspecified_for, Endpoint, EndpointError, ALPN_JOIN};
+use crate::net::endpoint::{unspecified_for, Endpoint, ALPN_JOIN};
+use crate::net::error::EndpointError;
 use crate::net::join::JoinError;
 use crate::net::pki::NodeIdentity;
 use crate::net::token::{hashes_equal, JoinToken};

@@ -3,6 +3,7 @@
 //! daemon's CSR is signed with the cluster CA for the identity the server
 //! decides, never the one the CSR claims.
 
+use crate::clock::now_ms;
 use crate::model::Role;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -11,7 +12,7 @@ use crate::net::join::{JoinAuthority, JoinRequest};
 use crate::net::pki::ClusterCa;
 use crate::state::Command;
 
-use super::{now_ms, Api};
+use super::Api;
 
 /// How long an issued node certificate is valid.
 const CERT_VALIDITY_DAYS: u32 = 3650;

@@ -10,9 +10,10 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
+use crate::clock::now_ms;
 use crate::state::{Command, NodeStatus};
 
-use super::{now_ms, Api};
+use super::Api;
 
 /// Runs the liveness check while this server leads, until `shutdown`.
 pub async fn run(api: Arc<Api>, ttl: Duration, mut shutdown: watch::Receiver<bool>) {

@@ -177,6 +177,7 @@ pub async fn request_membership(
             Ok(ApiResponse::Error {
                 kind: ErrorKind::Unavailable,
                 message,
+                ..
             }) => message,
             Ok(ApiResponse::Error { message, .. }) => {
                 bail!("the cluster refused to add this server: {message}")

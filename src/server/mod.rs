@@ -25,6 +25,7 @@ use std::time::Duration;
 use anyhow::Context;
 use tokio::sync::watch;
 
+use crate::clock::now_ms;
 use crate::config::ServerConfig;
 use crate::net::endpoint::{Endpoint, Service, ALPN_AGENT, ALPN_API, ALPN_JOIN, ALPN_RAFT};
 use crate::net::DEFAULT_MAX_FRAME;
@@ -55,14 +56,6 @@ pub struct RunningServer {
     pub raft: RaftNode,
     pub quic_addr: SocketAddr,
     pub ca_fingerprint: String,
-}
-
-/// Milliseconds since the Unix epoch, the `now` the leader stamps into commands.
-pub fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
 }
 
 fn raft_config(cfg: &ServerConfig) -> anyhow::Result<openraft::Config> {
@@ -116,6 +109,12 @@ pub fn keep_freed_memory() {
 
 /// Starts the server and returns once it serves; the tasks it spawned stop
 /// when `shutdown` turns true.
+///
+/// The steps, in order: get a certificate if this server has none yet
+/// (bootstrap plan or `--join`), open the QUIC endpoint and the Raft store,
+/// put the cluster identity into the log if this server just created the
+/// cluster, then serve QUIC, the leader's duties and the local socket, and
+/// finally ask to become a voter if this server joined.
 pub async fn start(
     cfg: ServerConfig,
     opts: ServerOptions,
@@ -128,69 +127,13 @@ pub async fn start(
     // not yet a member creates its store on its first start.)
     let member = dir.has_cluster() && dir.joining().is_none();
     let mut opts = opts;
-    let mut boot_window = None;
-    if let Some(plan) = &opts.bootstrap_plan {
-        if opts.bootstrap || opts.join.is_some() {
-            anyhow::bail!("--bootstrap-expect excludes --bootstrap and --join");
-        }
-        let me = cfg.advertise_addr()?;
-        plan.check(me)?;
-        if plan.seed() == me {
-            opts.bootstrap = true;
-            boot_window = Some(Arc::new(join::BootWindow {
-                secret: plan.secret.trim().to_string(),
-                expect: plan.expect,
-            }));
-        } else if !dir.has_cluster() {
-            tracing::info!(seed = %plan.seed(), "joining the seed server of the new cluster");
-            let identity = boot::join_seed(plan, &cfg.node_name).await?;
-            dir.save_join(&identity, plan.seed())?;
-        }
-    }
-    if let Some((via, token)) = &opts.join {
-        if dir.has_cluster() {
-            tracing::info!(data_dir = %cfg.data_dir.display(), "this server already belongs to a cluster; --join is ignored");
-        } else {
-            if opts.bootstrap {
-                anyhow::bail!("--bootstrap and --join exclude each other: bootstrap the first server, join the others");
-            }
-            let token =
-                crate::net::token::JoinToken::parse(token).context("the --token is not usable")?;
-            let identity =
-                crate::net::join(*via, &token, crate::model::Role::Server, &cfg.node_name)
-                    .await
-                    .with_context(|| format!("joining the cluster at {via} failed"))?;
-            dir.save_join(&identity, *via)?;
-            tracing::info!(node = %cfg.node_name, server = %via, "got a server certificate; asking to become a member");
-        }
-    }
+    let boot_window = follow_bootstrap_plan(&cfg, &mut opts, &dir).await?;
+    join_if_asked(&cfg, &opts, &dir).await?;
     let boot = dir.prepare(&cfg, opts.bootstrap)?;
     let identity = dir.identity()?;
     let advertise = cfg.advertise_addr()?;
 
-    let endpoint = Endpoint::server(
-        cfg.listen,
-        &identity,
-        vec![
-            Service::raft(),
-            Service::api(),
-            Service::join(),
-            Service::agent(),
-        ],
-    )
-    .with_context(|| format!("cannot listen on {} (UDP)", cfg.listen))?
-    // A Raft peer silent for two election timeouts is gone: its cached
-    // connection closes and the next RPC dials afresh (a restarted peer
-    // answers at once), instead of waiting out QUIC's 10 s idle timeout.
-    .with_dial_idle_timeout(
-        crate::net::endpoint::ALPN_RAFT,
-        std::time::Duration::from_millis(2 * cfg.raft.election_timeout_max_ms),
-    )
-    // The same for requests a follower forwards to the leader.
-    .with_dial_idle_timeout(
-        crate::net::endpoint::ALPN_API,
-        std::time::Duration::from_millis(2 * cfg.raft.election_timeout_max_ms),
-    );
+    let endpoint = open_endpoint(&cfg, &identity)?;
     let quic_addr = endpoint.local_addr()?;
     let endpoint = Arc::new(endpoint);
 
@@ -232,130 +175,19 @@ pub async fn start(
         .with_contacts(contacts),
     );
 
-    // The cluster identity (CA) enters the replicated state once, through the
-    // log, as soon as this server leads. Nothing is served before it is
-    // there: a token made earlier could not admit anyone.
     if let Some(ca) = boot.pending_ca {
-        let deadline = std::time::Instant::now() + Duration::from_secs(60);
-        loop {
-            if node
-                .state
-                .read()
-                .map(|s| s.cluster.is_some())
-                .unwrap_or(false)
-            {
-                break;
-            }
-            if std::time::Instant::now() > deadline {
-                anyhow::bail!("this server did not become leader of its new cluster within 60 s");
-            }
-            let cmd = Command::InitCluster {
-                name: cfg.cluster_name.clone(),
-                ca_cert_pem: ca.cert_pem.clone(),
-                ca_key_pem: ca.key_pem.clone(),
-                master_ports: cfg.master_port_range,
-                now: now_ms(),
-            };
-            match node.raft.client_write(cmd).await {
-                Ok(_) => break,
-                Err(e) => tracing::debug!(error = %e, "cluster init waits for leadership"),
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        init_cluster(&cfg, &node, &ca).await?;
     }
 
-    // QUIC: one task per accepted connection, dispatched by protocol.
-    {
-        let endpoint = endpoint.clone();
-        let api = api.clone();
-        let raft = node.raft.clone();
-        let boot_window = boot_window.clone();
-        let mut shutdown = shutdown.clone();
-        tokio::spawn(async move {
-            loop {
-                let peer = tokio::select! {
-                    p = endpoint.accept() => p,
-                    _ = shutdown.changed() => break,
-                };
-                let Some(peer) = peer else { break };
-                let api = api.clone();
-                let raft = raft.clone();
-                let boot_window = boot_window.clone();
-                tokio::spawn(async move {
-                    let alpn = peer.alpn.clone();
-                    if alpn == ALPN_RAFT {
-                        rpc::serve(
-                            peer,
-                            move |_p, req| {
-                                let raft = raft.clone();
-                                async move { raft::network::handle(&raft, req).await }
-                            },
-                            DEFAULT_MAX_FRAME,
-                        )
-                        .await;
-                    } else if alpn == ALPN_API {
-                        rpc::serve(
-                            peer,
-                            move |p, req| {
-                                let api = api.clone();
-                                async move { api.handle_vouched(&p, req).await }
-                            },
-                            DEFAULT_MAX_FRAME,
-                        )
-                        .await;
-                    } else if alpn == ALPN_AGENT {
-                        let hub = api.hub.clone();
-                        agents::serve(api, hub, peer).await;
-                    } else if alpn == ALPN_JOIN {
-                        let ca_pem = api.ca_cert_pem();
-                        let admission = join::Admission {
-                            api,
-                            boot: boot_window,
-                        };
-                        crate::net::serve_join(peer, Arc::new(admission), ca_pem).await;
-                    }
-                });
-            }
-            endpoint.close();
-        });
-    }
-
-    tokio::spawn(scheduler::run(api.clone(), shutdown.clone()));
-    tokio::spawn(archive::run(
+    serve_quic(
+        endpoint.clone(),
         api.clone(),
-        Duration::from_secs(cfg.history_retention_secs),
+        node.raft.clone(),
+        boot_window,
         shutdown.clone(),
-    ));
-    tokio::spawn(liveness::run(
-        api.clone(),
-        Duration::from_secs(cfg.node_ttl_secs.max(1)),
-        shutdown.clone(),
-    ));
-
-    // The local socket for the CLI on this host.
-    let listener = local::bind(&cfg.socket)
-        .with_context(|| format!("cannot serve the local socket {}", cfg.socket.display()))?;
-    {
-        let api = api.clone();
-        let admin_group = cfg.admin_group.clone();
-        tokio::spawn(local::serve(
-            listener,
-            Arc::new(move |cred, req| {
-                let api = api.clone();
-                let admin_group = admin_group.clone();
-                async move {
-                    match local::resolve_caller(cred, admin_group.as_deref()) {
-                        Ok(caller) => api.handle(caller, req).await,
-                        Err(why) => crate::net::proto::ApiResponse::error(
-                            crate::net::proto::ErrorKind::Forbidden,
-                            why,
-                        ),
-                    }
-                }
-            }),
-            shutdown.clone(),
-        ));
-    }
+    );
+    spawn_leader_duties(&cfg, &api, &shutdown);
+    serve_local_socket(&cfg, &api, &shutdown)?;
 
     // A joined server that is not yet a member asks for it (again after a
     // restart), now that it serves Raft: the leader replicates to it while
@@ -381,6 +213,243 @@ pub async fn start(
         quic_addr,
         ca_fingerprint,
     })
+}
+
+/// `--bootstrap-expect`: the seed server bootstraps (and opens the boot
+/// window the others join through); any other server joins the seed, once.
+async fn follow_bootstrap_plan(
+    cfg: &ServerConfig,
+    opts: &mut ServerOptions,
+    dir: &DataDir,
+) -> anyhow::Result<Option<Arc<join::BootWindow>>> {
+    let Some(plan) = &opts.bootstrap_plan else {
+        return Ok(None);
+    };
+    if opts.bootstrap || opts.join.is_some() {
+        anyhow::bail!("--bootstrap-expect excludes --bootstrap and --join");
+    }
+    let me = cfg.advertise_addr()?;
+    plan.check(me)?;
+    if plan.seed() == me {
+        let window = Arc::new(join::BootWindow {
+            secret: plan.secret.trim().to_string(),
+            expect: plan.expect,
+        });
+        opts.bootstrap = true;
+        return Ok(Some(window));
+    }
+    if !dir.has_cluster() {
+        tracing::info!(seed = %plan.seed(), "joining the seed server of the new cluster");
+        let identity = boot::join_seed(plan, &cfg.node_name).await?;
+        dir.save_join(&identity, plan.seed())?;
+    }
+    Ok(None)
+}
+
+/// `--join VIA --token T`: gets a server certificate through `via`, unless
+/// this data dir already belongs to a cluster.
+async fn join_if_asked(
+    cfg: &ServerConfig,
+    opts: &ServerOptions,
+    dir: &DataDir,
+) -> anyhow::Result<()> {
+    let Some((via, token)) = &opts.join else {
+        return Ok(());
+    };
+    if dir.has_cluster() {
+        tracing::info!(data_dir = %cfg.data_dir.display(), "this server already belongs to a cluster; --join is ignored");
+        return Ok(());
+    }
+    if opts.bootstrap {
+        anyhow::bail!("--bootstrap and --join exclude each other: bootstrap the first server, join the others");
+    }
+    let token = crate::net::token::JoinToken::parse(token).context("the --token is not usable")?;
+    let identity = crate::net::join(*via, &token, crate::model::Role::Server, &cfg.node_name)
+        .await
+        .with_context(|| format!("joining the cluster at {via} failed"))?;
+    dir.save_join(&identity, *via)?;
+    tracing::info!(node = %cfg.node_name, server = %via, "got a server certificate; asking to become a member");
+    Ok(())
+}
+
+/// The server's QUIC endpoint: raft, api, join and agent sync on one port.
+fn open_endpoint(
+    cfg: &ServerConfig,
+    identity: &crate::net::NodeIdentity,
+) -> anyhow::Result<Endpoint> {
+    let endpoint = Endpoint::server(
+        cfg.listen,
+        identity,
+        vec![
+            Service::raft(),
+            Service::api(),
+            Service::join(),
+            Service::agent(),
+        ],
+    )
+    .with_context(|| format!("cannot listen on {} (UDP)", cfg.listen))?
+    // A Raft peer silent for two election timeouts is gone: its cached
+    // connection closes and the next RPC dials afresh (a restarted peer
+    // answers at once), instead of waiting out QUIC's 10 s idle timeout.
+    .with_dial_idle_timeout(
+        crate::net::endpoint::ALPN_RAFT,
+        std::time::Duration::from_millis(2 * cfg.raft.election_timeout_max_ms),
+    )
+    // The same for requests a follower forwards to the leader.
+    .with_dial_idle_timeout(
+        crate::net::endpoint::ALPN_API,
+        std::time::Duration::from_millis(2 * cfg.raft.election_timeout_max_ms),
+    );
+    Ok(endpoint)
+}
+
+/// The cluster identity (CA) enters the replicated state once, through the
+/// log, as soon as this server leads. Nothing is served before it is
+/// there: a token made earlier could not admit anyone.
+async fn init_cluster(
+    cfg: &ServerConfig,
+    node: &RaftNode,
+    ca: &crate::net::ClusterCa,
+) -> anyhow::Result<()> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        if node
+            .state
+            .read()
+            .map(|s| s.cluster.is_some())
+            .unwrap_or(false)
+        {
+            return Ok(());
+        }
+        if std::time::Instant::now() > deadline {
+            anyhow::bail!("this server did not become leader of its new cluster within 60 s");
+        }
+        let cmd = Command::InitCluster {
+            name: cfg.cluster_name.clone(),
+            ca_cert_pem: ca.cert_pem.clone(),
+            ca_key_pem: ca.key_pem.clone(),
+            master_ports: cfg.master_port_range,
+            now: now_ms(),
+        };
+        match node.raft.client_write(cmd).await {
+            Ok(_) => return Ok(()),
+            Err(e) => tracing::debug!(error = %e, "cluster init waits for leadership"),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// QUIC: one task per accepted connection, dispatched by protocol.
+fn serve_quic(
+    endpoint: Arc<Endpoint>,
+    api: Arc<Api>,
+    raft: raft::GpuqRaft,
+    boot_window: Option<Arc<join::BootWindow>>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    tokio::spawn(async move {
+        loop {
+            let peer = tokio::select! {
+                p = endpoint.accept() => p,
+                _ = shutdown.changed() => break,
+            };
+            let Some(peer) = peer else { break };
+            tokio::spawn(serve_peer(
+                peer,
+                api.clone(),
+                raft.clone(),
+                boot_window.clone(),
+            ));
+        }
+        endpoint.close();
+    });
+}
+
+/// Serves one accepted connection by its protocol (ALPN).
+async fn serve_peer(
+    peer: crate::net::Peer,
+    api: Arc<Api>,
+    raft: raft::GpuqRaft,
+    boot_window: Option<Arc<join::BootWindow>>,
+) {
+    let alpn = peer.alpn.clone();
+    if alpn == ALPN_RAFT {
+        rpc::serve(
+            peer,
+            move |_p, req| {
+                let raft = raft.clone();
+                async move { raft::network::handle(&raft, req).await }
+            },
+            DEFAULT_MAX_FRAME,
+        )
+        .await;
+    } else if alpn == ALPN_API {
+        rpc::serve(
+            peer,
+            move |p, req| {
+                let api = api.clone();
+                async move { api.handle_vouched(&p, req).await }
+            },
+            DEFAULT_MAX_FRAME,
+        )
+        .await;
+    } else if alpn == ALPN_AGENT {
+        let hub = api.hub.clone();
+        agents::serve(api, hub, peer).await;
+    } else if alpn == ALPN_JOIN {
+        let ca_pem = api.ca_cert_pem();
+        let admission = join::Admission {
+            api,
+            boot: boot_window,
+        };
+        crate::net::serve_join(peer, Arc::new(admission), ca_pem).await;
+    }
+}
+
+/// The background loops of the leader's duties: scheduling passes, the
+/// history's archive, and node liveness.
+fn spawn_leader_duties(cfg: &ServerConfig, api: &Arc<Api>, shutdown: &watch::Receiver<bool>) {
+    tokio::spawn(scheduler::run(api.clone(), shutdown.clone()));
+    tokio::spawn(archive::run(
+        api.clone(),
+        Duration::from_secs(cfg.history_retention_secs),
+        shutdown.clone(),
+    ));
+    tokio::spawn(liveness::run(
+        api.clone(),
+        Duration::from_secs(cfg.node_ttl_secs.max(1)),
+        shutdown.clone(),
+    ));
+}
+
+/// The local socket for the CLI on this host.
+fn serve_local_socket(
+    cfg: &ServerConfig,
+    api: &Arc<Api>,
+    shutdown: &watch::Receiver<bool>,
+) -> anyhow::Result<()> {
+    let listener = local::bind(&cfg.socket)
+        .with_context(|| format!("cannot serve the local socket {}", cfg.socket.display()))?;
+    let api = api.clone();
+    let admin_group = cfg.admin_group.clone();
+    tokio::spawn(local::serve(
+        listener,
+        Arc::new(move |cred, req| {
+            let api = api.clone();
+            let admin_group = admin_group.clone();
+            async move {
+                match local::resolve_caller(cred, admin_group.as_deref()) {
+                    Ok(caller) => api.handle(caller, req).await,
+                    Err(why) => crate::net::proto::ApiResponse::error(
+                        crate::net::proto::ErrorKind::Forbidden,
+                        why,
+                    ),
+                }
+            }
+        }),
+        shutdown.clone(),
+    ));
+    Ok(())
 }
 
 /// The least free space a server starts with: a full disk would let it open

@@ -3,11 +3,12 @@
 //! --priority`, `gpuq show`), computed from this server's applied state by
 //! the same pure functions the scheduler uses.
 
+use crate::clock::now_ms;
 use crate::model::Policy;
 use crate::net::proto::{ApiRequest, ApiResponse, Caller, ErrorKind};
 use crate::state::{Command, CommandResult};
 
-use super::{now_ms, Api};
+use super::Api;
 
 /// The policy with the built-ins filled in, as `gpuq admin ... list` shows it.
 fn effective(p: &Policy) -> Policy {

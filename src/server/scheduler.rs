@@ -8,9 +8,10 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
+use crate::clock::now_ms;
 use crate::state::{Command, CommandResult};
 
-use super::{now_ms, Api};
+use super::Api;
 
 /// How long a burst of state changes is collected before a pass.
 const DEBOUNCE: Duration = Duration::from_millis(2);

@@ -21,7 +21,6 @@ use anyhow::{bail, Context};
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
-pub use super::report::{quantile, report, Report};
 use super::runner::{DURATION_ENV, EXIT_ENV};
 use super::trace::{shape_for, TraceJob};
 use crate::model::{Job, JobId, JobSpec, JobState, Program};
@@ -270,7 +269,7 @@ impl Default for DriveOptions {
 /// One call on a fresh or kept connection, as an error on anything but success.
 async fn call(c: &mut LocalClient, req: &ApiRequest) -> anyhow::Result<ApiResponse> {
     match c.call(req).await? {
-        ApiResponse::Error { kind, message } => bail!("{kind:?}: {message}"),
+        ApiResponse::Error { kind, message, .. } => bail!("{kind:?}: {message}"),
         other => Ok(other),
     }
 }
@@ -395,25 +394,6 @@ fn async_channel(cap: usize) -> Queue {
 mod tests {
     use super::*;
 
-    fn record(gpus: u64, submit: u64, start: Option<u64>, end: Option<u64>) -> JobRecord {
-        JobRecord {
-            id: submit,
-            name: format!("{gpus}g"),
-            gpus,
-            planned: Duration::ZERO,
-            sent: Duration::from_millis(3),
-            ack: Duration::from_millis(1),
-            state: if end.is_some() {
-                JobState::Completed
-            } else {
-                JobState::Pending
-            },
-            submit_time: submit,
-            start_time: start,
-            end_time: end,
-        }
-    }
-
     #[test]
     fn itp_jobs_become_compressed_sim_jobs() {
         let job = |s, g, r| TraceJob {
@@ -492,49 +472,5 @@ mod tests {
             1,
         );
         assert!(burst.iter().all(|i| i.at == Duration::ZERO));
-    }
-
-    #[test]
-    fn report_figures() {
-        // 16 GPUs for 10 s; two jobs of 8 GPUs each busy 5 s of it.
-        let records = vec![
-            record(8, 0, Some(0), Some(5000)),
-            record(8, 0, Some(5000), Some(10000)),
-            record(32, 1000, Some(2000), Some(3000)),
-            record(1, 9000, None, None),
-        ];
-        let r = report(&records, 64, 10.0);
-        assert_eq!(r.jobs, 4);
-        assert_eq!(r.completed, 3);
-        assert_eq!(r.unfinished, 1);
-        assert_eq!(r.makespan_s, 10.0);
-        let busy = 8.0 * 5000.0 * 2.0 + 32.0 * 1000.0;
-        assert!((r.gpu_utilisation - busy / (64.0 * 10000.0)).abs() < 1e-9);
-        // The window ends at the last submit (9 s): the second 8-GPU job
-        // counts 4 s of its 5.
-        let window_busy = 8.0 * 5000.0 + 8.0 * 4000.0 + 32.0 * 1000.0;
-        assert!((r.window_utilisation - window_busy / (64.0 * 9000.0)).abs() < 1e-9);
-        assert_eq!(r.window_s, 9.0);
-        assert_eq!(r.queue_delay_mean_ms, (0.0 + 5000.0 + 1000.0) / 3.0);
-        assert_eq!(r.queue_delay_p99_ms, 5000.0);
-        assert_eq!(r.jct_mean_ms, (5000.0 + 10000.0 + 2000.0) / 3.0);
-        assert_eq!((r.large_jobs, r.large_wait_mean_ms), (1, 1000.0));
-        assert_eq!(r.max_submit_lag_ms, 3.0);
-        assert_eq!(r.by_name["8g"], (2, 2500.0));
-        let text = r.to_string();
-        assert!(
-            text.contains("utilisation") && text.contains("trace s"),
-            "{text}"
-        );
-        assert_eq!(report(&[], 0, 1.0).gpu_utilisation, 0.0);
-    }
-
-    #[test]
-    fn quantiles() {
-        let v: Vec<f64> = (1..=100).map(f64::from).collect();
-        assert_eq!(quantile(&v, 0.5), 51.0);
-        assert_eq!(quantile(&v, 0.99), 99.0);
-        assert_eq!(quantile(&v, 1.0), 100.0);
-        assert_eq!(quantile(&[], 0.5), 0.0);
     }
 }

@@ -23,6 +23,7 @@ use std::path::{Path, PathBuf};
 
 use clap::{value_parser, Args, CommandFactory, Parser};
 
+use crate::clock::now_ms;
 use crate::model::{JobSpec, Program, RequeuePolicy, TopologyRequirement};
 use directives::DirectivePrefix;
 pub use placement::{Features, HostList};
@@ -421,14 +422,6 @@ pub fn build_spec(
         check_word("QoS", qos, false)?;
     }
     Ok(spec)
-}
-
-/// The submitter's clock, for `--begin now+N`.
-fn now_ms() -> crate::model::Millis {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
 }
 
 /// What the first positional word of `gpuq submit` names.

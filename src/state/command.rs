@@ -222,7 +222,7 @@ pub enum Rejection {
     #[error("nothing to submit: the batch has no jobs")]
     EmptyBatch,
     /// One job of a `SubmitMany` was refused, so none was queued.
-    #[error("{}", crate::net::proto::batch_entry_error(*index, why))]
+    #[error("{}", crate::model::BatchEntryError::message(*index, why))]
     InBatch { index: usize, why: Box<Rejection> },
     #[error(
         "token {0} has been used as many times as it allows: create a new one with \

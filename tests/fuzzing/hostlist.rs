@@ -2,8 +2,8 @@
 //! `compress_hostlist` (`GPUQ_NODELIST`) held to its promise that expanding
 //! what it wrote gives the same names back, in the same order.
 
-use gpuq::agent::exec::env::compress_hostlist;
 use gpuq::model::expand_hostlist;
+use gpuq::model::hostlist::compress_hostlist;
 use rand::rngs::StdRng;
 use rand::Rng;
 

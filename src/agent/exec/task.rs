@@ -330,13 +330,7 @@ pub fn read_json<T: for<'de> Deserialize<'de>>(path: &Path) -> io::Result<Option
     }
 }
 
-/// Milliseconds since the Unix epoch, now.
-pub fn now_ms() -> Millis {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as Millis)
-        .unwrap_or(0)
-}
+pub use crate::clock::now_ms;
 
 #[cfg(test)]
 mod tests {

@@ -3,11 +3,9 @@
 //! (the spec's invariants, who may lower `--nice`, whether any node set could
 //! ever hold the job); apply re-checks the spec and resolves the policy.
 
-use crate::model::{JobSpec, NodeInventory};
-use crate::net::proto::{
-    batch_entry_error, ApiResponse, Caller, ErrorKind, MAX_SUBMIT_MANY, MAX_SUBMIT_MANY_BYTES,
-};
-use crate::server::now_ms;
+use crate::clock::now_ms;
+use crate::model::{BatchEntryError, JobSpec, NodeInventory};
+use crate::net::proto::{ApiResponse, Caller, ErrorKind, MAX_SUBMIT_MANY, MAX_SUBMIT_MANY_BYTES};
 use crate::state::{Command, CommandResult};
 
 use super::Api;
@@ -68,7 +66,7 @@ impl Api {
         let inventories = self.inventories();
         for (i, spec) in specs.iter().enumerate() {
             if let Err((kind, why)) = check(&caller, spec, &inventories) {
-                return ApiResponse::error(kind, batch_entry_error(i, &why));
+                return ApiResponse::batch_entry_error(kind, BatchEntryError { index: i, why });
             }
         }
         let n = specs.len();

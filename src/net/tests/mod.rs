@@ -1,5 +1,9 @@
 //! Real QUIC on 127.0.0.1: mutual TLS, admission per protocol, join, bad frames,
-//! protocol version mismatch.
+//! protocol version mismatch. The PKI ([`pki`]) and the client API's wire
+//! shape ([`proto`]) have their own files.
+
+mod pki;
+mod proto;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -9,8 +13,9 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use tokio::io::AsyncWriteExt;
 
-use super::endpoint::{close, Endpoint, EndpointError, Peer, Service};
+use super::endpoint::{Endpoint, Peer, Service};
 use super::endpoint::{ALPN_AGENT, ALPN_API, ALPN_JOIN, ALPN_RAFT};
+use super::error::{close, EndpointError};
 use super::frame::{read_frame, write_frame, FrameError};
 use super::join::{join, serve_join, JoinAuthority, JoinError, JoinRequest};
 use super::pki::{ClusterCa, NodeIdentity};

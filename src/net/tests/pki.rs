@@ -1,9 +1,15 @@
 //! Tests of the cluster PKI: issuing, CSR signing, identities, files.
 
-use base64::Engine;
-use rustls_pki_types::CertificateSigningRequestDer;
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
 
-use super::*;
+use base64::Engine;
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::CertificateSigningRequestDer;
+use sha2::{Digest, Sha256};
+
+use crate::model::Role;
+use crate::net::pki::*;
 
 fn ca() -> ClusterCa {
     ClusterCa::generate("test").expect("CA")
