@@ -6,8 +6,11 @@
 //! `net` carries typed frames over QUIC and unix sockets; `raft` glues openraft
 //! to `state` and `net`; `server` and `agent` are the two daemon roles; `cli`
 //! is the client side. Nothing imports `cli`. Helpers every role needs live
-//! once, low in the house: `clock` (the time in ms) and `socket_path` (where
-//! the daemon's unix socket is); the hostlist syntax is in `model::hostlist`.
+//! once, low in the house: `clock` (the time in ms), `socket_path` (where
+//! the daemon's unix socket is), `suggest` ("did you mean" for flags and
+//! config keys) and `owner_only` (files only their owner may open); the
+//! hostlist syntax is in `model::hostlist`. `scripts/imports.py` checks the
+//! direction.
 
 pub mod agent;
 pub mod cli;
@@ -24,6 +27,7 @@ pub mod sim;
 pub mod socket_path;
 pub mod spec;
 pub mod state;
+pub mod suggest;
 
 /// Resolves when the process receives SIGINT or SIGTERM.
 pub async fn shutdown_signal() {

@@ -11,7 +11,7 @@ use serde::de::{self, DeserializeOwned, Deserializer, MapAccess, SeqAccess, Visi
 use serde::Deserialize;
 
 use super::ConfigError;
-use crate::spec::suggest::nearest;
+use crate::suggest::nearest;
 
 /// The keys allowed in the table at a dotted path (`""` is the top level);
 /// `None` leaves a table's keys to serde.

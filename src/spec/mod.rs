@@ -13,7 +13,6 @@ pub mod directives;
 pub mod memory;
 pub mod placement;
 pub mod queue;
-pub mod suggest;
 pub mod time;
 pub mod values;
 
@@ -559,7 +558,7 @@ fn clap_message(err: &clap::Error, prefix: DirectivePrefix) -> String {
             let flag = arg.split('=').next().unwrap_or(arg);
             let command = DirectiveLine::command();
             let longs = command.get_arguments().filter_map(|a| a.get_long());
-            let hint = match flag.strip_prefix("--").and_then(|f| suggest::nearest(f, longs)) {
+            let hint = match flag.strip_prefix("--").and_then(|f| crate::suggest::nearest(f, longs)) {
                 Some(long) => format!("did you mean --{long}?"),
                 None if prefix == DirectivePrefix::Sbatch => {
                     "gpuq does not support this sbatch option; remove the line or disable it as \"# SBATCH\"".into()
@@ -604,5 +603,3 @@ fn check_word(field: &'static str, value: &str, spaces_ok: bool) -> Result<(), S
 
 #[cfg(test)]
 mod tests;
-#[cfg(test)]
-mod tests_placement;

@@ -5,7 +5,7 @@
 use clap::error::ErrorKind;
 use tempfile::TempDir;
 
-use super::tests::{parse_err, spec_err, spec_ok, write};
+use super::{parse_err, spec_err, spec_ok, write};
 use crate::model::{Placement, TopologyRequirement};
 
 fn names(list: &[&str]) -> Vec<String> {

@@ -1,6 +1,8 @@
 //! Tests of the submit grammar and `build_spec`, end to end from argv and
 //! script text to the `JobSpec` a user would see.
 
+mod placement;
+
 use std::fs;
 use std::path::Path;
 

@@ -7,8 +7,8 @@ use tempfile::TempDir;
 
 use super::*;
 
-const SERVER_EXAMPLE: &str = include_str!("../../config/server.toml");
-const AGENT_EXAMPLE: &str = include_str!("../../config/agent.toml");
+const SERVER_EXAMPLE: &str = include_str!("../../../config/server.toml");
+const AGENT_EXAMPLE: &str = include_str!("../../../config/agent.toml");
 
 fn origin() -> &'static Path {
     Path::new("/etc/gpuq/gpuq.toml")
