@@ -1,6 +1,29 @@
 //! The server role: a Raft member. Wires the redb-backed Raft node, the QUIC
 //! endpoint (raft, api and join protocols), the local unix socket, and the
 //! leader's duties. Only the leader writes; followers forward client requests.
+//!
+//! Failover, and why it takes what it takes. openraft 0.9 sets the timing: a
+//! follower stands for election its leader's lease (election_timeout_max_ms)
+//! plus its own election timeout (drawn once per process from [min, max))
+//! after the last heartbeat; a voter refuses votes for the lease after it
+//! last heard a leader; a candidate refused by a voter with a longer log
+//! waits 2 x max more at its next election. So a failover takes about max +
+//! [min, max), longer when the survivor that could win had lost an election
+//! while lagging. openraft keeps a partitioned leader in office until it
+//! hears a higher term, so `Api::leader_elsewhere` also counts a leader that
+//! no majority acknowledged for an election timeout as not leading: it stops
+//! scheduling and liveness, closes its agent sessions with a redirect, and
+//! refuses writes with "not leader". A write waits at most 10 s for its
+//! commit and is then answered "outcome unknown"; the proposer drops writes
+//! whose caller gave up. Servers cache one QUIC connection per Raft peer and
+//! count a peer silent for 2 x max as gone (`Endpoint::with_dial_idle_timeout`):
+//! a peer SIGKILLed and restarted is a new process whose stateless resets do
+//! not match the old connection, and with QUIC's 10 s default that connection
+//! swallowed votes for 10 s. Forwarded requests use the same idle timeout,
+//! and a follower ends a forward as soon as it sees another leader or none.
+//! When the Raft core stops on a storage error (a full disk), the process
+//! exits with it: openraft never resumes a stopped core, and systemd's
+//! `Restart=on-failure` brings back a member that catches up.
 
 mod acct;
 mod agents;
