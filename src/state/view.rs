@@ -6,7 +6,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use super::index::{node_state, queued};
+use super::index::node_state;
 use super::State;
 use crate::model::{Job, JobId, JobState};
 use crate::sched::{
@@ -175,7 +175,7 @@ impl State {
             "the index's queued jobs are not the pending ones"
         );
         for (p, derived) in self.index.queued.iter() {
-            let fresh = queued(&self.jobs[&p.id]);
+            let fresh = super::index::queued(&self.jobs[&p.id]);
             assert!(
                 (p, derived) == (&fresh.0, fresh.1),
                 "the index's view of job {} is stale",
