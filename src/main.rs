@@ -363,6 +363,7 @@ async fn daemon(cmd: Cmd) -> anyhow::Result<()> {
                 dir: a.dir.unwrap_or_else(gpuq::socket_path::dev_dir),
                 fresh: a.fresh,
                 nvml: a.gpus == "nvml",
+                links: gpuq::compat::COMMANDS.map(String::from).to_vec(),
             })
             .await
         }
