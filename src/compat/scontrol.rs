@@ -1,6 +1,7 @@
-//! `scontrol`: `show hostnames [LIST]` (from `$SLURM_JOB_NODELIST` when no
-//! list is given), `show job [ID]` in Slurm's key=value form, `hold` and
-//! `release`. scontrol's grammar is words, not flags, so it is read by hand.
+//! `scontrol`: `show hostnames [LIST]` (from `$SLURM_JOB_NODELIST`, else a
+//! gpuq job's `$GPUQ_NODELIST`, when no list is given), `show job [ID]` in
+//! Slurm's key=value form, `hold` and `release`. scontrol's grammar is
+//! words, not flags, so it is read by hand.
 
 use std::process::ExitCode;
 
@@ -15,7 +16,8 @@ scontrol, as gpuq speaks it
 Usage: scontrol [-o|--oneliner] COMMAND [ARGS]
 
 Commands:
-  show hostnames [LIST]  one node name per line (LIST default: $SLURM_JOB_NODELIST)
+  show hostnames [LIST]  one node name per line (LIST default: $SLURM_JOB_NODELIST,
+                         else $GPUQ_NODELIST)
   show job [ID]          a job (12, 12_3), or every job, as key=value
   hold ID...             keep pending jobs from starting
   release ID...          let held jobs start
@@ -54,11 +56,15 @@ pub async fn run(args: Vec<String>) -> Result<ExitCode, CliError> {
         [] => Err(CliError::input("no command given; see scontrol --help")),
         ["show", "hostnames" | "hostname", rest @ ..] => {
             let list = match rest {
-                [] => std::env::var("SLURM_JOB_NODELIST").map_err(|_| {
-                    CliError::input(
-                        "show hostnames needs a host list (n[1-4]) or $SLURM_JOB_NODELIST set",
-                    )
-                })?,
+                // gpuq's jobs carry GPUQ_NODELIST (SLURM_* are not set yet).
+                [] => std::env::var("SLURM_JOB_NODELIST")
+                    .or_else(|_| std::env::var("GPUQ_NODELIST"))
+                    .map_err(|_| {
+                        CliError::input(
+                            "show hostnames needs a host list (n[1-4]), or $SLURM_JOB_NODELIST \
+                             or $GPUQ_NODELIST set (as in a job)",
+                        )
+                    })?,
                 _ => words[2..].join(","),
             };
             for name in hostnames(&list)? {
