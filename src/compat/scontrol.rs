@@ -191,9 +191,8 @@ fn user_id(user: &str) -> String {
 /// One job in Slurm's `scontrol show job` layout.
 pub fn show_job(job: &Job, now: crate::model::Millis, oneliner: bool) -> String {
     let spec = &job.spec;
-    let reason = match (job.state, job.held, job.reason.as_deref()) {
-        (_, true, _) => "JobHeldUser".to_string(),
-        (JobState::Pending, _, Some(r)) if !r.is_empty() => r.to_string(),
+    let reason = match job.state {
+        JobState::Pending => super::squeue::reason(job),
         _ => "None".into(),
     };
     let run_secs = match (job.start_time, job.state) {

@@ -186,3 +186,97 @@ pub async fn run(args: Vec<String>) -> Result<ExitCode, CliError> {
     print!("{}", render(&args, &partitions, &nodes));
     Ok(ExitCode::SUCCESS)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::NodeInventory;
+
+    fn node(name: &str, state: &str, cpus_used: u32, connected: bool) -> NodeInfo {
+        NodeInfo {
+            name: name.into(),
+            state: state.into(),
+            reason: None,
+            addr: String::new(),
+            connected,
+            gpus_used: 0,
+            cpus_used,
+            memory_used_mb: 0,
+            running_jobs: u32::from(cpus_used > 0),
+            inventory: NodeInventory {
+                name: name.into(),
+                gpus: Vec::new(),
+                gpu_links: Vec::new(),
+                numa: Vec::new(),
+                cpus: 8,
+                memory_mb: 1024,
+                topology: String::new(),
+                features: Vec::new(),
+            },
+        }
+    }
+
+    #[test]
+    fn node_states_in_slurms_words() {
+        let cases = [
+            (node("a", "up", 0, true), "idle"),
+            (node("a", "up", 2, true), "mix"),
+            (node("a", "up", 8, true), "alloc"),
+            (node("a", "drained", 2, true), "drng"),
+            (node("a", "drained", 0, true), "drain"),
+            (node("a", "down", 0, false), "down"),
+            (node("a", "up", 0, false), "idle*"),
+        ];
+        for (n, want) in cases {
+            assert_eq!(node_state(&n), want, "{n:?}");
+        }
+    }
+
+    #[test]
+    fn partitions_group_nodes_by_state_and_n_lists_each() {
+        let mut p = Partition::new("default");
+        p.default = true;
+        let mut short = Partition::new("short");
+        short.nodes = Some("n3".into());
+        short.max_time_secs = Some(4 * 3600);
+        let nodes = [
+            node("n1", "up", 0, true),
+            node("n2", "up", 0, true),
+            node("n3", "up", 2, true),
+        ];
+        let text = render(&SinfoArgs::default(), &[p.clone(), short.clone()], &nodes);
+        let rows: Vec<Vec<&str>> = text
+            .lines()
+            .map(|l| l.split_whitespace().collect())
+            .collect();
+        assert_eq!(
+            rows,
+            [
+                vec![
+                    "PARTITION",
+                    "AVAIL",
+                    "TIMELIMIT",
+                    "NODES",
+                    "STATE",
+                    "NODELIST"
+                ],
+                vec!["default*", "up", "infinite", "2", "idle", "n[1-2]"],
+                vec!["default*", "up", "infinite", "1", "mix", "n3"],
+                vec!["short", "up", "4:00:00", "1", "mix", "n3"],
+            ]
+        );
+        let args = SinfoArgs {
+            node_oriented: true,
+            noheader: true,
+            ..Default::default()
+        };
+        let text = render(&args, &[p, short], &nodes);
+        let rows: Vec<Vec<&str>> = text
+            .lines()
+            .map(|l| l.split_whitespace().collect())
+            .collect();
+        assert_eq!(rows.len(), 4, "{text}");
+        assert_eq!(rows[0], ["n1", "1", "default*", "idle"]);
+        assert_eq!(rows[3], ["n3", "1", "short", "mix"]);
+    }
+}

@@ -175,13 +175,40 @@ pub fn nodelist(job: &Job) -> String {
     }
 }
 
+/// gpuq's pending reasons (the scheduler's sentences, as the API carries
+/// them) by their opening words, and the one word squeue shows for each:
+/// Slurm's where Slurm has one, else the scheduler's own short name. The
+/// tests hold this table to the scheduler's.
+const REASONS: [(&str, &str); 14] = [
+    ("waiting for resources", "Resources"),
+    ("waiting behind a higher-priority job", "Priority"),
+    ("cannot run on the nodes that are up", "Unsatisfiable"),
+    ("waiting for its dependencies", "Dependency"),
+    ("its account is at its quota", "QuotaExceeded"),
+    ("held", "JobHeldUser"),
+    ("its begin time", "BeginTime"),
+    ("waiting for enough free nodes under one", "Topology"),
+    ("the free resources are reserved", "ReservedForOthers"),
+    (
+        "its dependency can never be met",
+        "DependencyNeverSatisfied",
+    ),
+    ("its array runs as many tasks", "JobArrayTaskLimit"),
+    ("waiting for a free MASTER_PORT", "MasterPort"),
+    ("its partition is down", "PartitionDown"),
+    ("waiting for the jobs preempted", "Preempting"),
+];
+
 /// A pending job's reason as one word, as squeue shows it.
-fn reason(job: &Job) -> String {
+pub fn reason(job: &Job) -> String {
     if job.held {
         return "JobHeldUser".into();
     }
     match job.reason.as_deref() {
-        Some(r) if !r.is_empty() => r.to_string(),
+        Some(r) if !r.is_empty() => REASONS
+            .iter()
+            .find(|(opening, _)| r.starts_with(opening))
+            .map_or_else(|| r.to_string(), |(_, word)| word.to_string()),
         _ => "None".into(),
     }
 }
@@ -423,6 +450,36 @@ mod tests {
                 "(Priority)"
             ]
         );
+    }
+
+    #[test]
+    fn every_scheduler_reason_has_its_word() {
+        use crate::sched::PendingReason as R;
+        let all = [
+            R::Resources,
+            R::Priority,
+            R::Unsatisfiable("x".into()),
+            R::Dependency,
+            R::QuotaExceeded,
+            R::Held,
+            R::BeginTime,
+            R::Topology(crate::model::TopologyRequirement::Leaf),
+            R::ReservedForOthers,
+            R::DependencyNeverSatisfied("x".into()),
+            R::JobArrayTaskLimit,
+            R::NoMasterPort,
+            R::PartitionDown,
+            R::Preempting,
+        ];
+        for r in all {
+            let mut j = job(1, "a", JobState::Pending);
+            j.reason = Some(r.to_string());
+            let want = match r {
+                R::Held => "JobHeldUser",
+                _ => r.as_str(),
+            };
+            assert_eq!(reason(&j), want, "{r}");
+        }
     }
 
     #[test]
