@@ -35,7 +35,7 @@ pub const DEFAULT_OUTPUT: &str = "slurm-%j.out";
     max_term_width = 100,
     about = "Submit a batch script to gpuq, as Slurm's sbatch (from stdin when no script is given)",
     after_help = "Accepted and ignored, with a warning: --mail-type, --mail-user, --comment, --wckey.\n\
-                  Not yet: script arguments, %A/%a/%N in file names, --open-mode, --cpus-per-gpu."
+                  Not yet: script arguments, %A/%a/%N in file names, --open-mode, --gpus-per-task, --exclusive."
 )]
 pub struct SbatchArgs {
     #[command(flatten)]
@@ -46,6 +46,21 @@ pub struct SbatchArgs {
     #[arg(short = 'n', long, value_name = "N", allow_negative_numbers = true,
           value_parser = value_parser!(u32).range(1..))]
     pub ntasks: Option<u32>,
+
+    /// Memory per CPU (512M, 4G); becomes --mem: this times the CPUs of a node's tasks
+    #[arg(long, value_name = "SIZE", conflicts_with_all = ["mem", "mem_per_gpu"],
+          value_parser = spec::memory::parse_mem)]
+    pub mem_per_cpu: Option<u64>,
+
+    /// Memory per GPU (80G); becomes --mem: this times the GPUs per node
+    #[arg(long, value_name = "SIZE", conflicts_with = "mem",
+          value_parser = spec::memory::parse_mem)]
+    pub mem_per_gpu: Option<u64>,
+
+    /// CPUs per GPU; becomes --cpus-per-task: this times the GPUs per node over the tasks per node
+    #[arg(long, value_name = "N", conflicts_with = "cpus_per_task",
+          value_parser = value_parser!(u32).range(1..))]
+    pub cpus_per_gpu: Option<u32>,
 
     /// Print only the job id
     #[arg(long)]
@@ -78,6 +93,23 @@ impl SbatchArgs {
         SbatchArgs {
             job: self.job.overlay(&over.job),
             ntasks: over.ntasks.or(self.ntasks),
+            // Each is one way of giving --mem (or -c): the side that gives
+            // any of them gives all three.
+            mem_per_cpu: if over.sets_memory() {
+                over.mem_per_cpu
+            } else {
+                self.mem_per_cpu
+            },
+            mem_per_gpu: if over.sets_memory() {
+                over.mem_per_gpu
+            } else {
+                self.mem_per_gpu
+            },
+            cpus_per_gpu: if over.job.cpus_per_task.is_some() || over.cpus_per_gpu.is_some() {
+                over.cpus_per_gpu
+            } else {
+                self.cpus_per_gpu
+            },
             parsable: self.parsable || over.parsable,
             wait: self.wait || over.wait,
             mail_type: over.mail_type.clone().or_else(|| self.mail_type.clone()),
@@ -85,6 +117,11 @@ impl SbatchArgs {
             comment: over.comment.clone().or_else(|| self.comment.clone()),
             wckey: over.wckey.clone().or_else(|| self.wckey.clone()),
         }
+    }
+
+    /// Whether memory is given here in any of its three ways.
+    fn sets_memory(&self) -> bool {
+        self.job.mem.is_some() || self.mem_per_cpu.is_some() || self.mem_per_gpu.is_some()
     }
 
     /// The flags given that gpuq accepts but does not act on.
@@ -172,7 +209,54 @@ pub fn translate(args: &SbatchArgs) -> Result<SubmitArgs, String> {
             (None, None) => job.ntasks_per_node = Some(n),
         }
     }
+    per_gpu_and_cpu(args, &mut job)?;
     Ok(job)
+}
+
+/// The GPUs per node `job` asks for, when it can be known at submit.
+fn gpus_per_node(job: &SubmitArgs) -> Result<u32, String> {
+    if let Some(g) = job.gpus() {
+        return Ok(g.count);
+    }
+    match (&job.total_gpus, job.nodes) {
+        (Some(total), Some(n)) if n > 0 => Ok(total.count / n),
+        (Some(_), _) => Err(
+            "with -G/--gpus, gpuq knows the GPUs per node only with -N; give -N or --gpus-per-node"
+                .into(),
+        ),
+        _ => Ok(0),
+    }
+}
+
+/// `--cpus-per-gpu`, `--mem-per-cpu` and `--mem-per-gpu` as the per-task
+/// CPUs and per-node memory gpuq asks for.
+fn per_gpu_and_cpu(args: &SbatchArgs, job: &mut SubmitArgs) -> Result<(), String> {
+    let tasks = job.ntasks_per_node.unwrap_or(1);
+    if let Some(per_gpu) = args.cpus_per_gpu {
+        let cpus = u64::from(per_gpu) * u64::from(gpus_per_node(job)?);
+        if cpus == 0 || cpus % u64::from(tasks) != 0 || cpus / u64::from(tasks) > 1 << 20 {
+            return Err(format!(
+                "--cpus-per-gpu {per_gpu} makes {cpus} CPUs per node, which does not split over \
+                 {tasks} task(s) per node; ask for GPUs, or give -c/--cpus-per-task instead"
+            ));
+        }
+        job.cpus_per_task = Some((cpus / u64::from(tasks)) as u32);
+    }
+    if let Some(per_cpu) = args.mem_per_cpu {
+        let cpus = u64::from(job.cpus_per_task.unwrap_or(1)) * u64::from(tasks);
+        job.mem = Some(per_cpu.saturating_mul(cpus));
+    }
+    if let Some(per_gpu) = args.mem_per_gpu {
+        let gpus = gpus_per_node(job)?;
+        if gpus == 0 {
+            return Err(
+                "--mem-per-gpu needs GPUs; add --gpus-per-node N (or --gres=gpu:N), or give --mem"
+                    .into(),
+            );
+        }
+        job.mem = Some(per_gpu.saturating_mul(u64::from(gpus)));
+    }
+    Ok(())
 }
 
 /// What runs and where it came from.
@@ -477,6 +561,61 @@ mod tests {
         let e = t(&["-n", "6", "-N", "2", "--ntasks-per-node", "4"]).unwrap_err();
         assert!(e.contains("--ntasks-per-node 4"), "{e}");
         assert!(t(&["-n", "2", "-G", "16"]).is_err());
+    }
+
+    #[test]
+    fn per_cpu_and_per_gpu_amounts_become_per_node_and_per_task() {
+        let t = |words: &[&str]| translate(&parse(words));
+        let a = t(&[
+            "--gpus-per-node",
+            "8",
+            "--ntasks-per-node",
+            "8",
+            "--cpus-per-gpu",
+            "4",
+        ])
+        .unwrap();
+        assert_eq!(a.cpus_per_task, Some(4));
+        let a = t(&["--gres=gpu:4", "--mem-per-gpu", "10G"]).unwrap();
+        assert_eq!(a.mem, Some(40 * 1024));
+        let a = t(&["-n", "4", "-c", "2", "--mem-per-cpu", "1G"]).unwrap();
+        assert_eq!(a.mem, Some(8 * 1024));
+        let a = t(&["-N", "2", "-G", "16", "--mem-per-gpu", "1G"]).unwrap();
+        assert_eq!(a.mem, Some(8 * 1024));
+        assert!(t(&["--mem-per-gpu", "1G"])
+            .unwrap_err()
+            .contains("needs GPUs"));
+        assert!(t(&["-G", "4", "--mem-per-gpu", "1G"])
+            .unwrap_err()
+            .contains("-N"));
+        let e = t(&[
+            "--gpus-per-node",
+            "1",
+            "--ntasks-per-node",
+            "2",
+            "--cpus-per-gpu",
+            "1",
+        ])
+        .unwrap_err();
+        assert!(e.contains("--cpus-per-gpu 1"), "{e}");
+        assert!(parse_args(&["--mem=1G".into(), "--mem-per-cpu=1G".into()]).is_err());
+        // A directive's --mem gives way to a flag's --mem-per-cpu, and the
+        // other way round; so do -c and --cpus-per-gpu.
+        let merged = parse(&["--mem", "1G"]).overlay(&parse(&["--mem-per-cpu", "2G"]));
+        assert_eq!(translate(&merged).unwrap().mem, Some(2048));
+        let merged = parse(&["--mem-per-cpu", "2G"]).overlay(&parse(&["--mem", "1G"]));
+        assert_eq!(translate(&merged).unwrap().mem, Some(1024));
+        let merged =
+            parse(&["--gpus-per-node", "2", "--cpus-per-gpu", "4"]).overlay(&parse(&["-c", "3"]));
+        assert_eq!(translate(&merged).unwrap().cpus_per_task, Some(3));
+    }
+
+    #[test]
+    fn the_commands_are_well_formed() {
+        command().debug_assert();
+        <super::super::squeue::SqueueArgs as CommandFactory>::command().debug_assert();
+        <super::super::scancel::ScancelArgs as CommandFactory>::command().debug_assert();
+        <super::super::sinfo::SinfoArgs as CommandFactory>::command().debug_assert();
     }
 
     #[test]
