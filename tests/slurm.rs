@@ -227,6 +227,10 @@ fn slurm_commands_through_links_submit_list_run_cancel_and_describe() {
     );
     assert_eq!(s.codes(), before, "nothing was submitted");
 
+    // Every job here is the caller's.
+    let mine = s.ok("squeue", &["--me", "-h", "-o", "%i", "-t", "all"], None);
+    assert_eq!(mine.lines().count(), before.len(), "{mine}");
+
     // `gpuq slurm squeue` is the same command.
     let out = clean_command(gpuq_bin())
         .args(["slurm", "squeue", "-h", "-o", "%i,%t", "-t", "all"])

@@ -46,6 +46,9 @@ pub struct SqueueArgs {
         value_delimiter = ','
     )]
     pub users: Vec<String>,
+    /// Only your own jobs (as -u with your user name)
+    #[arg(long)]
+    pub me: bool,
     /// Only these jobs: 12, 12_3 (comma list); shows them in any state
     #[arg(
         short = 'j',
@@ -315,8 +318,16 @@ pub async fn run(args: Vec<String>) -> Result<ExitCode, CliError> {
     let Some(m) = super::parse_with(<SqueueArgs as clap::CommandFactory>::command(), &args)? else {
         return Ok(ExitCode::SUCCESS);
     };
-    let args =
+    let mut args =
         SqueueArgs::from_arg_matches(&m).map_err(|e| CliError::input(super::clap_line(&e)))?;
+    if args.me {
+        let uid = nix::unistd::Uid::current();
+        let me = nix::unistd::User::from_uid(uid)
+            .ok()
+            .flatten()
+            .ok_or_else(|| CliError::input(format!("--me: uid {uid} has no user name here")))?;
+        args.users.push(me.name);
+    }
     for id in &args.jobs {
         crate::model::JobRef::parse(id.trim())
             .map_err(|e| CliError::input(format!("invalid job id {id}: {e}")))?;
