@@ -48,10 +48,15 @@ Options:
   --root DIR                  install under DIR, every path prefixed (image
                               builds, tests); starts nothing
   --no-start                  install, start nothing, print how to start
+  --no-slurm-links            make no sbatch, squeue, scancel, scontrol, sinfo
+                              links (a real Slurm's commands are on this host)
   -h, --help                  show this help
 
 Writes:
   PREFIX/bin/gpuq
+  PREFIX/bin/sbatch squeue scancel scontrol sinfo: links to gpuq, which
+                              speaks Slurm under those names (a file there
+                              that is not a link is left alone)
   /etc/gpuq/gpuq.toml         from the role's example, only if absent: an
                               existing config is kept as it is
   /etc/gpuq/server.env        (server) or agent.env (agent, login), mode 0600:
@@ -140,6 +145,7 @@ main() {
     root=""
     prefix="${PREFIX:-/usr/local}"
     no_start=0
+    slurm_links=1
 
     while [ $# -gt 0 ]; do
         inline=0
@@ -153,7 +159,7 @@ main() {
                 ;;
         esac
         case $1 in
-            --server | --agent | --login | --bootstrap | --no-start | --help)
+            --server | --agent | --login | --bootstrap | --no-start | --no-slurm-links | --help)
                 [ "$inline" = 0 ] || bad "$1 takes no value; give it as plain $1"
                 ;;
         esac
@@ -163,6 +169,7 @@ main() {
             --login) set_role login ;;
             --bootstrap) bootstrap=1 ;;
             --no-start) no_start=1 ;;
+            --no-slurm-links) slurm_links=0 ;;
             --join | --token | --advertise | --binary | --url | --prefix | --root)
                 need_value "$@"
                 case $1 in
@@ -356,6 +363,20 @@ main() {
     chmod 0755 "$bindir/.gpuq.new"
     mv -f "$bindir/.gpuq.new" "$bindir/gpuq" || die "cannot install $bindir/gpuq"
     say "installed $bindir/gpuq"
+
+    # Slurm's commands are this binary under their names: relative links,
+    # so an image moved elsewhere keeps them. A real file of that name (a
+    # Slurm installed here) is left alone.
+    if [ "$slurm_links" = 1 ]; then
+        for cmd in sbatch squeue scancel scontrol sinfo; do
+            if [ -e "$bindir/$cmd" ] && [ ! -L "$bindir/$cmd" ]; then
+                say "note: $bindir/$cmd exists and is not a link; left as it is"
+                continue
+            fi
+            ln -sf gpuq "$bindir/$cmd" || die "cannot link $bindir/$cmd to gpuq"
+        done
+        say "linked sbatch, squeue, scancel, scontrol, sinfo to gpuq in $bindir (--no-slurm-links skips)"
+    fi
 
     no_advertise=0
     conf="$etc/gpuq.toml"

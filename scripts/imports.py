@@ -32,6 +32,7 @@ ROOMS = {
     "agent": {"net", "model", "config", "clock", "owner_only", "socket_path"},
     "server": {"raft", "state", "sched", "net", "model", "config", "clock", "owner_only", "socket_path"},
     "cli": {"net", "model", "spec", "clock", "socket_path"},
+    "compat": {"spec", "cli", "net", "model", "clock", "socket_path", "suggest"},
     "sim": {"agent", "net", "model", "config", "owner_only", "clock"},
     "dev": {"server", "agent", "config", "net", "model", "clock", "owner_only", "socket_path"},
     "main": None,  # the binary's edge: anything

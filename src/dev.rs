@@ -28,6 +28,9 @@ pub struct DevOptions {
     pub fresh: bool,
     /// Use this machine's real GPUs through NVML (one node) instead of fakes.
     pub nvml: bool,
+    /// Names of links to this binary to make in `dir/bin` (the Slurm
+    /// commands, which the binary speaks when started under those names).
+    pub links: Vec<String>,
 }
 
 fn current_user() -> anyhow::Result<(String, bool)> {
@@ -200,6 +203,29 @@ pub async fn start(
     })
 }
 
+/// Makes `bin/NAME` a link to this binary for each name (replacing an old
+/// link, leaving any other file alone) and returns `bin`.
+fn make_links(bin: &std::path::Path, names: &[String]) -> anyhow::Result<PathBuf> {
+    let exe = std::env::current_exe().context("cannot find this binary's path")?;
+    std::fs::create_dir_all(bin).with_context(|| format!("cannot create {}", bin.display()))?;
+    for name in names {
+        let link = bin.join(name);
+        if let Ok(meta) = std::fs::symlink_metadata(&link) {
+            if !meta.file_type().is_symlink() {
+                anyhow::bail!(
+                    "{} exists and is not a link; remove it to get the link",
+                    link.display()
+                );
+            }
+            std::fs::remove_file(&link)
+                .with_context(|| format!("cannot replace {}", link.display()))?;
+        }
+        std::os::unix::fs::symlink(&exe, &link)
+            .with_context(|| format!("cannot link {} to {}", link.display(), exe.display()))?;
+    }
+    Ok(bin.to_path_buf())
+}
+
 /// Runs `gpuq dev` until Ctrl-C.
 pub async fn run(opts: DevOptions) -> anyhow::Result<()> {
     let (tx, rx) = watch::channel(false);
@@ -216,6 +242,16 @@ pub async fn run(opts: DevOptions) -> anyhow::Result<()> {
         println!("  export GPUQ_SOCKET={}", cluster.socket.display());
     } else {
         println!("  the CLI finds it with no flags: try `gpuq nodes`, `gpuq submit -- hostname`");
+    }
+    if !opts.links.is_empty() {
+        match make_links(&opts.dir.join("bin"), &opts.links) {
+            Ok(bin) => println!(
+                "Slurm commands ({}): export PATH={}:$PATH",
+                opts.links.join(", "),
+                bin.display()
+            ),
+            Err(e) => eprintln!("gpuq dev: no Slurm command links: {e:#}"),
+        }
     }
     println!("Ctrl-C stops everything.");
     crate::shutdown_signal().await;

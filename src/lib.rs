@@ -5,7 +5,8 @@
 //! input into a `model::JobSpec`; `state` is the replicated state machine;
 //! `net` carries typed frames over QUIC and unix sockets; `raft` glues openraft
 //! to `state` and `net`; `server` and `agent` are the two daemon roles; `cli`
-//! is the client side. Nothing imports `cli`. Helpers every role needs live
+//! is the client side; `compat` is the Slurm front end (sbatch, squeue, ...)
+//! over `spec` and `cli`'s request path. Nothing but `compat` imports `cli`. Helpers every role needs live
 //! once, low in the house: `clock` (the time in ms), `socket_path` (where
 //! the daemon's unix socket is), `suggest` ("did you mean" for flags and
 //! config keys) and `owner_only` (files only their owner may open); the
@@ -15,6 +16,7 @@
 pub mod agent;
 pub mod cli;
 pub mod clock;
+pub mod compat;
 pub mod config;
 pub mod dev;
 pub mod model;

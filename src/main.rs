@@ -37,6 +37,14 @@ enum Cmd {
     Sim(SimCmd),
     #[command(flatten)]
     Client(ClientCommand),
+    /// Slurm's commands: sbatch, squeue, scancel, scontrol, sinfo (also as
+    /// links of those names to this binary); `gpuq slurm --help` lists them.
+    #[command(disable_help_flag = true)]
+    Slurm {
+        /// The Slurm command and its arguments.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<std::ffi::OsString>,
+    },
     /// Parent of one task's process, started detached by the agent; with
     /// --serve, the agent's shim launcher (task directories on stdin).
     #[command(hide = true)]
@@ -355,11 +363,34 @@ async fn daemon(cmd: Cmd) -> anyhow::Result<()> {
                 dir: a.dir.unwrap_or_else(gpuq::socket_path::dev_dir),
                 fresh: a.fresh,
                 nvml: a.gpus == "nvml",
+                links: gpuq::compat::COMMANDS.map(String::from).to_vec(),
             })
             .await
         }
         Cmd::Sim(SimCmd::Agents(a)) => gpuq::sim::run_agents(a.options()).await,
-        Cmd::Client(_) | Cmd::Shim { .. } => unreachable!("not a daemon"),
+        Cmd::Client(_) | Cmd::Shim { .. } | Cmd::Slurm { .. } => unreachable!("not a daemon"),
+    }
+}
+
+/// `gpuq slurm COMMAND ARGS...`: the Slurm command, or the list of them.
+fn slurm(args: &[std::ffi::OsString]) -> ExitCode {
+    match args.first().map(|a| a.to_string_lossy()) {
+        None => {
+            print!("{}", gpuq::compat::HELP);
+            ExitCode::SUCCESS
+        }
+        Some(a) if a == "--help" || a == "-h" || a == "help" => {
+            print!("{}", gpuq::compat::HELP);
+            ExitCode::SUCCESS
+        }
+        Some(a) => match gpuq::compat::command_of(&args[0]).filter(|c| *c == a) {
+            Some(command) => gpuq::compat::main(command, args[1..].to_vec()),
+            None => CliError::input(format!(
+                "{a:?} is not a Slurm command gpuq speaks; use one of {} (gpuq slurm --help)",
+                gpuq::compat::COMMANDS.join(", ")
+            ))
+            .exit(),
+        },
     }
 }
 
@@ -377,6 +408,14 @@ fn main() -> ExitCode {
             std::process::exit(gpuq::agent::exec::serve_shims());
         }
         _ => {}
+    }
+    // Slurm's commands: a link named sbatch (etc.), or `gpuq slurm sbatch`.
+    // Before clap, so their flags are theirs, not gpuq's.
+    if let Some(command) = args.first().and_then(|a| gpuq::compat::command_of(a)) {
+        return gpuq::compat::main(command, args[1..].to_vec());
+    }
+    if args.get(1).is_some_and(|a| a == "slurm") {
+        return slurm(&args[2..]);
     }
     let cli = match Cli::try_parse() {
         Ok(c) => c,
@@ -427,6 +466,7 @@ fn main() -> ExitCode {
             }
             Err(e) => CliError::input(format!("{e:#}")).exit(),
         },
+        Cmd::Slurm { args } => slurm(&args),
         Cmd::Client(c) => match runtime.block_on(cli::run(c)) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => e.exit(),

@@ -390,6 +390,62 @@ fn prefix_moves_the_binary_and_the_unit_follows() {
     );
 }
 
+const SLURM_COMMANDS: [&str; 5] = ["sbatch", "squeue", "scancel", "scontrol", "sinfo"];
+
+#[test]
+fn slurm_command_links_sit_beside_the_binary_unless_skipped() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let bin = root.join("usr/local/bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    // A real Slurm's sinfo is not replaced.
+    std::fs::write(bin.join("sinfo"), "#!/bin/sh\necho real slurm\n").unwrap();
+    let out = install(
+        root,
+        &["--agent", "--join", "10.0.0.1:7420", "--token", TOKEN],
+    );
+    assert!(out.contains("sinfo exists and is not a link"), "{out}");
+    assert_eq!(read(&bin.join("sinfo")), "#!/bin/sh\necho real slurm\n");
+    for cmd in &SLURM_COMMANDS[..4] {
+        let link = bin.join(cmd);
+        assert_eq!(
+            std::fs::read_link(&link).unwrap_or_else(|e| panic!("{}: {e}", link.display())),
+            Path::new("gpuq"),
+            "{cmd} links to the binary beside it"
+        );
+    }
+    let help = Command::new(bin.join("sbatch"))
+        .arg("--help")
+        .output()
+        .unwrap();
+    assert!(help.status.success());
+    assert!(
+        String::from_utf8_lossy(&help.stdout).contains("as Slurm's sbatch"),
+        "the link speaks sbatch"
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    install(
+        root,
+        &[
+            "--agent",
+            "--join",
+            "10.0.0.1:7420",
+            "--token",
+            TOKEN,
+            "--no-slurm-links",
+        ],
+    );
+    assert_binary_installed(&root.join("usr/local/bin/gpuq"));
+    for cmd in SLURM_COMMANDS {
+        assert!(
+            std::fs::symlink_metadata(root.join("usr/local/bin").join(cmd)).is_err(),
+            "--no-slurm-links made no {cmd}"
+        );
+    }
+}
+
 #[test]
 fn url_downloads_the_binary() {
     if !Path::new("/usr/bin/curl").exists() && !Path::new("/bin/curl").exists() {

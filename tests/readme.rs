@@ -40,7 +40,7 @@ fn the_readme_quick_start_works_as_written() {
         .env_remove("XDG_STATE_HOME")
         .env_remove("GPUQ_SOCKET")
         .stdin(Stdio::null())
-        .stdout(Stdio::null())
+        .stdout(std::fs::File::create(home.path().join("dev.out")).unwrap())
         .stderr(dev_log)
         .spawn()
         .unwrap();
@@ -74,6 +74,13 @@ fn the_readme_quick_start_works_as_written() {
         std::thread::sleep(Duration::from_millis(100));
     }
     let out = run(&quickstart_block());
+    // The Slurm links `gpuq dev` made, through the PATH line it printed.
+    let printed = std::fs::read_to_string(home.path().join("dev.out")).unwrap_or_default();
+    let export = printed
+        .lines()
+        .find_map(|l| l.split_once("export PATH=").map(|(_, p)| p.to_string()))
+        .unwrap_or_else(|| panic!("gpuq dev printed no PATH line for the links:\n{printed}"));
+    let slurm = run(&format!("export PATH={export}; squeue -h -t all -o %T"));
     let _ = nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(dev.id() as i32),
         nix::sys::signal::Signal::SIGINT,
@@ -95,6 +102,12 @@ fn the_readme_quick_start_works_as_written() {
     );
     assert!(stdout.contains("rank 0 of 2"), "{stdout}");
     assert!(stdout.contains("COMPLETED"), "{stdout}");
+    assert_eq!(
+        String::from_utf8_lossy(&slurm.stdout),
+        "COMPLETED\n",
+        "squeue through gpuq dev's link: {}",
+        String::from_utf8_lossy(&slurm.stderr)
+    );
     let waited = std::time::Instant::now();
     while dev.try_wait().unwrap().is_none() && waited.elapsed() < Duration::from_secs(10) {
         std::thread::sleep(Duration::from_millis(50));

@@ -11,10 +11,10 @@ pub mod cluster;
 mod hold;
 mod policy_change;
 mod ports;
-mod queue;
+pub(crate) mod queue;
 mod report;
 mod show;
-mod submit;
+pub(crate) mod submit;
 pub mod table;
 
 use std::path::PathBuf;

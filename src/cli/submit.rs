@@ -85,7 +85,7 @@ pub(super) async fn run(
 /// could not write it, and a pipe would hang its start. Patterns with `%`
 /// name a file per job or rank, so only fixed paths can be looked at here
 /// (the agent checks again before serving a file).
-fn check_output_files(spec: &JobSpec) -> Result<(), String> {
+pub(crate) fn check_output_files(spec: &JobSpec) -> Result<(), String> {
     use std::os::unix::fs::FileTypeExt;
     for (flag, pattern) in [("--output", &spec.output), ("--error", &spec.error)] {
         let Some(pattern) = pattern.as_deref().filter(|p| !p.contains('%')) else {

@@ -348,7 +348,44 @@ pub fn build_spec(
             ),
         },
     };
+    finish_spec(&merged, program, default_name, env, cwd)
+}
 
+/// Builds the spec of a batch script whose directives the caller has read
+/// and merged into `args` itself (sbatch reads `#SBATCH` lines with its own,
+/// larger grammar); `content` is the script, `path` where it came from (for
+/// display). Defaults, `--export` and the checks are `build_spec`'s.
+pub fn build_batch_spec(
+    args: &SubmitArgs,
+    path: &str,
+    content: String,
+    env: &[(String, String)],
+    cwd: &Path,
+) -> Result<JobSpec, SpecError> {
+    if !cwd.is_absolute() {
+        return Err(SpecError::RelativeCwd(cwd.to_path_buf()));
+    }
+    if content.is_empty() {
+        return Err(SpecError::ScriptEmpty {
+            path: path.to_string(),
+        });
+    }
+    let program = Program::Script {
+        path: path.to_string(),
+        content,
+    };
+    finish_spec(args, program, file_name(path), env, cwd)
+}
+
+/// The common end of `build_spec` and `build_batch_spec`: defaults, the
+/// environment, placement and the checks, on flags already merged.
+fn finish_spec(
+    merged: &SubmitArgs,
+    program: Program,
+    default_name: String,
+    env: &[(String, String)],
+    cwd: &Path,
+) -> Result<JobSpec, SpecError> {
     let name = merged.job_name.clone().unwrap_or(default_name);
     for (flag, pattern) in [("--output", &merged.output), ("--error", &merged.error)] {
         if let Some(p) = pattern {
@@ -365,7 +402,7 @@ pub fn build_spec(
         .ok_or_else(|| SpecError::WorkdirNotUtf8(workdir.clone()))?
         .to_string();
     let export = merged.export.clone().unwrap_or_default();
-    let (nodes, gpus_per_node, total_gpus, placement) = placement::resolve(&merged)?;
+    let (nodes, gpus_per_node, total_gpus, placement) = placement::resolve(merged)?;
 
     let spec = JobSpec {
         qos: merged.qos.clone(),
@@ -483,7 +520,8 @@ pub fn classify(first: &str, cwd: &Path) -> Result<ProgramKind, SpecError> {
     })
 }
 
-fn read_script(path: &Path) -> Result<String, SpecError> {
+/// Reads a script file with the size and text checks of [`script_text`].
+pub fn read_script(path: &Path) -> Result<String, SpecError> {
     let shown = || path.display().to_string();
     let unreadable = |source| SpecError::ScriptUnreadable {
         path: shown(),
@@ -494,13 +532,20 @@ fn read_script(path: &Path) -> Result<String, SpecError> {
     file.take(MAX_SCRIPT_BYTES + 1)
         .read_to_end(&mut bytes)
         .map_err(unreadable)?;
+    script_text(bytes, &shown())
+}
+
+/// A script's bytes as text, refused when too large, empty or not UTF-8;
+/// `shown` names where they came from (a path, or stdin).
+pub fn script_text(bytes: Vec<u8>, shown: &str) -> Result<String, SpecError> {
+    let path = || shown.to_string();
     if bytes.len() as u64 > MAX_SCRIPT_BYTES {
-        return Err(SpecError::ScriptTooLarge { path: shown() });
+        return Err(SpecError::ScriptTooLarge { path: path() });
     }
     if bytes.is_empty() {
-        return Err(SpecError::ScriptEmpty { path: shown() });
+        return Err(SpecError::ScriptEmpty { path: path() });
     }
-    String::from_utf8(bytes).map_err(|_| SpecError::ScriptNotText { path: shown() })
+    String::from_utf8(bytes).map_err(|_| SpecError::ScriptNotText { path: path() })
 }
 
 /// One directive line, parsed by the submit flags' own grammar.

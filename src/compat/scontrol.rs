@@ -1,0 +1,341 @@
+//! `scontrol`: `show hostnames [LIST]` (from `$SLURM_JOB_NODELIST`, else a
+//! gpuq job's `$GPUQ_NODELIST`, when no list is given), `show job [ID]` in
+//! Slurm's key=value form, `hold` and `release`. scontrol's grammar is
+//! words, not flags, so it is read by hand.
+
+use std::process::ExitCode;
+
+use super::format;
+use crate::cli::{call, unexpected, CliError};
+use crate::model::{expand_hostlist, Job, JobRef, JobState};
+use crate::net::proto::{ApiRequest, ApiResponse};
+
+const HELP: &str = "\
+scontrol, as gpuq speaks it
+
+Usage: scontrol [-o|--oneliner] COMMAND [ARGS]
+
+Commands:
+  show hostnames [LIST]  one node name per line (LIST default: $SLURM_JOB_NODELIST,
+                         else $GPUQ_NODELIST)
+  show job [ID]          a job (12, 12_3), or every job, as key=value
+  hold ID...             keep pending jobs from starting
+  release ID...          let held jobs start
+
+Options:
+  -o, --oneliner         show each job on one line
+  -h, --help             print this help
+
+Not yet: show node|partition, update, requeue, requeuehold.
+";
+
+/// `scontrol ARGS`.
+pub async fn run(args: Vec<String>) -> Result<ExitCode, CliError> {
+    let mut oneliner = false;
+    let mut words = Vec::new();
+    for a in args {
+        match a.as_str() {
+            "-h" | "--help" => {
+                print!("{HELP}");
+                return Ok(ExitCode::SUCCESS);
+            }
+            "-o" | "--oneliner" => oneliner = true,
+            // Details and quiet change nothing in what gpuq prints.
+            "-d" | "--details" | "-Q" | "--quiet" => {}
+            flag if flag.starts_with('-') && words.is_empty() => {
+                return Err(CliError::input(format!(
+                    "unrecognized option '{flag}'; see scontrol --help"
+                )))
+            }
+            _ => words.push(a),
+        }
+    }
+    let lower: Vec<String> = words.iter().map(|w| w.to_ascii_lowercase()).collect();
+    let lower: Vec<&str> = lower.iter().map(String::as_str).collect();
+    match lower.as_slice() {
+        [] => Err(CliError::input("no command given; see scontrol --help")),
+        ["show", "hostnames" | "hostname", rest @ ..] => {
+            let list = match rest {
+                // gpuq's jobs carry GPUQ_NODELIST (SLURM_* are not set yet).
+                [] => std::env::var("SLURM_JOB_NODELIST")
+                    .or_else(|_| std::env::var("GPUQ_NODELIST"))
+                    .map_err(|_| {
+                        CliError::input(
+                            "show hostnames needs a host list (n[1-4]), or $SLURM_JOB_NODELIST \
+                             or $GPUQ_NODELIST set (as in a job)",
+                        )
+                    })?,
+                _ => words[2..].join(","),
+            };
+            for name in hostnames(&list)? {
+                println!("{name}");
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        ["show", "job" | "jobs" | "jobid", rest @ ..] => {
+            let jobs = match rest {
+                [] => match call(ApiRequest::Queue {
+                    all: true,
+                    user: None,
+                    states: Vec::new(),
+                })
+                .await?
+                {
+                    ApiResponse::Jobs { jobs } => jobs,
+                    other => return Err(unexpected(other)),
+                },
+                [_] => {
+                    let r = parse_ref(&words[2])?;
+                    match call(ApiRequest::Show {
+                        id: r.id,
+                        task: r.task,
+                    })
+                    .await
+                    .map_err(|e| CliError {
+                        code: e.code,
+                        message: format!("Invalid job id specified: {}", e.message),
+                    })? {
+                        ApiResponse::Job { job, .. } => vec![*job],
+                        other => return Err(unexpected(other)),
+                    }
+                }
+                _ => {
+                    return Err(CliError::input(
+                        "show job takes one job id (12 or 12_3), or none for every job",
+                    ))
+                }
+            };
+            if jobs.is_empty() {
+                println!("No jobs in the system");
+            }
+            let now = crate::clock::now_ms();
+            let texts: Vec<String> = jobs.iter().map(|j| show_job(j, now, oneliner)).collect();
+            print!("{}", texts.join(if oneliner { "" } else { "\n" }));
+            Ok(ExitCode::SUCCESS)
+        }
+        ["show", what, ..] => Err(CliError::input(format!(
+            "show {what} is not supported; gpuq's scontrol shows hostnames and job"
+        ))),
+        ["show"] => Err(CliError::input("show what? give hostnames LIST or job ID")),
+        [verb @ ("hold" | "release" | "uhold"), rest @ ..] => {
+            if rest.is_empty() {
+                return Err(CliError::input(format!("{verb} needs job ids (12, 12_3)")));
+            }
+            let jobs = words[1..]
+                .iter()
+                .flat_map(|w| w.split(','))
+                .filter(|w| !w.is_empty())
+                .map(parse_ref)
+                .collect::<Result<Vec<_>, _>>()?;
+            match call(ApiRequest::Hold {
+                jobs,
+                hold: *verb != "release",
+            })
+            .await?
+            {
+                ApiResponse::Held { .. } => Ok(ExitCode::SUCCESS),
+                other => Err(unexpected(other)),
+            }
+        }
+        [other, ..] => Err(CliError::input(format!(
+            "invalid command: {other}; gpuq's scontrol knows show hostnames|job, hold, release \
+             (see scontrol --help)"
+        ))),
+    }
+}
+
+fn parse_ref(word: &str) -> Result<JobRef, CliError> {
+    JobRef::parse(word.trim())
+        .map_err(|e| CliError::input(format!("Invalid job id specified: {e}")))
+}
+
+/// The names a host list stands for, in order.
+pub fn hostnames(list: &str) -> Result<Vec<String>, CliError> {
+    expand_hostlist(list).map_err(|e| CliError::input(e.to_string()))
+}
+
+/// A `%`-pattern of `--output` as the job's file name, relative paths
+/// under its working directory (rank 0's, for `%t`/`%n`).
+fn output_path(job: &Job, pattern: &str) -> String {
+    let mut out = String::new();
+    let mut chars = pattern.chars();
+    while let Some(c) = chars.next() {
+        if c != '%' {
+            out.push(c);
+            continue;
+        }
+        match chars.next() {
+            Some('j') => out.push_str(&job.id.to_string()),
+            Some('x') => out.push_str(&job.spec.name),
+            Some('u') => out.push_str(&job.user),
+            Some('t' | 'n') => out.push('0'),
+            Some(other) => out.push(other),
+            None => {}
+        }
+    }
+    if out.starts_with('/') {
+        out
+    } else {
+        format!("{}/{out}", job.spec.workdir.trim_end_matches('/'))
+    }
+}
+
+/// `name(uid)` as Slurm shows a user, the uid from this host's user table.
+fn user_id(user: &str) -> String {
+    match nix::unistd::User::from_name(user) {
+        Ok(Some(u)) => format!("{user}({})", u.uid),
+        _ => format!("{user}(?)"),
+    }
+}
+
+/// One job in Slurm's `scontrol show job` layout.
+pub fn show_job(job: &Job, now: crate::model::Millis, oneliner: bool) -> String {
+    let spec = &job.spec;
+    let reason = match job.state {
+        JobState::Pending => super::squeue::reason(job),
+        _ => "None".into(),
+    };
+    let run_secs = match (job.start_time, job.state) {
+        (Some(start), s) if s != JobState::Pending => {
+            job.end_time.unwrap_or(now).saturating_sub(start) / 1000
+        }
+        _ => 0,
+    };
+    let nodelist = super::squeue::nodelist(job);
+    let stdout = output_path(job, spec.output.as_deref().unwrap_or("gpuq-%j.out"));
+    let stderr = spec
+        .error
+        .as_deref()
+        .map_or_else(|| stdout.clone(), |p| output_path(job, p));
+    let command = match &spec.program {
+        crate::model::Program::Script { path, .. } => path.clone(),
+        crate::model::Program::Command { argv } => argv.join(" "),
+    };
+    let mut lines: Vec<Vec<String>> = vec![
+        vec![
+            format!("JobId={}", job.id),
+            format!("JobName={}", spec.name),
+        ],
+        vec![format!("UserId={}", user_id(&job.user))],
+        vec![
+            format!("Account={}", spec.account.as_deref().unwrap_or("default")),
+            format!("QOS={}", spec.qos.as_deref().unwrap_or("normal")),
+        ],
+        vec![
+            format!("JobState={}", job.state),
+            format!("Reason={reason}"),
+        ],
+        vec![
+            format!("Restarts={}", job.restart_count),
+            format!("ExitCode={}:0", job.exit_code.unwrap_or(0)),
+        ],
+        vec![
+            format!("RunTime={}", crate::cli::table::fmt_duration(run_secs)),
+            format!(
+                "TimeLimit={}",
+                spec.time_limit_secs
+                    .map(crate::cli::table::fmt_duration)
+                    .unwrap_or_else(|| "UNLIMITED".into())
+            ),
+        ],
+        vec![
+            format!("SubmitTime={}", format::time(Some(job.submit_time))),
+            format!("StartTime={}", format::time(job.start_time)),
+            format!("EndTime={}", format::time(job.end_time)),
+        ],
+        vec![format!(
+            "Partition={}",
+            spec.partition.as_deref().unwrap_or("default")
+        )],
+        vec![format!(
+            "NodeList={}",
+            if nodelist.is_empty() {
+                "(null)"
+            } else {
+                &nodelist
+            }
+        )],
+        vec![
+            format!("NumNodes={}", spec.nodes),
+            format!("NumTasks={}", spec.total_tasks()),
+            format!("CPUs/Task={}", spec.cpus_per_task),
+        ],
+        vec![format!(
+            "TRES=cpu={},gres/gpu={}",
+            spec.total_tasks() * u64::from(spec.cpus_per_task),
+            spec.total_gpus()
+        )],
+        vec![format!("Command={command}")],
+        vec![format!("WorkDir={}", spec.workdir)],
+        vec![format!("StdErr={stderr}")],
+        vec![format!("StdOut={stdout}")],
+    ];
+    if let Some(a) = job.array {
+        lines[0].push(format!("ArrayJobId={}", a.array_job));
+        lines[0].push(format!("ArrayTaskId={}", a.index));
+    }
+    if oneliner {
+        let words: Vec<String> = lines.into_iter().flatten().collect();
+        return format!("{}\n", words.join(" "));
+    }
+    let mut out = String::new();
+    for (i, line) in lines.iter().enumerate() {
+        if i > 0 {
+            out.push_str("   ");
+        }
+        out.push_str(&line.join(" "));
+        out.push('\n');
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hostnames_expand_in_order() {
+        assert_eq!(
+            hostnames("n[1-3],gpu7").unwrap(),
+            ["n1", "n2", "n3", "gpu7"]
+        );
+        let e = hostnames("n[1-").unwrap_err();
+        assert_eq!(e.code, 1);
+    }
+
+    #[test]
+    fn show_job_has_slurms_keys() {
+        let spec = crate::model::JobSpec {
+            output: Some("logs/out-%j-%x.txt".into()),
+            ..crate::spec::build_spec(
+                &crate::spec::SubmitArgs {
+                    job_name: Some("train".into()),
+                    script_or_command: vec!["true".into()],
+                    ..Default::default()
+                },
+                &[],
+                std::path::Path::new("/work"),
+            )
+            .unwrap()
+        };
+        let mut job = Job::pending(crate::model::JobId(42), "nobody-here", spec, 0);
+        job.held = true;
+        let text = show_job(&job, 0, false);
+        for key in [
+            "JobId=42 JobName=train",
+            "UserId=nobody-here(?)",
+            "JobState=PENDING Reason=JobHeldUser",
+            "Partition=default",
+            "NumNodes=1 NumTasks=1",
+            "TimeLimit=UNLIMITED",
+            "SubmitTime=1970-01-01T00:00:00 StartTime=Unknown",
+            "NodeList=(null)",
+            "WorkDir=/work",
+            "StdOut=/work/logs/out-42-train.txt",
+        ] {
+            assert!(text.contains(key), "{key} in\n{text}");
+        }
+        assert!(text.lines().skip(1).all(|l| l.starts_with("   ")), "{text}");
+        assert_eq!(show_job(&job, 0, true).lines().count(), 1);
+    }
+}

@@ -1,0 +1,282 @@
+//! `sinfo`: partitions and their nodes grouped by Slurm's node states
+//! (idle, mix, alloc, drain, drng, down; `*` for a node whose agent is not
+//! connected), from the same `Nodes` and `PolicyShow` requests as
+//! `gpuq nodes` and `gpuq admin partition list`; `-N` lists node by node.
+
+use std::collections::BTreeMap;
+use std::process::ExitCode;
+
+use clap::{ArgAction, FromArgMatches, Parser};
+
+use crate::cli::table::Table;
+use crate::cli::{call, unexpected, CliError};
+use crate::model::hostlist::compress_hostlist;
+use crate::model::{Partition, PartitionState};
+use crate::net::proto::{ApiRequest, ApiResponse, NodeInfo};
+
+#[derive(Parser, Debug, Clone, Default)]
+#[command(
+    name = "sinfo",
+    no_binary_name = true,
+    disable_help_flag = true,
+    disable_version_flag = true,
+    max_term_width = 100,
+    about = "gpuq's partitions and nodes, as Slurm's sinfo",
+    after_help = "Not yet: -o/--format, -O/--Format, -R, -s."
+)]
+pub struct SinfoArgs {
+    /// Print no header line
+    #[arg(short = 'h', long)]
+    pub noheader: bool,
+    /// One line per node (and partition)
+    #[arg(short = 'N', long = "Node")]
+    pub node_oriented: bool,
+    /// Only these partitions (comma list)
+    #[arg(
+        short = 'p',
+        long = "partition",
+        value_name = "PART[,...]",
+        value_delimiter = ','
+    )]
+    pub partitions: Vec<String>,
+    /// Print help
+    #[arg(long, action = ArgAction::Help)]
+    pub help: Option<bool>,
+}
+
+/// Slurm's word for a node's state.
+pub fn node_state(n: &NodeInfo) -> String {
+    let gpus = n.inventory.gpus.len() as u32;
+    let busy = n.gpus_used > 0 || n.cpus_used > 0 || n.running_jobs > 0;
+    let full = (gpus > 0 && n.gpus_used >= gpus)
+        || (n.inventory.cpus > 0 && n.cpus_used >= n.inventory.cpus);
+    let word = match n.state.as_str() {
+        "down" => "down",
+        "drained" if busy => "drng",
+        "drained" => "drain",
+        _ if full => "alloc",
+        _ if busy => "mix",
+        _ => "idle",
+    };
+    if n.connected || n.state == "down" {
+        word.to_string()
+    } else {
+        format!("{word}*")
+    }
+}
+
+/// The partition's name as sinfo shows it (`*` marks the default).
+fn shown_name(p: &Partition) -> String {
+    if p.default {
+        format!("{}*", p.name)
+    } else {
+        p.name.clone()
+    }
+}
+
+fn time_limit(p: &Partition) -> String {
+    p.max_time_secs
+        .map(super::format::duration)
+        .unwrap_or_else(|| "infinite".into())
+}
+
+/// The partition's nodes among `nodes`, in their order.
+fn members<'n>(p: &Partition, nodes: &'n [NodeInfo]) -> Vec<&'n NodeInfo> {
+    let set = p.node_set();
+    nodes
+        .iter()
+        .filter(|n| set.as_ref().is_none_or(|s| s.contains(&n.name)))
+        .collect()
+}
+
+/// The table sinfo prints.
+pub fn render(args: &SinfoArgs, partitions: &[Partition], nodes: &[NodeInfo]) -> String {
+    let parts: Vec<&Partition> = partitions
+        .iter()
+        .filter(|p| args.partitions.is_empty() || args.partitions.contains(&p.name))
+        .collect();
+    let mut t = if args.node_oriented {
+        Table::new(&["NODELIST", "NODES", "PARTITION", "STATE"])
+    } else {
+        Table::new(&[
+            "PARTITION",
+            "AVAIL",
+            "TIMELIMIT",
+            "NODES",
+            "STATE",
+            "NODELIST",
+        ])
+    };
+    if args.node_oriented {
+        let mut rows = Vec::new();
+        for p in &parts {
+            for n in members(p, nodes) {
+                rows.push((n.name.clone(), shown_name(p), node_state(n)));
+            }
+        }
+        rows.sort();
+        for (node, part, state) in rows {
+            t.row(vec![node, "1".into(), part, state]);
+        }
+    } else {
+        for p in &parts {
+            let avail = match p.state {
+                PartitionState::Up => "up",
+                _ => "down",
+            };
+            let mut by_state: BTreeMap<String, Vec<&str>> = BTreeMap::new();
+            for n in members(p, nodes) {
+                by_state.entry(node_state(n)).or_default().push(&n.name);
+            }
+            if by_state.is_empty() {
+                t.row(vec![
+                    shown_name(p),
+                    avail.into(),
+                    time_limit(p),
+                    "0".into(),
+                    "n/a".into(),
+                    String::new(),
+                ]);
+            }
+            for (state, names) in by_state {
+                t.row(vec![
+                    shown_name(p),
+                    avail.into(),
+                    time_limit(p),
+                    names.len().to_string(),
+                    state,
+                    compress_hostlist(&names),
+                ]);
+            }
+        }
+    }
+    let text = t.render();
+    if args.noheader {
+        text.lines().skip(1).map(|l| format!("{l}\n")).collect()
+    } else {
+        text
+    }
+}
+
+/// `sinfo ARGS`.
+pub async fn run(args: Vec<String>) -> Result<ExitCode, CliError> {
+    let Some(m) = super::parse_with(<SinfoArgs as clap::CommandFactory>::command(), &args)? else {
+        return Ok(ExitCode::SUCCESS);
+    };
+    let args =
+        SinfoArgs::from_arg_matches(&m).map_err(|e| CliError::input(super::clap_line(&e)))?;
+    let nodes = match call(ApiRequest::Nodes).await? {
+        ApiResponse::Nodes { nodes } => nodes,
+        other => return Err(unexpected(other)),
+    };
+    let policy = match call(ApiRequest::PolicyShow).await? {
+        ApiResponse::Policy { policy, .. } => policy,
+        other => return Err(unexpected(other)),
+    };
+    let partitions: Vec<Partition> = policy.all_partitions().into_values().collect();
+    if let Some(p) = args
+        .partitions
+        .iter()
+        .find(|p| !partitions.iter().any(|q| &q.name == *p))
+    {
+        return Err(CliError::input(format!(
+            "no partition {p}; `sinfo` lists them"
+        )));
+    }
+    print!("{}", render(&args, &partitions, &nodes));
+    Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::NodeInventory;
+
+    fn node(name: &str, state: &str, cpus_used: u32, connected: bool) -> NodeInfo {
+        NodeInfo {
+            name: name.into(),
+            state: state.into(),
+            reason: None,
+            addr: String::new(),
+            connected,
+            gpus_used: 0,
+            cpus_used,
+            memory_used_mb: 0,
+            running_jobs: u32::from(cpus_used > 0),
+            inventory: NodeInventory {
+                name: name.into(),
+                gpus: Vec::new(),
+                gpu_links: Vec::new(),
+                numa: Vec::new(),
+                cpus: 8,
+                memory_mb: 1024,
+                topology: String::new(),
+                features: Vec::new(),
+            },
+        }
+    }
+
+    #[test]
+    fn node_states_in_slurms_words() {
+        let cases = [
+            (node("a", "up", 0, true), "idle"),
+            (node("a", "up", 2, true), "mix"),
+            (node("a", "up", 8, true), "alloc"),
+            (node("a", "drained", 2, true), "drng"),
+            (node("a", "drained", 0, true), "drain"),
+            (node("a", "down", 0, false), "down"),
+            (node("a", "up", 0, false), "idle*"),
+        ];
+        for (n, want) in cases {
+            assert_eq!(node_state(&n), want, "{n:?}");
+        }
+    }
+
+    #[test]
+    fn partitions_group_nodes_by_state_and_n_lists_each() {
+        let mut p = Partition::new("default");
+        p.default = true;
+        let mut short = Partition::new("short");
+        short.nodes = Some("n3".into());
+        short.max_time_secs = Some(4 * 3600);
+        let nodes = [
+            node("n1", "up", 0, true),
+            node("n2", "up", 0, true),
+            node("n3", "up", 2, true),
+        ];
+        let text = render(&SinfoArgs::default(), &[p.clone(), short.clone()], &nodes);
+        let rows: Vec<Vec<&str>> = text
+            .lines()
+            .map(|l| l.split_whitespace().collect())
+            .collect();
+        assert_eq!(
+            rows,
+            [
+                vec![
+                    "PARTITION",
+                    "AVAIL",
+                    "TIMELIMIT",
+                    "NODES",
+                    "STATE",
+                    "NODELIST"
+                ],
+                vec!["default*", "up", "infinite", "2", "idle", "n[1-2]"],
+                vec!["default*", "up", "infinite", "1", "mix", "n3"],
+                vec!["short", "up", "4:00:00", "1", "mix", "n3"],
+            ]
+        );
+        let args = SinfoArgs {
+            node_oriented: true,
+            noheader: true,
+            ..Default::default()
+        };
+        let text = render(&args, &[p, short], &nodes);
+        let rows: Vec<Vec<&str>> = text
+            .lines()
+            .map(|l| l.split_whitespace().collect())
+            .collect();
+        assert_eq!(rows.len(), 4, "{text}");
+        assert_eq!(rows[0], ["n1", "1", "default*", "idle"]);
+        assert_eq!(rows[3], ["n3", "1", "short", "mix"]);
+    }
+}
