@@ -953,3 +953,14 @@ impl Drop for SimAgents {
         }
     }
 }
+
+/// A child process killed (and reaped) when the guard drops, so a test that
+/// fails half-way leaves no daemon behind.
+pub struct KillOnDrop(pub std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
