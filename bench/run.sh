@@ -38,7 +38,7 @@
 #                                               8 nodes x 8 GPUs in network
 #                                               namespaces: gpuq/Slurm ratios
 #                                               (about 25 minutes by itself)
-#                          About 90 minutes on 2 cores, plus the first release
+#                          About 75 minutes on 2 cores, plus the first release
 #                          build (about 4 minutes).
 #   bench/run.sh --smoke   tiny versions of each in the dev profile (the build
 #                          `cargo test` already made), to prove the benchmarks
