@@ -7,11 +7,10 @@ use std::sync::Arc;
 
 use crate::clock::now_ms;
 use crate::config::ServerConfig;
-use crate::model::{BatchEntryError, JobRef, JobState, Role, TokenRecord};
-use crate::net::endpoint::{Endpoint, Peer, ALPN_API};
+use crate::model::{BatchEntryError, JobRef, JobState, Role};
+use crate::net::endpoint::{Endpoint, ALPN_API};
 use crate::net::pki::NodeIdentity;
-use crate::net::proto::{ApiRequest, ApiResponse, Caller, ErrorKind, TokenInfo, Vouched};
-use crate::net::token::JoinToken;
+use crate::net::proto::{ApiRequest, ApiResponse, Caller, ErrorKind, Vouched};
 use crate::net::{rpc, DEFAULT_MAX_FRAME};
 use crate::raft::RaftNode;
 use crate::state::{Command, CommandResult, Rejection, State};
@@ -19,6 +18,8 @@ use crate::state::{Command, CommandResult, Rejection, State};
 mod logs;
 mod status;
 mod submit;
+mod tokens;
+mod trust;
 
 /// The server's request handler.
 pub struct Api {
@@ -41,19 +42,6 @@ pub struct Api {
 
 /// A member further behind the leader's log than this is flagged lagging.
 pub const LAGGING_ENTRIES: u64 = 1000;
-
-fn token_info(t: &TokenRecord) -> TokenInfo {
-    TokenInfo {
-        id: t.id.clone(),
-        role: t.role,
-        created_at: t.created_at,
-        expires_at: t.expires_at,
-        created_by: t.created_by.clone(),
-        revoked: t.revoked,
-        uses: t.uses,
-        max_uses: t.max_uses,
-    }
-}
 
 fn rejection(r: Rejection) -> ApiResponse {
     match r {
@@ -90,36 +78,6 @@ fn write_timed_out() -> ApiResponse {
             WRITE_TIMEOUT.as_secs()
         ),
     )
-}
-
-/// A request's name for logs (never its content: a spec may hold secrets).
-fn request_name(req: &ApiRequest) -> &'static str {
-    match req {
-        ApiRequest::Submit { .. } => "submit",
-        ApiRequest::SubmitMany { .. } => "submit-many",
-        ApiRequest::Cancel { .. } => "cancel",
-        ApiRequest::Hold { .. } => "hold",
-        ApiRequest::Queue { .. } => "queue",
-        ApiRequest::Show { .. } => "show",
-        ApiRequest::Cluster => "cluster",
-        ApiRequest::Nodes => "nodes",
-        ApiRequest::NodeDrain { .. } => "node-drain",
-        ApiRequest::NodeResume { .. } => "node-resume",
-        ApiRequest::NodeReplace { .. } => "node-replace",
-        ApiRequest::Logs { .. } => "logs",
-        ApiRequest::TokenCreate { .. } => "token-create",
-        ApiRequest::TokenList => "token-list",
-        ApiRequest::TokenRevoke { .. } => "token-revoke",
-        ApiRequest::UseToken { .. } => "use-token",
-        ApiRequest::Acct { .. } => "acct",
-        ApiRequest::AddServer { .. } => "add-server",
-        ApiRequest::RemoveServer { .. } => "remove-server",
-        ApiRequest::SnapshotSave { .. } => "snapshot-save",
-        ApiRequest::Admin { .. } => "admin",
-        ApiRequest::PolicyShow => "policy-show",
-        ApiRequest::Share => "share",
-        ApiRequest::Priorities { .. } => "priorities",
-    }
 }
 
 fn forbidden(what: &str) -> ApiResponse {
@@ -318,77 +276,6 @@ impl Api {
         &self.node
     }
 
-    /// A request forwarded by another daemon. Any cluster member may vouch for
-    /// its local users, but an agent or login host is trusted only as far as
-    /// one node goes: its word that a caller is an admin (root there, say)
-    /// counts only for the users this server's `admin_users` names, so root
-    /// on one compute node is not root of the cluster. A server forwarding
-    /// for its own callers has applied that rule already.
-    pub async fn handle_vouched(&self, peer: &Peer, v: Vouched) -> ApiResponse {
-        let mut v = v;
-        if matches!(peer.role(), Some(Role::Agent | Role::Login)) {
-            v.caller.admin = v.caller.admin && self.cfg.admin_users.contains(&v.caller.user);
-        }
-        let what = request_name(&v.request);
-        let user = v.caller.user.clone();
-        let resp = self.handle_vouched_as(peer, v).await;
-        if let ApiResponse::Error {
-            kind: ErrorKind::Forbidden,
-            message,
-            ..
-        } = &resp
-        {
-            tracing::warn!(peer = %peer.describe(), %user, request = what, "refused: {message}");
-        }
-        resp
-    }
-
-    async fn handle_vouched_as(&self, peer: &Peer, v: Vouched) -> ApiResponse {
-        if let ApiRequest::UseToken { id } = &v.request {
-            return match peer.role() {
-                Some(Role::Server) => self.use_token(&v.caller, id.clone()).await,
-                _ => ApiResponse::error(
-                    ErrorKind::Forbidden,
-                    "only a server admitting a join may take a token's use",
-                ),
-            };
-        }
-        if let ApiRequest::AddServer { id, name, addr } = &v.request {
-            // Only servers send this: the joining one (its certificate names
-            // it) or a member forwarding to the leader.
-            return match &peer.identity {
-                Some((Role::Server, _)) => {
-                    if let Some(resp) = self.forward_if_follower(&v.caller, &v.request).await {
-                        return resp;
-                    }
-                    if self.leader_elsewhere().is_some() {
-                        return ApiResponse::error(
-                            ErrorKind::Unavailable,
-                            "no leader yet: retry in a moment",
-                        );
-                    }
-                    self.add_server(*id, name.clone(), addr.clone()).await
-                }
-                _ => ApiResponse::error(
-                    ErrorKind::Forbidden,
-                    "only a server with a server certificate may ask to join the membership",
-                ),
-            };
-        }
-        if let ApiRequest::SnapshotSave { .. } = &v.request {
-            return ApiResponse::error(
-                ErrorKind::BadInput,
-                "run `gpuq cluster snapshot save` on a server: the file is written on the server's host",
-            );
-        }
-        match &peer.identity {
-            Some((Role::Server | Role::Agent | Role::Login, _)) => {
-                self.handle(v.caller, v.request).await
-            }
-            None => ApiResponse::error(ErrorKind::Forbidden, "a certificate is required"),
-        }
-    }
-
     /// Answers one request for `caller`.
     pub async fn handle(&self, caller: Caller, req: ApiRequest) -> ApiResponse {
         // Writes, and what only the leader knows (its agent connections).
@@ -547,8 +434,7 @@ impl Api {
                 if !caller.admin {
                     return forbidden("listing join tokens");
                 }
-                let tokens = self.state().tokens.values().map(token_info).collect();
-                ApiResponse::Tokens { tokens }
+                self.token_list()
             }
             ApiRequest::AddServer { .. } => ApiResponse::error(
                 ErrorKind::Forbidden,
@@ -576,102 +462,6 @@ impl Api {
                     Err(resp) => resp,
                 }
             }
-        }
-    }
-
-    /// Takes one use of a limited token for a join being admitted (on the
-    /// leader; a follower forwards).
-    async fn use_token(&self, caller: &Caller, id: String) -> ApiResponse {
-        let req = ApiRequest::UseToken { id: id.clone() };
-        if let Some(resp) = self.forward_if_follower(caller, &req).await {
-            return resp;
-        }
-        if let Some(resp) = self.refuse_without_lease() {
-            return resp;
-        }
-        match self.write(Command::TokenUsed { id, now: now_ms() }).await {
-            Ok(CommandResult::TokenUsed) => ApiResponse::Ok,
-            Ok(other) => self.unexpected(other),
-            Err(resp) => resp,
-        }
-    }
-
-    /// For a join: takes one use of a token that allows only so many,
-    /// committed before the certificate is handed out, so that racing joins
-    /// cannot take more uses than it allows. `Err` says why not.
-    pub(super) async fn take_token_use(&self, id: &str) -> Result<(), String> {
-        let server = Caller {
-            user: "gpuq-join".into(),
-            uid: 0,
-            admin: false,
-        };
-        match self.use_token(&server, id.to_string()).await {
-            ApiResponse::Ok => Ok(()),
-            ApiResponse::Error { message, .. } => Err(message),
-            other => Err(format!("unexpected answer: {other:?}")),
-        }
-    }
-
-    async fn create_token(
-        &self,
-        caller: &Caller,
-        role: Role,
-        ttl_secs: u64,
-        uses: Option<u64>,
-    ) -> ApiResponse {
-        if role == Role::Login {
-            return ApiResponse::error(
-                ErrorKind::BadInput,
-                "role login: create an agent token; it admits login agents too",
-            );
-        }
-        if ttl_secs == 0 {
-            return ApiResponse::error(ErrorKind::BadInput, "--ttl must be positive, e.g. 24h");
-        }
-        let max = self.cfg.max_token_ttl_secs;
-        if ttl_secs > max {
-            return ApiResponse::error(
-                ErrorKind::BadInput,
-                format!(
-                    "--ttl {ttl_secs}s is longer than this cluster allows ({max}s, the \
-                     servers' max_token_ttl_secs): give a shorter --ttl"
-                ),
-            );
-        }
-        if uses == Some(0) {
-            return ApiResponse::error(
-                ErrorKind::BadInput,
-                "--uses must be at least 1, e.g. --uses 1 for one machine",
-            );
-        }
-        let ca_fp = match self.identity.ca_fingerprint() {
-            Ok(fp) => fp,
-            Err(e) => return ApiResponse::error(ErrorKind::Internal, e.to_string()),
-        };
-        let token = match JoinToken::generate(&ca_fp) {
-            Ok(t) => t,
-            Err(e) => return ApiResponse::error(ErrorKind::Internal, e.to_string()),
-        };
-        let now = now_ms();
-        let record = TokenRecord {
-            id: token.id.clone(),
-            secret_sha256: token.secret_sha256(),
-            role,
-            created_at: now,
-            expires_at: now.saturating_add(ttl_secs.saturating_mul(1000)),
-            created_by: caller.user.clone(),
-            revoked: false,
-            uses: 0,
-            max_uses: uses,
-        };
-        let info = token_info(&record);
-        match self.write(Command::CreateToken { record }).await {
-            Ok(CommandResult::TokenCreated) => ApiResponse::Token {
-                token: token.to_string(),
-                info,
-            },
-            Ok(other) => self.unexpected(other),
-            Err(resp) => resp,
         }
     }
 
