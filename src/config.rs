@@ -146,7 +146,7 @@ impl Default for ServerConfig {
     fn default() -> Self {
         ServerConfig {
             cluster_name: "gpuq".into(),
-            node_name: short_hostname(),
+            node_name: crate::hostname::short(),
             data_dir: "/var/lib/gpuq/server".into(),
             listen: SocketAddr::from(([0, 0, 0, 0], 7420)),
             advertise: None,
@@ -180,7 +180,7 @@ impl Default for RaftConfig {
 impl Default for AgentConfig {
     fn default() -> Self {
         AgentConfig {
-            node_name: short_hostname(),
+            node_name: crate::hostname::short(),
             data_dir: "/var/lib/gpuq/agent".into(),
             listen: SocketAddr::from(([0, 0, 0, 0], 7421)),
             socket: crate::socket_path::system(),
@@ -669,24 +669,6 @@ fn is_host_port(text: &str) -> bool {
         }
     };
     host_ok && port.parse::<u16>().is_ok_and(|p| p != 0)
-}
-
-/// This host's name up to the first dot, as Slurm names nodes.
-fn short_hostname() -> String {
-    let mut buf = [0u8; 256];
-    // SAFETY: the pointer and length describe `buf`, which outlives the call;
-    // gethostname writes at most `len` bytes into it.
-    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
-    let name = if rc == 0 {
-        let end = buf.iter().position(|b| *b == 0).unwrap_or(buf.len());
-        String::from_utf8_lossy(&buf[..end]).into_owned()
-    } else {
-        String::new()
-    };
-    match name.split('.').next() {
-        Some(short) if !short.is_empty() => short.to_string(),
-        _ => "localhost".to_string(),
-    }
 }
 
 #[cfg(test)]

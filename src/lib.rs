@@ -19,6 +19,7 @@ pub mod clock;
 pub mod compat;
 pub mod config;
 pub mod dev;
+pub mod hostname;
 pub mod model;
 pub mod net;
 pub mod owner_only;

@@ -51,6 +51,8 @@ fn spec(i: usize) -> JobSpec {
                 content: format!("#!/bin/sh\n#GPUQ --nodes 1\necho {i}\n"),
             }
         },
+        launch: Default::default(),
+        submit_host: None,
     }
 }
 

@@ -51,6 +51,7 @@ fn command(job: u64, argv: &[&str], workdir: &Path) -> TaskSpec {
             job: JobId(job),
             attempt: 0,
             rank: 0,
+            step: None,
         },
         node_rank: 0,
         local_rank: 0,
@@ -542,6 +543,7 @@ fn shim_outlives_its_spawner_and_is_re_adopted() {
         job: JobId(16),
         attempt: 0,
         rank: 0,
+        step: None,
     };
     let mut spawner = Command::new(std::env::current_exe().unwrap())
         .args(["--exact", "spawner_process", "--nocapture"])

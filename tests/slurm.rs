@@ -18,7 +18,7 @@ const LONG: Duration = Duration::from_secs(60);
 fn links(dir: &Path) -> PathBuf {
     let bin = dir.join("bin");
     std::fs::create_dir_all(&bin).unwrap();
-    for c in ["sbatch", "squeue", "scancel", "scontrol", "sinfo"] {
+    for c in gpuq::compat::COMMANDS {
         symlink(gpuq_bin(), bin.join(c)).unwrap();
     }
     bin
@@ -33,9 +33,17 @@ struct Slurm {
 impl Slurm {
     /// Runs the link `command` with `args` in the work dir, `stdin` fed in.
     fn run(&self, command: &str, args: &[&str], stdin: Option<&str>) -> Output {
+        // The links come first on PATH, so a job's script finds srun and
+        // scontrol as a Slurm user's would.
+        let path = format!(
+            "{}:{}",
+            self.bin.display(),
+            std::env::var("PATH").unwrap_or_default()
+        );
         let mut child = clean_command(self.bin.join(command))
             .args(args)
             .env("GPUQ_SOCKET", &self.socket)
+            .env("PATH", path)
             .current_dir(&self.work)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -242,4 +250,156 @@ fn slurm_commands_through_links_submit_list_run_cancel_and_describe() {
         String::from_utf8(out.stdout).unwrap().lines().count(),
         before.len()
     );
+}
+
+/// The lines of `text` that start with `prefix`, sorted.
+fn sorted_lines(text: &str, prefix: &str) -> Vec<String> {
+    let mut lines: Vec<String> = text
+        .lines()
+        .filter(|l| l.starts_with(prefix))
+        .map(str::to_string)
+        .collect();
+    lines.sort();
+    lines
+}
+
+#[test]
+fn a_batch_script_runs_once_and_srun_runs_steps_in_its_allocation() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = Cluster::start(dir.path(), 2, 2);
+    let work = dir.path().join("work");
+    std::fs::create_dir_all(&work).unwrap();
+    let s = Slurm {
+        bin: links(dir.path()),
+        socket: c.server.socket.clone(),
+        work: work.clone(),
+    };
+    // The torchrun-in-Slurm glue: the script once, then steps on all the
+    // nodes, on one named node, and one that fails.
+    let script = r#"#!/bin/sh
+#SBATCH --nodes=2 --ntasks-per-node=2 --gres=gpu:2 --cpus-per-task=1
+#SBATCH --time=5:00 --output=logs-%j.txt
+echo "batch procid=$SLURM_PROCID nnodes=$SLURM_NNODES ntasks=$SLURM_NTASKS tpn=$SLURM_TASKS_PER_NODE gpus=$CUDA_VISIBLE_DEVICES step=${SLURM_STEP_ID:-none}"
+srun --mpi=pmix_v3 sh -c 'echo "task rank=$SLURM_PROCID local=$SLURM_LOCALID node=$SLURM_NODEID host=$SLURMD_NODENAME gpus=$CUDA_VISIBLE_DEVICES step=$SLURM_STEP_ID world=$WORLD_SIZE"'
+head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+srun --nodes=1 --ntasks=1 -w "$head" sh -c 'echo "head on $SLURMD_NODENAME ntasks=$SLURM_NTASKS"'
+srun -l -n 3 sh -c 'echo labelled; echo oops >&2'
+srun sh -c 'exit 3'
+echo "srun exit=$?"
+"#;
+    let id = s
+        .ok("sbatch", &["--parsable"], Some(script))
+        .trim()
+        .to_string();
+    c.wait_state(&id, "COMPLETED", LONG);
+    let out = std::fs::read_to_string(work.join(format!("logs-{id}.txt"))).unwrap();
+
+    // The batch script ran once, on the first node, seeing the node's GPUs.
+    let batch = sorted_lines(&out, "batch ");
+    assert_eq!(
+        batch,
+        ["batch procid=0 nnodes=2 ntasks=4 tpn=2(x2) gpus=0,1 step=none"],
+        "{out}"
+    );
+    // The default step: every node, the job's tasks per node, distinct
+    // ranks, each seeing all of its node's GPUs.
+    let tasks = sorted_lines(&out, "task ");
+    assert_eq!(tasks.len(), 4, "{out}");
+    for (rank, line) in tasks.iter().enumerate() {
+        let node = rank / 2;
+        let expect = format!(
+            "task rank={rank} local={} node={node} host=n{} gpus=0,1 step=0 world=4",
+            rank % 2,
+            node + 1
+        );
+        assert_eq!(*line, expect, "{out}");
+    }
+    assert_eq!(
+        sorted_lines(&out, "head "),
+        ["head on n1 ntasks=1"],
+        "{out}"
+    );
+    // -l labels each line with the task's rank; stderr is streamed too.
+    assert_eq!(
+        sorted_lines(&out, "0: ")
+            .into_iter()
+            .chain(sorted_lines(&out, "1: "))
+            .chain(sorted_lines(&out, "2: "))
+            .collect::<Vec<_>>(),
+        [
+            "0: labelled",
+            "0: oops",
+            "1: labelled",
+            "1: oops",
+            "2: labelled",
+            "2: oops"
+        ],
+        "{out}"
+    );
+    assert!(out.contains("srun exit=3"), "{out}");
+    assert!(
+        out.contains("gpuq offers no PMIx"),
+        "one note about --mpi: {out}"
+    );
+
+    // Every step is in the job's record, with how it ended.
+    let job = c.job(&id);
+    let steps = job["run"]["steps"].as_array().expect("steps recorded");
+    assert_eq!(steps.len(), 4, "{job}");
+    assert!(steps.iter().all(|s| s["end_time"].is_u64()), "{job}");
+}
+
+#[test]
+fn srun_outside_an_allocation_gets_one_streams_and_returns_the_exit_code() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = Cluster::start(dir.path(), 2, 2);
+    let work = dir.path().join("work");
+    std::fs::create_dir_all(&work).unwrap();
+    let s = Slurm {
+        bin: links(dir.path()),
+        socket: c.server.socket.clone(),
+        work,
+    };
+    let out = s.ok(
+        "srun",
+        &[
+            "-N",
+            "2",
+            "-n",
+            "3",
+            "-l",
+            "sh",
+            "-c",
+            "echo $SLURM_PROCID of $SLURM_NTASKS on $SLURM_NODEID",
+        ],
+        None,
+    );
+    let mut lines: Vec<&str> = out.lines().collect();
+    lines.sort();
+    assert_eq!(
+        lines,
+        ["0: 0 of 3 on 0", "1: 1 of 3 on 0", "2: 2 of 3 on 1"],
+        "{out}"
+    );
+
+    let failed = s.run("srun", &["sh", "-c", "echo before; exit 7"], None);
+    assert_eq!(failed.status.code(), Some(7), "{}", stderr(&failed));
+    assert_eq!(String::from_utf8_lossy(&failed.stdout), "before\n");
+    assert!(stderr(&failed).contains("task 0"), "{}", stderr(&failed));
+
+    // Both allocations were released and ended COMPLETED.
+    let codes = s.codes();
+    assert_eq!(codes.len(), 2, "{codes:?}");
+    assert!(codes.iter().all(|c| c.ends_with(",CD")), "{codes:?}");
+
+    // Bad shapes are refused before anything is queued.
+    let out = s.run("srun", &["-N", "3", "hostname"], None);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let out = s.run("srun", &["--pty", "bash"], None);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("--pty"), "{}", stderr(&out));
+    let out = s.run("srun", &[], None);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("no command"), "{}", stderr(&out));
+    assert_eq!(s.codes().len(), 2, "nothing more was queued");
 }

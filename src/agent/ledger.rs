@@ -216,6 +216,7 @@ mod tests {
             job: JobId(job),
             attempt: 0,
             rank,
+            step: None,
         }
     }
 
@@ -286,6 +287,7 @@ mod tests {
             signal: None,
             array: None,
             kill_grace_secs: None,
+            facts: None,
         }
     }
 

@@ -13,13 +13,26 @@ use crate::net::frame::{read_frame, write_frame};
 
 use crate::net::agent_proto::MAX_LOG_CHUNK;
 
-/// Answers log requests on `conn` until it closes.
-pub async fn serve(conn: quinn::Connection) {
+/// Answers log requests on `conn` until it closes; a step task without an
+/// output file is read from its spool under `spool`.
+pub async fn serve(conn: quinn::Connection, spool: std::path::PathBuf) {
     while let Ok((mut send, mut recv)) = conn.accept_bi().await {
+        let spool = spool.clone();
         tokio::spawn(async move {
-            let Ok(Some(req)) = read_frame::<_, LogRequest>(&mut recv, 64 << 10).await else {
+            let Ok(Some(mut req)) = read_frame::<_, LogRequest>(&mut recv, 64 << 10).await else {
                 return;
             };
+            if req.step.is_some() && req.output.is_none() {
+                let key = crate::model::TaskKey {
+                    job: req.job,
+                    attempt: req.attempt,
+                    rank: req.rank,
+                    step: req.step,
+                };
+                let path = super::spool::path(&spool, key, req.stderr);
+                // A pattern: any `%` of the path is meant literally.
+                req.output = Some(path.to_string_lossy().replace('%', "%%"));
+            }
             let reply = tokio::task::spawn_blocking(move || read_log(&req))
                 .await
                 .unwrap_or_else(|e| LogReply::Refused {
@@ -168,6 +181,9 @@ mod tests {
             output: Some(output.into()),
             offset: 0,
             max_bytes: 1 << 20,
+            attempt: 0,
+            step: None,
+            stderr: false,
         }
     }
 

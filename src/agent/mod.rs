@@ -15,6 +15,7 @@ pub mod logs;
 mod node;
 pub mod runner;
 pub mod servers;
+mod spool;
 
 pub use identity::ensure_identity;
 pub use login::{run_login, start_login, Forwarder};

@@ -50,6 +50,10 @@ pub trait TaskRunner: Send + Sync + 'static {
     fn output_path(&self, _key: TaskKey) -> Option<std::path::PathBuf> {
         None
     }
+    /// Where step tasks without an output file write (see `spool`).
+    fn spool_root(&self) -> PathBuf {
+        PathBuf::from("spool")
+    }
 }
 
 /// Runs tasks as real processes under `gpuq shim`.
@@ -65,10 +69,29 @@ pub struct ExecRunner {
     pub ended: Mutex<HashMap<TaskKey, TaskEnd>>,
 }
 
-/// Builds the shim's spec for one desired task.
-pub fn task_spec(t: &DesiredTask, allow_root: bool, kill_grace_secs: u64) -> TaskSpec {
+/// Builds the shim's spec for one desired task; a step task without an
+/// output pattern writes into `spool` for `srun` to stream.
+pub fn task_spec(
+    t: &DesiredTask,
+    allow_root: bool,
+    kill_grace_secs: u64,
+    spool: &Path,
+) -> TaskSpec {
     let per_node = t.ntasks_per_node.max(1);
-    let gpus = gpus_for_local_rank(&t.gpus, per_node, t.local_rank);
+    let gpus = match t.facts.as_deref() {
+        Some(f) => match f.gpus_per_task {
+            Some(n) => {
+                let start = (t.local_rank as usize).saturating_mul(n as usize);
+                t.gpus
+                    .get(start..start.saturating_add(n as usize))
+                    .map(<[u32]>::to_vec)
+                    .unwrap_or_default()
+            }
+            None if f.all_gpus => t.gpus.clone(),
+            None => gpus_for_local_rank(&t.gpus, per_node, t.local_rank),
+        },
+        None => gpus_for_local_rank(&t.gpus, per_node, t.local_rank),
+    };
     let workdir = PathBuf::from(&t.workdir);
     let vars = PatternVars {
         job: t.key.job,
@@ -78,7 +101,14 @@ pub fn task_spec(t: &DesiredTask, allow_root: bool, kill_grace_secs: u64) -> Tas
         user: &t.user,
         workdir: &workdir,
     };
-    let (stdout, stderr) = output_paths(t.output.as_deref(), t.error.as_deref(), &vars);
+    let (stdout, stderr) = if t.key.step.is_some() && t.output.is_none() {
+        (
+            super::spool::path(spool, t.key, false),
+            super::spool::path(spool, t.key, true),
+        )
+    } else {
+        output_paths(t.output.as_deref(), t.error.as_deref(), &vars)
+    };
     let ctx = TaskContext {
         job: t.key.job,
         job_name: &t.job_name,
@@ -92,6 +122,9 @@ pub fn task_spec(t: &DesiredTask, allow_root: bool, kill_grace_secs: u64) -> Tas
         master_addr: &t.master_addr,
         master_port: t.master_port,
         array: t.array.map(|a| (a.array_job, a.index)),
+        facts: t.facts.as_deref(),
+        node_gpus: &t.gpus,
+        step: t.key.step,
     };
     let env = task_env(&t.env, &ctx);
     let share = |n: u64| (n / u64::from(per_node)).max(1);
@@ -123,9 +156,23 @@ pub fn task_spec(t: &DesiredTask, allow_root: bool, kill_grace_secs: u64) -> Tas
 
 impl TaskRunner for ExecRunner {
     fn start(&self, task: &DesiredTask) -> Result<(), String> {
-        let mut spec = task_spec(task, self.allow_root, self.kill_grace_secs);
+        let spool = self.spool_root();
+        let mut spec = task_spec(task, self.allow_root, self.kill_grace_secs, &spool);
         if let Some(user) = &self.run_as {
             spec.user = user.clone();
+        }
+        if task.key.step.is_some() && task.output.is_none() {
+            let owner = nix::unistd::User::from_name(&spec.user)
+                .ok()
+                .flatten()
+                .filter(|_| nix::unistd::Uid::effective().is_root())
+                .map(|u| (u.uid.as_raw(), u.gid.as_raw()));
+            super::spool::prepare(&spool, task.key.job, owner).map_err(|e| {
+                format!(
+                    "cannot make the step's spool under {}: {e}",
+                    spool.display()
+                )
+            })?;
         }
         self.executor.start(&spec).map_err(|e| e.to_string())
     }
@@ -139,6 +186,8 @@ impl TaskRunner for ExecRunner {
     fn scan(&self) -> Vec<(TaskKey, Observed)> {
         let mut ended = self.ended.lock().unwrap_or_else(|e| e.into_inner());
         let keys = self.executor.task_keys();
+        let live: HashSet<crate::model::JobId> = keys.iter().map(|k| k.job).collect();
+        super::spool::sweep(&self.spool_root(), &live);
         // A directory removed behind our back leaves nothing cached.
         let listed: HashSet<TaskKey> = keys.iter().copied().collect();
         ended.retain(|key, _| listed.contains(key));
@@ -180,6 +229,10 @@ impl TaskRunner for ExecRunner {
             }
             Err(e) => tracing::debug!(job = key.job.0, rank = key.rank, "forget: {e}"),
         }
+    }
+
+    fn spool_root(&self) -> PathBuf {
+        super::spool::root_beside(&self.executor.root)
     }
 
     fn output_path(&self, key: TaskKey) -> Option<PathBuf> {

@@ -18,6 +18,7 @@ pub mod scancel;
 pub mod scontrol;
 pub mod sinfo;
 pub mod squeue;
+pub mod srun;
 
 use std::ffi::{OsStr, OsString};
 use std::process::ExitCode;
@@ -25,7 +26,7 @@ use std::process::ExitCode;
 use crate::cli::CliError;
 
 /// The Slurm commands this binary answers to, as link names.
-pub const COMMANDS: [&str; 5] = ["sbatch", "squeue", "scancel", "scontrol", "sinfo"];
+pub const COMMANDS: [&str; 6] = ["sbatch", "srun", "squeue", "scancel", "scontrol", "sinfo"];
 
 /// The Slurm command named by argv\[0\]'s file name, if it is one.
 pub fn command_of(argv0: &OsStr) -> Option<&'static str> {
@@ -42,6 +43,7 @@ Usage: gpuq slurm COMMAND [ARGS]...
 
 Commands:
   sbatch    submit a batch script (file or stdin) with #SBATCH directives
+  srun      run a job step: in the allocation (SLURM_JOB_ID) or in a new one
   squeue    list pending and running jobs (-o/--format %-codes, -h, -u, -j, -t, -n)
   scancel   cancel jobs by id (12, 12_3), by user (-u) or by name (-n)
   scontrol  show hostnames|job, hold, release
@@ -49,7 +51,7 @@ Commands:
 
 `gpuq dev` makes the links in its state dir and prints the PATH line;
 packaging/install.sh makes them next to the binary (--no-slurm-links skips).
-Not yet: srun (job steps), salloc, sacct (use gpuq acct).
+Not yet: salloc, srun --pty, sacct (use gpuq acct).
 Each command's --help lists the flags it takes.
 ";
 
@@ -81,6 +83,7 @@ pub fn main(command: &str, args: Vec<OsString>) -> ExitCode {
     let result = runtime.block_on(async {
         match command {
             "sbatch" => sbatch::run(args).await,
+            "srun" => srun::run(args).await,
             "squeue" => squeue::run(args).await,
             "scancel" => scancel::run(args).await,
             "scontrol" => scontrol::run(args).await,
@@ -95,6 +98,11 @@ pub fn main(command: &str, args: Vec<OsString>) -> ExitCode {
         Ok(code) => code,
         Err(e) => fail(command, e),
     }
+}
+
+/// This host's name, as `SLURM_SUBMIT_HOST` gives it.
+pub(crate) fn submit_host() -> Option<String> {
+    crate::hostname::full()
 }
 
 /// Prints `e` as Slurm does (`squeue: error: ...`) and returns its exit code.

@@ -350,8 +350,10 @@ pub fn build(
     if script.shown == "(stdin)" && args.job_name.is_none() {
         args.job_name = Some("sbatch".into());
     }
-    let spec = spec::build_batch_spec(&args, &script.shown, script.content, env, cwd)
+    let mut spec = spec::build_batch_spec(&args, &script.shown, script.content, env, cwd)
         .map_err(|e| input(e.to_string()))?;
+    // The script runs once, on the first node; srun starts the steps.
+    spec.launch = crate::model::Launch::Batch;
     Ok((spec, merged))
 }
 
@@ -363,7 +365,8 @@ pub async fn run(args: Vec<String>) -> Result<ExitCode, CliError> {
     let env: Vec<(String, String)> = std::env::vars().collect();
     let cwd = std::env::current_dir()
         .map_err(|e| CliError::input(format!("cannot read the current directory: {e}")))?;
-    let (spec, merged) = build(&cli, &env, &cwd)?;
+    let (mut spec, merged) = build(&cli, &env, &cwd)?;
+    spec.submit_host = super::submit_host();
     for flag in merged.ignored() {
         eprintln!("sbatch: warning: {flag} is accepted and ignored: gpuq does not support it");
     }

@@ -400,6 +400,8 @@ mod tests {
             signal: None,
             qos: None,
             nice: 0,
+            launch: Default::default(),
+            submit_host: None,
         };
         let mut j = Job::pending(JobId(id), "alice", spec, 0);
         j.state = state;

@@ -101,6 +101,13 @@ pub struct JobSpec {
     /// `--nice N`: subtracted from the job's priority (negative: admins only).
     #[serde(default)]
     pub nice: i32,
+    /// What runs by itself: every rank (the default), a batch script on
+    /// the first node (`sbatch`), or nothing until a step (`salloc`).
+    #[serde(default, skip_serializing_if = "super::Launch::is_ranks")]
+    pub launch: super::Launch,
+    /// The host it was submitted from (`SLURM_SUBMIT_HOST`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub submit_host: Option<String>,
 }
 
 fn default_max_restarts() -> u32 {
@@ -226,6 +233,12 @@ impl JobSpec {
     /// Total tasks (ranks) of the job.
     pub fn total_tasks(&self) -> u64 {
         u64::from(self.nodes) * u64::from(self.ntasks_per_node)
+    }
+
+    /// The tasks the job runs by itself (see `Launch`): its end waits for
+    /// these.
+    pub fn launched_tasks(&self) -> u64 {
+        self.launch.launched(self.total_tasks())
     }
 
     /// Checks the invariants every accepted spec holds, whoever built it. Returns
@@ -575,6 +588,9 @@ pub struct JobRun {
     /// Set when the job is COMPLETING because it was preempted for this job.
     #[serde(default)]
     pub preempted_for: Option<JobId>,
+    /// The job steps this attempt started (`srun` in the allocation).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub steps: Vec<super::Step>,
 }
 
 impl JobRun {
@@ -584,5 +600,26 @@ impl JobRun {
             .nodes
             .get((rank / ntasks_per_node.max(1)) as usize)
             .map(|n| n.node.as_str())
+    }
+
+    /// The node a task of this attempt runs on: a rank of the job, or of
+    /// one of its steps.
+    pub fn node_of_task(&self, key: &super::TaskKey, ntasks_per_node: u32) -> Option<&str> {
+        let Some(step) = key.step else {
+            return self.node_of_rank(key.rank, ntasks_per_node);
+        };
+        let step = self.steps.get(step as usize)?;
+        let (i, _) = step.spec.place(key.rank)?;
+        let node_rank = *step.spec.nodes.get(i)?;
+        self.allocation
+            .nodes
+            .get(node_rank as usize)
+            .map(|n| n.node.as_str())
+    }
+
+    /// Every task of the attempt has ended: the `launched` tasks of the job
+    /// itself and those of every step.
+    pub fn all_ended(&self, launched: u64) -> bool {
+        self.ended.len() as u64 >= launched && self.steps.iter().all(super::Step::all_ended)
     }
 }

@@ -11,6 +11,7 @@ pub mod policy;
 pub mod policy_change;
 mod ports;
 mod queue;
+mod step;
 mod task;
 mod token;
 
@@ -24,6 +25,7 @@ pub use policy::{
 };
 pub use ports::{PortRange, PortRangeError};
 pub use queue::*;
+pub use step::*;
 pub use task::*;
 pub use token::*;
 

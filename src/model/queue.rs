@@ -102,6 +102,10 @@ pub struct ArrayTask {
     /// The array's `%N` throttle.
     #[serde(default)]
     pub throttle: Option<u32>,
+    /// The array's task count, lowest and highest index
+    /// (`SLURM_ARRAY_TASK_COUNT/MIN/MAX`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub span: Option<(u32, u32, u32)>,
 }
 
 /// `--signal [B:]SIG@SECS`.

@@ -6,7 +6,9 @@
 //! The key is flattened into the messages and files that carry it: its
 //! fields sit next to theirs as `job`, `attempt` and `rank`, exactly as they
 //! did before the key was a type, so MessagePack on the wire and in the log
-//! and the JSON of task directories read the same either way.
+//! and the JSON of task directories read the same either way. A job step's
+//! task (`srun` inside an allocation) adds `step`, which is left out when
+//! absent, so a job's own ranks keep those bytes.
 
 use std::fmt;
 use std::str::FromStr;
@@ -15,20 +17,41 @@ use serde::{Deserialize, Serialize};
 
 use super::{JobId, TaskEnd};
 
-/// Names one task of one attempt of a job: `(job, attempt, rank)`.
+/// Names one task of one attempt of a job: `(job, attempt, rank)`, and for
+/// a task of a job step, the step.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct TaskKey {
     pub job: JobId,
     /// The job's restart count when this task was started.
     pub attempt: u32,
-    /// Global rank of the task within the job (RANK).
+    /// Global rank of the task within the job (RANK), or within its step.
     pub rank: u32,
+    /// The job step (`srun` in an allocation) the task belongs to; `None`
+    /// for the job's own ranks (or its batch script).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step: Option<u32>,
 }
 
-/// `<job>.<attempt>.<rank>`, as in logs and task directory names.
+impl TaskKey {
+    /// Rank `rank` of the job itself (not of a step).
+    pub fn of_job(job: JobId, attempt: u32, rank: u32) -> TaskKey {
+        TaskKey {
+            job,
+            attempt,
+            rank,
+            step: None,
+        }
+    }
+}
+
+/// `<job>.<attempt>.<rank>`, or `<job>.<attempt>.s<step>.<rank>` for a
+/// step's task, as in logs and task directory names.
 impl fmt::Display for TaskKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}.{}.{}", self.job, self.attempt, self.rank)
+        match self.step {
+            None => write!(f, "{}.{}.{}", self.job, self.attempt, self.rank),
+            Some(step) => write!(f, "{}.{}.s{step}.{}", self.job, self.attempt, self.rank),
+        }
     }
 }
 
@@ -36,17 +59,22 @@ impl FromStr for TaskKey {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let bad = || format!("{s:?} is not a task key of the form <job>.<attempt>.<rank>");
-        let mut parts = s.split('.');
-        let (Some(job), Some(attempt), Some(rank), None) =
-            (parts.next(), parts.next(), parts.next(), parts.next())
-        else {
-            return Err(bad());
+        let bad =
+            || format!("{s:?} is not a task key of the form <job>.<attempt>[.s<step>].<rank>");
+        let parts: Vec<&str> = s.split('.').collect();
+        let (job, attempt, step, rank) = match parts[..] {
+            [job, attempt, rank] => (job, attempt, None, rank),
+            [job, attempt, step, rank] => {
+                let step = step.strip_prefix('s').ok_or_else(bad)?;
+                (job, attempt, Some(step.parse().map_err(|_| bad())?), rank)
+            }
+            _ => return Err(bad()),
         };
         Ok(TaskKey {
             job: JobId(job.parse().map_err(|_| bad())?),
             attempt: attempt.parse().map_err(|_| bad())?,
             rank: rank.parse().map_err(|_| bad())?,
+            step,
         })
     }
 }
@@ -76,10 +104,26 @@ mod tests {
             job: JobId(42),
             attempt: 3,
             rank: 17,
+            step: None,
         };
         assert_eq!(key.to_string(), "42.3.17");
         assert_eq!(key.to_string().parse::<TaskKey>(), Ok(key));
-        for bad in ["42.3", "42.3.17.1", "a.b.c", "", "42..1", "shim.log"] {
+        let step = TaskKey {
+            step: Some(2),
+            ..key
+        };
+        assert_eq!(step.to_string(), "42.3.s2.17");
+        assert_eq!(step.to_string().parse::<TaskKey>(), Ok(step));
+        for bad in [
+            "42.3",
+            "42.3.17.1",
+            "a.b.c",
+            "",
+            "42..1",
+            "shim.log",
+            "42.3.s.1",
+            "42.3.sx.1",
+        ] {
             assert!(bad.parse::<TaskKey>().is_err(), "{bad}");
         }
     }
@@ -117,6 +161,7 @@ mod tests {
                     job: JobId(70_000),
                     attempt: 2,
                     rank: 300,
+                    step: None,
                 },
                 kind,
             };

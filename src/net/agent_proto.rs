@@ -87,6 +87,19 @@ pub struct LogRequest {
     pub output: Option<String>,
     pub offset: u64,
     pub max_bytes: u32,
+    /// The attempt, for a step task's spooled output.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub attempt: u32,
+    /// A step task's output: with no `output` pattern, its spool.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step: Option<u32>,
+    /// Its stderr spool rather than its stdout.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub stderr: bool,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 /// The agent's answer to a `LogRequest`.
@@ -144,4 +157,38 @@ pub struct DesiredTask {
     /// `None`: the agent's `kill_grace_secs`.
     #[serde(default)]
     pub kill_grace_secs: Option<u64>,
+    /// What the Slurm environment and the rank numbering need beyond the
+    /// fields above; absent from leaders before job steps.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub facts: Option<Box<TaskFacts>>,
+}
+
+/// The job-level facts of a task's environment (`SLURM_*`), and how it
+/// numbers and shares: a job step's tasks are spread unevenly over its
+/// nodes and see all of their node's GPUs, as Slurm's.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskFacts {
+    /// Tasks of the job (or step): WORLD_SIZE, SLURM_NTASKS.
+    pub ntasks: u32,
+    /// The task's rank's first rank on this node (its RANK is this plus
+    /// its local rank).
+    pub first_rank: u32,
+    /// Tasks on each node of `nodelist`: SLURM_TASKS_PER_NODE.
+    pub tasks_per_node: Vec<u32>,
+    /// The job's nodes (a step's `nodelist` is its own).
+    pub job_nodelist: Vec<String>,
+    pub cpus_per_task: u32,
+    /// The task sees every GPU of its node's allocation (Slurm's batch
+    /// script and steps) rather than its share (gpuq's ranks).
+    pub all_gpus: bool,
+    /// `--gpus-per-task`: this many each, in local-rank order.
+    pub gpus_per_task: Option<u32>,
+    pub partition: String,
+    pub account: String,
+    pub qos: String,
+    pub cluster: String,
+    pub submit_host: String,
+    /// An array task's array: task count, lowest and highest index.
+    #[serde(default)]
+    pub array_span: Option<(u32, u32, u32)>,
 }

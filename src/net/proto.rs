@@ -113,6 +113,26 @@ pub enum ApiRequest {
     /// before its certificate is handed out. Servers only: a follower that
     /// admits a join forwards it to the leader.
     UseToken { id: String },
+    /// Start a job step in a running job's allocation (`srun`): the job's
+    /// owner or an admin. Answered with `StepStarted` after commit.
+    StepStart {
+        job: JobId,
+        spec: Box<crate::model::StepSpec>,
+    },
+    /// Stop a step's tasks (`srun` interrupted).
+    StepCancel { job: JobId, step: u32 },
+    /// End an allocation job (`salloc` left, `srun` done): it completes once
+    /// its steps have stopped.
+    Release { job: JobId },
+    /// Part of a step task's output (`srun` streaming it): its stdout, or
+    /// with `stderr` its stderr. Answered with `Logs`.
+    StepLogs {
+        job: JobId,
+        step: u32,
+        rank: u32,
+        stderr: bool,
+        offset: u64,
+    },
 }
 
 /// Who a daemon vouches the request comes from.
@@ -370,6 +390,11 @@ pub enum ApiResponse {
     },
     /// Done; nothing more to say (a token's use taken).
     Ok,
+    StepStarted {
+        step: u32,
+    },
+    StepCancelled,
+    Released,
 }
 
 impl ApiResponse {

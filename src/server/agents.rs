@@ -16,6 +16,7 @@ use crate::net::endpoint::Peer;
 use crate::net::frame::{read_frame, write_frame, DEFAULT_MAX_FRAME};
 use crate::state::{Command, State};
 
+use super::desired::{desired_tasks, stopping_tasks};
 use super::Api;
 
 /// An agent is taken for alive while heard from within this long (agents
@@ -108,88 +109,6 @@ impl AgentHub {
             .map(|(n, _)| n.clone())
             .collect()
     }
-}
-
-/// The ranks on `node` of its ending (COMPLETING) jobs that have not
-/// reported an end, as sent to its agent beside the desired set.
-pub fn stopping_tasks(state: &State, node: &str) -> Vec<TaskKey> {
-    let mut out = Vec::new();
-    for job in state.jobs_on(node) {
-        if job.state != JobState::Completing {
-            continue;
-        }
-        let Some(run) = &job.run else { continue };
-        let per_node = job.spec.ntasks_per_node.max(1);
-        let Some(node_rank) = run.allocation.nodes.iter().position(|n| n.node == node) else {
-            continue;
-        };
-        for local_rank in 0..per_node {
-            let rank = node_rank as u32 * per_node + local_rank;
-            if !run.ended.contains_key(&rank) {
-                out.push(TaskKey {
-                    job: job.id,
-                    attempt: run.attempt,
-                    rank,
-                });
-            }
-        }
-    }
-    out.sort();
-    out
-}
-
-/// The tasks `node` should run, as sent to its agent. Ranks that already
-/// ended are left out, so a rank is never started twice in one attempt.
-pub fn desired_tasks(state: &State, node: &str) -> Vec<DesiredTask> {
-    let mut out = Vec::new();
-    for (job, node_rank) in state.desired_on(node) {
-        let Some(run) = &job.run else { continue };
-        let Some(na) = run.allocation.nodes.get(node_rank as usize) else {
-            continue;
-        };
-        let per_node = job.spec.ntasks_per_node.max(1);
-        for local_rank in 0..per_node {
-            let rank = node_rank * per_node + local_rank;
-            if run.ended.contains_key(&rank) {
-                continue;
-            }
-            out.push(DesiredTask {
-                key: TaskKey {
-                    job: job.id,
-                    attempt: run.attempt,
-                    rank,
-                },
-                node_rank,
-                local_rank,
-                ntasks_per_node: per_node,
-                num_nodes: job.spec.nodes,
-                nodelist: run
-                    .allocation
-                    .nodes
-                    .iter()
-                    .map(|n| n.node.clone())
-                    .collect(),
-                user: job.user.clone(),
-                job_name: job.spec.name.clone(),
-                program: job.spec.program.clone(),
-                workdir: job.spec.workdir.clone(),
-                env: job.spec.env.clone(),
-                output: job.spec.output.clone(),
-                error: job.spec.error.clone(),
-                gpus: na.gpus.clone(),
-                cpus: na.cpus.clone(),
-                cpu_count: na.cpu_count,
-                memory_mb: na.memory_mb,
-                time_limit_secs: job.spec.time_limit_secs,
-                master_addr: run.master_addr.clone(),
-                master_port: run.master_port,
-                signal: job.spec.signal,
-                array: job.array,
-                kill_grace_secs: run.kill_grace_secs,
-            });
-        }
-    }
-    out
 }
 
 async fn refuse(send: &mut quinn::SendStream, reason: String, leader_addr: Option<String>) {

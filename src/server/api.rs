@@ -17,6 +17,7 @@ use crate::state::{Command, CommandResult, Rejection, State};
 
 mod logs;
 mod status;
+mod steps;
 mod submit;
 mod tokens;
 mod trust;
@@ -293,6 +294,10 @@ impl Api {
                 | ApiRequest::NodeReplace { .. }
                 | ApiRequest::RemoveServer { .. }
                 | ApiRequest::Admin { .. }
+                | ApiRequest::StepStart { .. }
+                | ApiRequest::StepCancel { .. }
+                | ApiRequest::Release { .. }
+                | ApiRequest::StepLogs { .. }
         );
         if needs_leader {
             if let Some(resp) = self.forward_if_follower(&caller, &req).await {
@@ -382,7 +387,22 @@ impl Api {
             ApiRequest::Nodes => ApiResponse::Nodes {
                 nodes: self.nodes(),
             },
-            ApiRequest::Logs { id, rank, offset } => self.logs(&caller, id, rank, offset).await,
+            ApiRequest::Logs { id, rank, offset } => {
+                self.logs(&caller, id, rank, offset, None).await
+            }
+            ApiRequest::StepLogs {
+                job,
+                step,
+                rank,
+                stderr,
+                offset,
+            } => {
+                self.logs(&caller, job, rank, offset, Some((step, stderr)))
+                    .await
+            }
+            req @ (ApiRequest::StepStart { .. }
+            | ApiRequest::StepCancel { .. }
+            | ApiRequest::Release { .. }) => self.step_request(caller, req).await,
             ApiRequest::NodeDrain { node, reason, now } => {
                 if !caller.admin {
                     return forbidden("draining a node");

@@ -32,6 +32,7 @@ mod archive;
 mod backup;
 mod boot;
 mod datadir;
+mod desired;
 mod join;
 mod liveness;
 mod members;

@@ -227,6 +227,7 @@ mod tests {
             job: JobId(job),
             attempt: 0,
             rank,
+            step: None,
         }
     }
 
@@ -260,6 +261,7 @@ mod tests {
             signal: None,
             array: None,
             kill_grace_secs: None,
+            facts: None,
         }
     }
 

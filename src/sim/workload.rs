@@ -74,6 +74,8 @@ pub fn sim_spec(
         placement: Default::default(),
         queue: Default::default(),
         signal: None,
+        launch: Default::default(),
+        submit_host: None,
     }
 }
 

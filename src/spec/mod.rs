@@ -377,6 +377,26 @@ pub fn build_batch_spec(
     finish_spec(args, program, file_name(path), env, cwd)
 }
 
+/// Builds the spec of an allocation (`srun` outside one, `salloc`): nothing
+/// runs by itself; `argv` is what its first step will run, for display.
+pub fn build_allocation_spec(
+    args: &SubmitArgs,
+    argv: Vec<String>,
+    env: &[(String, String)],
+    cwd: &Path,
+) -> Result<JobSpec, SpecError> {
+    if !cwd.is_absolute() {
+        return Err(SpecError::RelativeCwd(cwd.to_path_buf()));
+    }
+    let name = argv
+        .first()
+        .map(|a| file_name(a))
+        .unwrap_or_else(|| "allocation".into());
+    let mut spec = finish_spec(args, Program::Command { argv }, name, env, cwd)?;
+    spec.launch = crate::model::Launch::Allocation;
+    Ok(spec)
+}
+
 /// The common end of `build_spec` and `build_batch_spec`: defaults, the
 /// environment, placement and the checks, on flags already merged.
 fn finish_spec(
@@ -437,6 +457,8 @@ fn finish_spec(
             array: merged.array.clone(),
         },
         signal: merged.signal,
+        launch: Default::default(),
+        submit_host: None,
     };
     if let (Some(sig), Some(limit)) = (&spec.signal, spec.time_limit_secs) {
         if sig.secs_before >= limit {

@@ -165,6 +165,26 @@ impl State {
                     })
                     .collect(),
             )),
+            Command::StepStart {
+                by,
+                admin,
+                job,
+                spec,
+                now,
+            } => self.start_step(by, *admin, *job, spec, *now, dirty),
+            Command::StepCancel {
+                by,
+                admin,
+                job,
+                step,
+                ..
+            } => self.cancel_step(by, *admin, *job, *step, dirty),
+            Command::Release {
+                by,
+                admin,
+                job,
+                now,
+            } => self.release(by, *admin, *job, *now, dirty),
             Command::TokenUsed { id, .. } => {
                 let t = self
                     .tokens

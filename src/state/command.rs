@@ -128,6 +128,31 @@ pub enum Command {
     /// An admin lets a new machine take a registered node's name (`gpuq
     /// node replace`): its next join and registration are admitted.
     AllowReplace { node: String, now: Millis },
+    /// Starts a job step in a running job's allocation (`srun`); the job's
+    /// owner or an admin.
+    StepStart {
+        by: String,
+        admin: bool,
+        job: JobId,
+        spec: Box<crate::model::StepSpec>,
+        now: Millis,
+    },
+    /// Stops a step's tasks (`srun` interrupted).
+    StepCancel {
+        by: String,
+        admin: bool,
+        job: JobId,
+        step: u32,
+        now: Millis,
+    },
+    /// Ends an allocation job (`salloc` left, `srun` done): it completes
+    /// once its steps have stopped.
+    Release {
+        by: String,
+        admin: bool,
+        job: JobId,
+        now: Millis,
+    },
 }
 
 /// What applying a command answered. Returned to the proposer after commit.
@@ -182,6 +207,11 @@ pub enum CommandResult {
     SubmittedMany {
         ids: Vec<JobId>,
     },
+    StepStarted {
+        step: u32,
+    },
+    StepCancelled,
+    Released,
 }
 
 /// Why apply refused a command. Nothing of a rejected command is applied.
@@ -234,4 +264,8 @@ pub enum Rejection {
          an admin runs `gpuq node replace {node}` on a server first"
     )]
     NodeCertMismatch { node: String },
+    #[error("job {id} is {state}; steps run only in a RUNNING job's allocation")]
+    NotRunning { id: JobId, state: JobState },
+    #[error("job {id} has no step {step} (see `sacct -j {id}`)")]
+    NoSuchStep { id: JobId, step: u32 },
 }

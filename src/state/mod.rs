@@ -16,6 +16,7 @@ mod policy;
 mod preempt;
 mod queue;
 mod runs;
+mod steps;
 pub mod store;
 mod store_error;
 mod view;

@@ -88,10 +88,11 @@ impl State {
                 continue;
             };
             let per_node = job.spec.ntasks_per_node.max(1);
-            let total = job.spec.total_tasks() as u32;
+            let total = job.spec.launched_tasks() as u32;
             let Some(run) = job.run.as_mut() else {
                 continue;
             };
+            Self::lose_step_tasks(run, node, reason, now);
             for rank in 0..total {
                 if run.node_of_rank(rank, per_node) == Some(node) && !run.ended.contains_key(&rank)
                 {

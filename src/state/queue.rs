@@ -107,6 +107,11 @@ impl State {
                         array_job: base,
                         index,
                         throttle: array.throttle,
+                        span: Some((
+                            array.indices.len() as u32,
+                            array.indices.first().copied().unwrap_or(0),
+                            array.indices.last().copied().unwrap_or(0),
+                        )),
                     };
                     self.jobs
                         .insert(id, new_job(id, task_spec.clone(), Some(task)));

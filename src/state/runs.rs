@@ -142,6 +142,7 @@ impl State {
                     requeue: false,
                     kill_grace_secs,
                     preempted_for: None,
+                    steps: Vec::new(),
                 });
                 job.reason = None;
                 job.exit_code = None;
@@ -205,7 +206,7 @@ impl State {
         let Some(run) = job.run.as_ref() else {
             return;
         };
-        if (run.ended.len() as u64) < job.spec.total_tasks() {
+        if !run.all_ended(job.spec.launched_tasks()) {
             return;
         }
         if run.requeue {
@@ -237,10 +238,14 @@ impl State {
     ) -> CommandResult {
         let mut applied = 0;
         for ev in events {
+            if ev.key.step.is_some() {
+                applied += u32::from(self.apply_step_event(node, ev, now, dirty));
+                continue;
+            }
             let Some(job) = self.jobs.get_mut(&ev.key.job) else {
                 continue;
             };
-            let total = job.spec.total_tasks();
+            let total = job.spec.launched_tasks();
             let per_node = job.spec.ntasks_per_node;
             let Some(run) = job.run.as_mut() else {
                 continue;
@@ -275,6 +280,7 @@ impl State {
                             format!("rank {} on node {node} {}", ev.key.rank, end.describe());
                         self.begin_ending(ev.key.job, end.job_state(), reason, now, dirty);
                     } else {
+                        self.end_if_own_tasks_done(ev.key.job, now, dirty);
                         self.finish_if_all_ended(ev.key.job, now, dirty);
                     }
                 }

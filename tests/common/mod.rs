@@ -458,6 +458,8 @@ pub fn trivial_spec(name: &str) -> gpuq::model::JobSpec {
         program: gpuq::model::Program::Command {
             argv: vec!["true".into()],
         },
+        launch: Default::default(),
+        submit_host: None,
     }
 }
 
@@ -847,8 +849,15 @@ impl Cluster {
         let start = Instant::now();
         loop {
             let j = self.job(id);
-            let ranks = j["spec"]["nodes"].as_u64().unwrap_or(1)
-                * j["spec"]["ntasks_per_node"].as_u64().unwrap_or(1);
+            // A batch script is one task; an allocation runs none by itself.
+            let ranks = match j["spec"]["launch"].as_str() {
+                Some("batch") => 1,
+                Some("allocation") => 0,
+                _ => {
+                    j["spec"]["nodes"].as_u64().unwrap_or(1)
+                        * j["spec"]["ntasks_per_node"].as_u64().unwrap_or(1)
+                }
+            };
             let started = j["run"]["started"].as_array().map_or(0, |a| a.len() as u64);
             if j["state"] == "RUNNING" && started == ranks {
                 return j;

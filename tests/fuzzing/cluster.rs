@@ -107,6 +107,7 @@ pub fn fixture() -> &'static State {
                             job: j.id,
                             attempt: run.attempt,
                             rank: 0,
+                            step: None,
                         },
                         kind: gpuq::model::TaskEventKind::Started,
                     };

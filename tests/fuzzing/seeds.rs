@@ -288,6 +288,7 @@ pub fn task_events() -> Vec<TaskEvent> {
             job: JobId(job),
             attempt: 1,
             rank,
+            step: None,
         },
         kind,
     };
@@ -354,6 +355,7 @@ pub fn desired_task() -> DesiredTask {
             job: JobId(1),
             attempt: 1,
             rank: 1,
+            step: None,
         },
         node_rank: 0,
         local_rank: 1,
@@ -379,6 +381,7 @@ pub fn desired_task() -> DesiredTask {
         signal: None,
         array: None,
         kill_grace_secs: Some(10),
+        facts: None,
     }
 }
 
@@ -404,6 +407,7 @@ pub fn server_msgs() -> Vec<ServerMsg> {
                 job: JobId(7),
                 attempt: 1,
                 rank: 3,
+                step: None,
             }],
         },
         ServerMsg::EventsCommitted { seq: 3 },
@@ -421,6 +425,9 @@ pub fn log_requests() -> Vec<LogRequest> {
         output: Some("out-%j-%t.log".into()),
         offset: 0,
         max_bytes: gpuq::net::agent_proto::MAX_LOG_CHUNK,
+        attempt: 0,
+        step: None,
+        stderr: false,
     }]
 }
 

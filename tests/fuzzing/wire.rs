@@ -269,7 +269,12 @@ fn check_agent(input: &[u8]) {
                 if let ServerMsg::Desired { tasks, .. } = msg {
                     // What the agent builds before it starts each task.
                     for task in &tasks {
-                        let _ = gpuq::agent::runner::task_spec(task, false, 10);
+                        let _ = gpuq::agent::runner::task_spec(
+                            task,
+                            false,
+                            10,
+                            std::path::Path::new("/nonexistent/spool"),
+                        );
                     }
                 }
             }

@@ -274,6 +274,7 @@ pub fn samples(store: &Store, _dir: &Path) -> Vec<Sample> {
             job: running.id,
             attempt: run.attempt,
             rank: 0,
+            step: None,
         },
         kind: TaskEventKind::Started,
     };
@@ -299,6 +300,7 @@ pub fn samples(store: &Store, _dir: &Path) -> Vec<Sample> {
             job: running.id,
             attempt: run.attempt,
             rank: 0,
+            step: None,
         },
         node_rank: 0,
         local_rank: 0,
@@ -322,6 +324,7 @@ pub fn samples(store: &Store, _dir: &Path) -> Vec<Sample> {
         signal: None,
         array: None,
         kill_grace_secs: Some(5),
+        facts: None,
     };
     let server_msgs = [
         ServerMsg::Welcome {
@@ -352,6 +355,9 @@ pub fn samples(store: &Store, _dir: &Path) -> Vec<Sample> {
         output: None,
         offset: 0,
         max_bytes: 1 << 20,
+        attempt: 0,
+        step: None,
+        stderr: false,
     };
     out.push(sample("LogRequest", "LogRequest", &log_req));
     for r in [

@@ -14,6 +14,8 @@ use std::path::{Path, PathBuf};
 use crate::model::hostlist::compress_hostlist;
 use crate::model::JobId;
 
+pub use super::context::TaskContext;
+
 /// The stdout pattern when the job gives none (Slurm's `slurm-%j.out`).
 pub const DEFAULT_OUTPUT_PATTERN: &str = "gpuq-%j.out";
 
@@ -78,36 +80,21 @@ pub fn output_paths(
     (stdout, stderr)
 }
 
-/// Where a task sits in its job, for the environment contract.
-#[derive(Clone, Copy, Debug)]
-pub struct TaskContext<'a> {
-    pub job: JobId,
-    pub job_name: &'a str,
-    /// The job's restart count.
-    pub restart_count: u32,
-    /// The directory `gpuq submit` ran in.
-    pub submit_dir: &'a str,
-    /// The job's nodes in node-rank order.
-    pub nodes: &'a [String],
-    pub node_rank: u32,
-    pub ntasks_per_node: u32,
-    pub local_rank: u32,
-    /// The GPU indices this task sees (see `gpus_for_local_rank`).
-    pub gpus: &'a [u32],
-    /// Address of the rank-0 node, as the other nodes reach it.
-    pub master_addr: &'a str,
-    /// A port unique among the jobs on the rank-0 node.
-    pub master_port: u16,
-    /// The array job id and task index, for an array task.
-    pub array: Option<(JobId, u32)>,
-}
-
 /// The task's environment: the job's own variables, then the contract, whose
 /// variables replace any of the user's with the same name.
 pub fn task_env(job_env: &[(String, String)], ctx: &TaskContext<'_>) -> Vec<(String, String)> {
     let num_nodes = ctx.nodes.len() as u64;
     let per_node = u64::from(ctx.ntasks_per_node);
-    let rank = u64::from(ctx.node_rank) * per_node + u64::from(ctx.local_rank);
+    let (rank, world) = match ctx.facts {
+        Some(f) => (
+            u64::from(f.first_rank) + u64::from(ctx.local_rank),
+            u64::from(f.ntasks),
+        ),
+        None => (
+            u64::from(ctx.node_rank) * per_node + u64::from(ctx.local_rank),
+            num_nodes * per_node,
+        ),
+    };
     let visible = ctx
         .gpus
         .iter()
@@ -115,7 +102,7 @@ pub fn task_env(job_env: &[(String, String)], ctx: &TaskContext<'_>) -> Vec<(Str
         .collect::<Vec<_>>()
         .join(",");
     let nproc = ctx.gpus.len().max(1);
-    let contract: Vec<(&str, String)> = vec![
+    let mut contract: Vec<(&str, String)> = vec![
         ("GPUQ_JOB_ID", ctx.job.to_string()),
         ("GPUQ_JOB_NAME", ctx.job_name.to_string()),
         ("GPUQ_NODE_RANK", ctx.node_rank.to_string()),
@@ -128,7 +115,7 @@ pub fn task_env(job_env: &[(String, String)], ctx: &TaskContext<'_>) -> Vec<(Str
         ("CUDA_DEVICE_ORDER", "PCI_BUS_ID".to_string()),
         ("MASTER_ADDR", ctx.master_addr.to_string()),
         ("MASTER_PORT", ctx.master_port.to_string()),
-        ("WORLD_SIZE", (num_nodes * per_node).to_string()),
+        ("WORLD_SIZE", world.to_string()),
         ("RANK", rank.to_string()),
         ("LOCAL_RANK", ctx.local_rank.to_string()),
         ("LOCAL_WORLD_SIZE", per_node.to_string()),
@@ -139,13 +126,18 @@ pub fn task_env(job_env: &[(String, String)], ctx: &TaskContext<'_>) -> Vec<(Str
         ("PET_MASTER_ADDR", ctx.master_addr.to_string()),
         ("PET_MASTER_PORT", ctx.master_port.to_string()),
     ];
+    if let Some(facts) = ctx.facts {
+        contract.extend(super::slurm_env::slurm_env(ctx, facts, rank));
+    }
     // An array task's ids; a job submitted from inside an array task must
-    // not inherit them, so they are dropped from the job's env either way.
+    // not inherit them, so they are dropped from the job's env either way
+    // (and so are Slurm's job variables, when this task gets its own).
     const ARRAY_VARS: [&str; 2] = ["GPUQ_ARRAY_JOB_ID", "GPUQ_ARRAY_TASK_ID"];
     let mut env: Vec<(String, String)> = job_env
         .iter()
         .filter(|(name, _)| !contract.iter().any(|(c, _)| c == name))
         .filter(|(name, _)| !ARRAY_VARS.contains(&name.as_str()))
+        .filter(|(name, _)| ctx.facts.is_none() || !super::slurm_env::inherited_job_var(name))
         .cloned()
         .collect();
     env.extend(contract.into_iter().map(|(k, v)| (k.to_string(), v)));
@@ -247,6 +239,9 @@ mod tests {
             master_addr: "node001",
             master_port: 29517,
             array: None,
+            facts: None,
+            node_gpus: &[],
+            step: None,
         };
         let user = vec![
             ("PATH".to_string(), "/usr/bin".to_string()),
@@ -301,6 +296,9 @@ mod tests {
             master_addr: "cpu1",
             master_port: 20001,
             array: None,
+            facts: None,
+            node_gpus: &[],
+            step: None,
         };
         let env = task_env(&[], &ctx);
         assert_eq!(lookup(&env, "CUDA_VISIBLE_DEVICES"), Some(""));

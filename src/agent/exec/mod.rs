@@ -15,11 +15,13 @@
 //! must reach its `script`, but nobody lists or reads the others' specs.
 
 mod cgroup;
+pub mod context;
 pub mod env;
 mod fork;
 mod launch;
 mod process;
 mod shim;
+pub mod slurm_env;
 mod spawn;
 pub mod task;
 

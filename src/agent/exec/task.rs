@@ -369,7 +369,8 @@ mod tests {
             TaskKey {
                 job: JobId(7),
                 attempt: 2,
-                rank: 5
+                rank: 5,
+                step: None,
             }
         );
         assert_eq!(serde_json::to_value(&spec).unwrap(), before);

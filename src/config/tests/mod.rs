@@ -524,7 +524,7 @@ fn the_advertised_address() {
 
 #[test]
 fn the_default_node_name_is_the_short_hostname() {
-    let name = short_hostname();
+    let name = crate::hostname::short();
     assert!(!name.is_empty() && !name.contains('.'), "{name}");
     assert_eq!(ServerConfig::default().node_name, name);
 }

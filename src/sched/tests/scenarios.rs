@@ -389,6 +389,8 @@ fn a_pending_job_is_built_from_the_recorded_job() {
         program: Program::Command {
             argv: vec!["torchrun".into()],
         },
+        launch: Default::default(),
+        submit_host: None,
     };
     let recorded = Job::pending(JobId(42), "alice", spec, 1234);
     let p = PendingJob::from(&recorded);

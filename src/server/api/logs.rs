@@ -1,21 +1,26 @@
 //! `gpuq logs`: a rank's output, read from the agent of the rank's node over
 //! its connection to this (leading) server.
 
+use crate::model::Job;
+use crate::net::agent_proto::LogRequest;
 use crate::net::proto::{ApiResponse, Caller, ErrorKind};
 use crate::net::DEFAULT_MAX_FRAME;
 
 use super::Api;
 
 impl Api {
-    /// Reads part of a rank's output from the agent of the rank's node.
+    /// Reads part of a rank's output from the agent of the rank's node; with
+    /// `step`, part of a step task's (its stdout, or with `stderr` its
+    /// stderr, when it has no output file).
     pub(super) async fn logs(
         &self,
         caller: &Caller,
         id: crate::model::JobId,
         rank: u32,
         offset: u64,
+        step: Option<(u32, bool)>,
     ) -> ApiResponse {
-        use crate::net::agent_proto::{LogReply, LogRequest};
+        use crate::net::agent_proto::LogReply;
         let (req, node, state) = {
             let s = self.state();
             let Some(job) = s.job(id) else {
@@ -30,40 +35,22 @@ impl Api {
                     ),
                 );
             }
-            if u64::from(rank) >= job.spec.total_tasks() {
-                return ApiResponse::error(
-                    ErrorKind::BadInput,
-                    format!(
-                        "job {id} has ranks 0-{}; --rank {rank} does not exist",
-                        job.spec.total_tasks() - 1
-                    ),
-                );
+            let built = match step {
+                Some((step, stderr)) => step_log_request(job, step, rank, stderr, offset),
+                None => rank_log_request(job, rank, offset),
+            };
+            match built {
+                Ok(Some((req, node))) => (req, node, job.state),
+                Ok(None) => {
+                    return ApiResponse::Logs {
+                        data: vec![],
+                        next_offset: offset,
+                        state: job.state,
+                        missing: true,
+                    }
+                }
+                Err((kind, why)) => return ApiResponse::error(kind, why),
             }
-            let Some(run) = &job.run else {
-                return ApiResponse::Logs {
-                    data: vec![],
-                    next_offset: offset,
-                    state: job.state,
-                    missing: true,
-                };
-            };
-            let per_node = job.spec.ntasks_per_node.max(1);
-            let node = run
-                .node_of_rank(rank, per_node)
-                .unwrap_or_default()
-                .to_string();
-            let req = LogRequest {
-                job: id,
-                job_name: job.spec.name.clone(),
-                rank,
-                node_rank: rank / per_node,
-                user: job.user.clone(),
-                workdir: job.spec.workdir.clone(),
-                output: job.spec.output.clone(),
-                offset,
-                max_bytes: crate::net::agent_proto::MAX_LOG_CHUNK,
-            };
-            (req, node, job.state)
         };
         let Some(conn) = self.hub.connection(&node) else {
             return ApiResponse::error(
@@ -108,4 +95,104 @@ impl Api {
             ),
         }
     }
+}
+
+/// What to ask the node of rank `rank` of `job` for; `None` before the job
+/// ran.
+fn rank_log_request(
+    job: &Job,
+    rank: u32,
+    offset: u64,
+) -> Result<Option<(LogRequest, String)>, (ErrorKind, String)> {
+    let id = job.id;
+    if u64::from(rank) >= job.spec.total_tasks() {
+        return Err((
+            ErrorKind::BadInput,
+            format!(
+                "job {id} has ranks 0-{}; --rank {rank} does not exist",
+                job.spec.total_tasks() - 1
+            ),
+        ));
+    }
+    let Some(run) = &job.run else {
+        return Ok(None);
+    };
+    let per_node = job.spec.ntasks_per_node.max(1);
+    let node = run
+        .node_of_rank(rank, per_node)
+        .unwrap_or_default()
+        .to_string();
+    let req = LogRequest {
+        job: id,
+        job_name: job.spec.name.clone(),
+        rank,
+        node_rank: rank / per_node,
+        user: job.user.clone(),
+        workdir: job.spec.workdir.clone(),
+        output: job.spec.output.clone(),
+        offset,
+        max_bytes: crate::net::agent_proto::MAX_LOG_CHUNK,
+        attempt: run.attempt,
+        step: None,
+        stderr: false,
+    };
+    Ok(Some((req, node)))
+}
+
+/// What to ask the node of task `rank` of step `step` of `job` for.
+fn step_log_request(
+    job: &Job,
+    step: u32,
+    rank: u32,
+    stderr: bool,
+    offset: u64,
+) -> Result<Option<(LogRequest, String)>, (ErrorKind, String)> {
+    let id = job.id;
+    let no_step = || {
+        (
+            ErrorKind::NotFound,
+            format!("job {id} has no step {step} in its current run"),
+        )
+    };
+    let run = job.run.as_ref().ok_or_else(no_step)?;
+    let s = run.steps.get(step as usize).ok_or_else(no_step)?;
+    let Some((i, _)) = s.spec.place(rank) else {
+        return Err((
+            ErrorKind::BadInput,
+            format!(
+                "step {id}.{step} has tasks 0-{}; task {rank} does not exist",
+                s.spec.ntasks().saturating_sub(1)
+            ),
+        ));
+    };
+    let key = crate::model::TaskKey {
+        job: id,
+        attempt: run.attempt,
+        rank,
+        step: Some(step),
+    };
+    let node = run
+        .node_of_task(&key, job.spec.ntasks_per_node)
+        .unwrap_or_default()
+        .to_string();
+    let output = if stderr {
+        s.spec.error.clone().or_else(|| s.spec.output.clone())
+    } else {
+        s.spec.output.clone()
+    };
+    let req = LogRequest {
+        job: id,
+        job_name: job.spec.name.clone(),
+        rank,
+        node_rank: i as u32,
+        user: job.user.clone(),
+        workdir: s.spec.workdir.clone(),
+        output,
+        offset,
+        max_bytes: crate::net::agent_proto::MAX_LOG_CHUNK,
+        attempt: run.attempt,
+        step: Some(step),
+        stderr,
+    };
+    Ok(Some((req, node)))
 }

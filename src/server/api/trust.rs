@@ -110,5 +110,9 @@ fn request_name(req: &ApiRequest) -> &'static str {
         ApiRequest::PolicyShow => "policy-show",
         ApiRequest::Share => "share",
         ApiRequest::Priorities { .. } => "priorities",
+        ApiRequest::StepStart { .. } => "step-start",
+        ApiRequest::StepCancel { .. } => "step-cancel",
+        ApiRequest::Release { .. } => "release",
+        ApiRequest::StepLogs { .. } => "step-logs",
     }
 }

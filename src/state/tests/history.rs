@@ -36,6 +36,7 @@ fn run_to_end(s: &mut State, d: &mut Dirty, id: JobId, start: u64, end: u64, end
             job: id,
             attempt: 0,
             rank: 0,
+            step: None,
         },
         kind,
     };

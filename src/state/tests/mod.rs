@@ -42,6 +42,8 @@ fn spec(name: &str) -> JobSpec {
         program: Program::Command {
             argv: vec!["true".into()],
         },
+        launch: Default::default(),
+        submit_host: None,
     }
 }
 

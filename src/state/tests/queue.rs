@@ -35,6 +35,8 @@ fn spec(name: &str, queue: QueueSpec) -> JobSpec {
         program: Program::Command {
             argv: vec!["true".into()],
         },
+        launch: Default::default(),
+        submit_host: None,
     }
 }
 

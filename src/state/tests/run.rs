@@ -74,6 +74,8 @@ pub(super) fn spec(nodes: u32, gpus: u32) -> JobSpec {
         program: Program::Command {
             argv: vec!["true".into()],
         },
+        launch: Default::default(),
+        submit_host: None,
     }
 }
 
@@ -131,6 +133,7 @@ pub(super) fn ev(job: JobId, rank: u32, kind: TaskEventKind) -> TaskEvent {
             job,
             attempt: 0,
             rank,
+            step: None,
         },
         kind,
     }

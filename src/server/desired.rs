@@ -1,0 +1,213 @@
+//! What each node's agent is told to run, built from committed state only:
+//! the job's own tasks (every rank, or a batch script on the first node, or
+//! none for an allocation; see `Launch`), the tasks of its live steps, and
+//! beside them the tasks that are to stop but never reported an end.
+
+use crate::model::{Job, JobRun, JobState, Launch, NodeAllocation, Step, TaskKey};
+use crate::net::agent_proto::{DesiredTask, TaskFacts};
+use crate::state::State;
+
+/// The tasks on `node` that are to stop and have not reported an end: all
+/// of its ending (COMPLETING) jobs' tasks there, and those of cancelled
+/// steps. An agent that never had one of them reports it ended.
+pub fn stopping_tasks(state: &State, node: &str) -> Vec<TaskKey> {
+    let mut out = Vec::new();
+    for job in state.jobs_on(node) {
+        if !job.state.is_active() {
+            continue;
+        }
+        let Some(run) = &job.run else { continue };
+        let Some(node_rank) = run.allocation.nodes.iter().position(|n| n.node == node) else {
+            continue;
+        };
+        let node_rank = node_rank as u32;
+        let ending = job.state == JobState::Completing;
+        if ending {
+            let per_node = job.spec.ntasks_per_node.max(1);
+            for local_rank in job.spec.launch.local_ranks(node_rank, per_node) {
+                let rank = node_rank * per_node + local_rank;
+                if !run.ended.contains_key(&rank) {
+                    out.push(TaskKey::of_job(job.id, run.attempt, rank));
+                }
+            }
+        }
+        for step in &run.steps {
+            if step.is_over() || !(ending || step.cancelled) {
+                continue;
+            }
+            for rank in step_ranks_on(step, node_rank) {
+                if !step.ended.contains_key(&rank) {
+                    out.push(step_key(job, run, step, rank));
+                }
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// The tasks `node` should run, as sent to its agent. Tasks that already
+/// ended are left out, so a task is never started twice in one attempt.
+pub fn desired_tasks(state: &State, node: &str) -> Vec<DesiredTask> {
+    let cluster = state
+        .cluster
+        .as_ref()
+        .map(|c| c.name.clone())
+        .unwrap_or_default();
+    let mut out = Vec::new();
+    for (job, node_rank) in state.desired_on(node) {
+        let Some(run) = &job.run else { continue };
+        let Some(na) = run.allocation.nodes.get(node_rank as usize) else {
+            continue;
+        };
+        let per_node = job.spec.ntasks_per_node.max(1);
+        let job_nodes: Vec<String> = run
+            .allocation
+            .nodes
+            .iter()
+            .map(|n| n.node.clone())
+            .collect();
+        let facts = TaskFacts {
+            ntasks: job.spec.total_tasks() as u32,
+            first_rank: node_rank * per_node,
+            tasks_per_node: vec![per_node; job_nodes.len()],
+            job_nodelist: job_nodes.clone(),
+            cpus_per_task: job.spec.cpus_per_task,
+            all_gpus: job.spec.launch != Launch::Ranks,
+            gpus_per_task: None,
+            partition: job.spec.partition.clone().unwrap_or_default(),
+            account: job.spec.account.clone().unwrap_or_default(),
+            qos: job.spec.qos.clone().unwrap_or_default(),
+            cluster: cluster.clone(),
+            submit_host: job.spec.submit_host.clone().unwrap_or_default(),
+            array_span: job.array.and_then(|a| a.span),
+        };
+        for local_rank in job.spec.launch.local_ranks(node_rank, per_node) {
+            let rank = node_rank * per_node + local_rank;
+            if run.ended.contains_key(&rank) {
+                continue;
+            }
+            let mut task = base_task(job, run, na, TaskKey::of_job(job.id, run.attempt, rank));
+            task.node_rank = node_rank;
+            task.local_rank = local_rank;
+            task.ntasks_per_node = per_node;
+            if job.spec.launch == Launch::Batch {
+                // The batch script is one task with the node to itself; of
+                // `--signal`, it gets only a `B:` one, as Slurm's.
+                task.ntasks_per_node = 1;
+                task.signal = job.spec.signal.filter(|s| s.batch_only);
+            }
+            task.nodelist = job_nodes.clone();
+            task.num_nodes = job.spec.nodes;
+            task.facts = Some(Box::new(facts.clone()));
+            out.push(task);
+        }
+        for step in run.steps.iter().filter(|s| !s.cancelled && !s.is_over()) {
+            let Some(i) = step.spec.nodes.iter().position(|&n| n == node_rank) else {
+                continue;
+            };
+            let step_nodes: Vec<String> = step
+                .spec
+                .nodes
+                .iter()
+                .filter_map(|&n| job_nodes.get(n as usize).cloned())
+                .collect();
+            let first = step.spec.first_rank(i);
+            for rank in step_ranks_on(step, node_rank) {
+                if step.ended.contains_key(&rank) {
+                    continue;
+                }
+                let mut task = base_task(job, run, na, step_key(job, run, step, rank));
+                task.node_rank = i as u32;
+                task.local_rank = rank - first;
+                task.ntasks_per_node = step.spec.tasks[i];
+                task.nodelist = step_nodes.clone();
+                task.num_nodes = step_nodes.len() as u32;
+                task.program = step.spec.program.clone();
+                task.workdir = step.spec.workdir.clone();
+                task.env = step.spec.env.clone();
+                task.output = step.spec.output.clone();
+                task.error = step.spec.error.clone();
+                task.time_limit_secs = step.time_limit_secs;
+                // The batch script alone gets `--signal B:`; steps get the
+                // rest, as Slurm's.
+                task.signal = job.spec.signal.filter(|s| !s.batch_only);
+                if let Some(first_node) = step_nodes.first() {
+                    if let Some(rec) = state.nodes.get(first_node) {
+                        task.master_addr = host_of(&rec.addr);
+                    }
+                }
+                task.facts = Some(Box::new(TaskFacts {
+                    ntasks: step.spec.ntasks(),
+                    first_rank: first,
+                    tasks_per_node: step.spec.tasks.clone(),
+                    cpus_per_task: step.spec.cpus_per_task,
+                    all_gpus: true,
+                    gpus_per_task: step.spec.gpus_per_task,
+                    ..facts.clone()
+                }));
+                out.push(task);
+            }
+        }
+    }
+    out
+}
+
+/// The host part of `host:port` (IPv6 brackets removed).
+fn host_of(addr: &str) -> String {
+    match addr.rsplit_once(':') {
+        Some((h, _)) => h.trim_start_matches('[').trim_end_matches(']').to_string(),
+        None => addr.to_string(),
+    }
+}
+
+/// The ranks of `step` on the job's node `node_rank`.
+fn step_ranks_on(step: &Step, node_rank: u32) -> std::ops::Range<u32> {
+    match step.spec.nodes.iter().position(|&n| n == node_rank) {
+        Some(i) => {
+            let first = step.spec.first_rank(i);
+            first..first + step.spec.tasks[i]
+        }
+        None => 0..0,
+    }
+}
+
+fn step_key(job: &Job, run: &JobRun, step: &Step, rank: u32) -> TaskKey {
+    TaskKey {
+        job: job.id,
+        attempt: run.attempt,
+        rank,
+        step: Some(step.id),
+    }
+}
+
+/// A task of `job` on the node of `na`, with the job's own program and
+/// placement; the caller sets where it sits.
+fn base_task(job: &Job, run: &JobRun, na: &NodeAllocation, key: TaskKey) -> DesiredTask {
+    DesiredTask {
+        key,
+        node_rank: 0,
+        local_rank: 0,
+        ntasks_per_node: 1,
+        num_nodes: job.spec.nodes,
+        nodelist: Vec::new(),
+        user: job.user.clone(),
+        job_name: job.spec.name.clone(),
+        program: job.spec.program.clone(),
+        workdir: job.spec.workdir.clone(),
+        env: job.spec.env.clone(),
+        output: job.spec.output.clone(),
+        error: job.spec.error.clone(),
+        gpus: na.gpus.clone(),
+        cpus: na.cpus.clone(),
+        cpu_count: na.cpu_count,
+        memory_mb: na.memory_mb,
+        time_limit_secs: job.spec.time_limit_secs,
+        master_addr: run.master_addr.clone(),
+        master_port: run.master_port,
+        signal: job.spec.signal,
+        array: job.array,
+        kill_grace_secs: run.kill_grace_secs,
+        facts: None,
+    }
+}
