@@ -49,6 +49,7 @@ fn spec(i: usize) -> JobSpec {
             Program::Script {
                 path: format!("/tmp/s{i}.sh"),
                 content: format!("#!/bin/sh\n#GPUQ --nodes 1\necho {i}\n"),
+                args: Vec::new(),
             }
         },
         launch: Default::default(),

@@ -409,6 +409,7 @@ fn a_script_runs_as_the_user_and_what_it_writes_is_theirs() {
     spec.program = Program::Script {
         path: "job.sh".into(),
         content: "#!/bin/sh\nid -un\nid -u\ntouch made-by-task\n".into(),
+        args: Vec::new(),
     };
     f.exec.start(&spec).unwrap();
     let status = wait_ended(&f.exec, spec.key);

@@ -403,3 +403,64 @@ fn srun_outside_an_allocation_gets_one_streams_and_returns_the_exit_code() {
     assert!(stderr(&out).contains("no command"), "{}", stderr(&out));
     assert_eq!(s.codes().len(), 2, "nothing more was queued");
 }
+
+/// Waits until `path` contains `text`; its content.
+fn wait_for_text(path: &Path, text: &str) -> String {
+    let start = std::time::Instant::now();
+    loop {
+        let content = std::fs::read_to_string(path).unwrap_or_default();
+        if content.contains(text) {
+            return content;
+        }
+        assert!(
+            start.elapsed() < LONG,
+            "{} never said {text:?}: {content}",
+            path.display()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn scancel_signal_reaches_the_steps_or_the_batch_script() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = Cluster::start(dir.path(), 1, 2);
+    let work = dir.path().join("work");
+    std::fs::create_dir_all(&work).unwrap();
+    let s = Slurm {
+        bin: links(dir.path()),
+        socket: c.server.socket.clone(),
+        work: work.clone(),
+    };
+    // The step checkpoints on USR1; the batch script notes USR2 (-b) and
+    // carries on.
+    let script = r#"#!/bin/bash
+trap 'echo "batch got USR2"' USR2
+srun bash -c 'trap "echo step got USR1; exit 0" USR1; trap "echo step got USR2" USR2; echo ready; while :; do sleep 0.1; done' &
+wait
+wait
+echo "batch done"
+"#;
+    let id = s
+        .ok("sbatch", &["--parsable"], Some(script))
+        .trim()
+        .to_string();
+    let out = work.join(format!("slurm-{id}.out"));
+    wait_for_text(&out, "ready");
+    s.ok("scancel", &["--signal", "USR2", "-b", &id], None);
+    wait_for_text(&out, "batch got USR2");
+    // srun passed it on to its step, as Slurm's does.
+    wait_for_text(&out, "step got USR2");
+    s.ok("scancel", &["-s", "SIGUSR1", &id], None);
+    c.wait_state(&id, "COMPLETED", LONG);
+    let text = std::fs::read_to_string(&out).unwrap();
+    assert!(text.contains("step got USR1"), "{text}");
+    assert!(text.contains("batch done"), "{text}");
+
+    // Bad input: an unknown signal, and a finished job.
+    let bad = s.run("scancel", &["--signal", "BOGUS", &id], None);
+    assert_eq!(bad.status.code(), Some(1));
+    assert!(stderr(&bad).contains("BOGUS"), "{}", stderr(&bad));
+    let done = s.run("scancel", &["--signal", "USR1", &id], None);
+    assert_eq!(done.status.code(), Some(1), "{}", stderr(&done));
+}

@@ -281,6 +281,11 @@ impl ComputeAgent {
                         };
                     }
                     Some(ServerMsg::Welcome { .. }) => {}
+                    Some(ServerMsg::Signal { tasks, signal }) => {
+                        for key in tasks {
+                            self.runner.signal(key, signal);
+                        }
+                    }
                     None => break Session::Lost("the leader closed the connection".into()),
                 },
                 _ = tick.tick() => reconcile = true,

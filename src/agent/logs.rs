@@ -54,6 +54,9 @@ pub fn read_log(req: &LogRequest) -> LogReply {
         node_rank: req.node_rank,
         user: &req.user,
         workdir,
+        array: req.array,
+        node: &req.node,
+        step: req.step,
     };
     let path = super::exec::env::expand_output_pattern(req.output.as_deref(), &vars);
     let shown = path.display().to_string();
@@ -184,6 +187,8 @@ mod tests {
             attempt: 0,
             step: None,
             stderr: false,
+            array: None,
+            node: String::new(),
         }
     }
 

@@ -34,6 +34,8 @@ pub trait TaskRunner: Send + Sync + 'static {
     fn start(&self, task: &DesiredTask) -> Result<(), String>;
     /// Asks a running task to stop (signal, grace, kill).
     fn stop(&self, key: TaskKey);
+    /// Sends `signal` to a running task's processes (`scancel --signal`).
+    fn signal(&self, _key: TaskKey, _signal: i32) {}
     /// Every task the runner knows of, running or ended, including tasks
     /// started by an earlier agent process (re-adoption).
     fn scan(&self) -> Vec<(TaskKey, Observed)>;
@@ -100,6 +102,12 @@ pub fn task_spec(
         node_rank: t.node_rank,
         user: &t.user,
         workdir: &workdir,
+        array: t.array.map(|a| (a.array_job, a.index)),
+        node: t
+            .nodelist
+            .get(t.node_rank as usize)
+            .map_or("", String::as_str),
+        step: t.key.step,
     };
     let (stdout, stderr) = if t.key.step.is_some() && t.output.is_none() {
         (
@@ -180,6 +188,12 @@ impl TaskRunner for ExecRunner {
     fn stop(&self, key: TaskKey) {
         if let Err(e) = self.executor.stop(key, StopReason::Cancel) {
             tracing::debug!(job = key.job.0, rank = key.rank, "stop: {e}");
+        }
+    }
+
+    fn signal(&self, key: TaskKey, signal: i32) {
+        if let Err(e) = self.executor.signal(key, signal) {
+            tracing::debug!(task = %key, signal, "signal: {e}");
         }
     }
 

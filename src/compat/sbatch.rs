@@ -35,7 +35,7 @@ pub const DEFAULT_OUTPUT: &str = "slurm-%j.out";
     max_term_width = 100,
     about = "Submit a batch script to gpuq, as Slurm's sbatch (from stdin when no script is given)",
     after_help = "Accepted and ignored, with a warning: --mail-type, --mail-user, --comment, --wckey.\n\
-                  Not yet: script arguments, %A/%a/%N in file names, --open-mode, --gpus-per-task, --exclusive."
+                  Not yet: --gpus-per-task, --exclusive."
 )]
 pub struct SbatchArgs {
     #[command(flatten)]
@@ -264,6 +264,8 @@ struct Script {
     /// For display: the script's path, or `(stdin)`.
     shown: String,
     content: String,
+    /// What follows the script's name on the command line: `$1`, `$2`...
+    args: Vec<String>,
 }
 
 /// Reads the batch script named by the first positional word, or stdin.
@@ -278,21 +280,20 @@ fn read_script(words: &[String], cwd: &Path) -> Result<Script, CliError> {
                 .map_err(|e| CliError::input(format!("cannot read the script from stdin: {e}")))?;
             let shown = "(stdin)".to_string();
             let content = spec::script_text(bytes, &shown).map_err(input)?;
-            Script { shown, content }
+            Script {
+                shown,
+                content,
+                args: Vec::new(),
+            }
         }
-        [first] => {
+        [first, args @ ..] => {
             let path = cwd.join(first);
             let content = spec::read_script(&path).map_err(input)?;
             Script {
                 shown: path.to_string_lossy().into_owned(),
                 content,
+                args: args.to_vec(),
             }
-        }
-        [first, rest @ ..] => {
-            return Err(CliError::input(format!(
-                "script {first} is followed by {rest:?}, but script arguments are not supported \
-                 yet; pass values through --export=ALL,NAME=value instead"
-            )))
         }
     };
     if !script.content.starts_with("#!") {
@@ -354,6 +355,9 @@ pub fn build(
         .map_err(|e| input(e.to_string()))?;
     // The script runs once, on the first node; srun starts the steps.
     spec.launch = crate::model::Launch::Batch;
+    if let crate::model::Program::Script { args, .. } = &mut spec.program {
+        *args = script.args;
+    }
     Ok((spec, merged))
 }
 

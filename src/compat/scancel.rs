@@ -9,8 +9,8 @@ use std::process::ExitCode;
 use clap::{ArgAction, FromArgMatches, Parser};
 
 use crate::cli::{call, unexpected, CliError};
-use crate::model::JobRef;
-use crate::net::proto::{ApiRequest, ApiResponse};
+use crate::model::{JobId, JobRef};
+use crate::net::proto::{ApiRequest, ApiResponse, SignalScope};
 
 #[derive(Parser, Debug, Clone, Default)]
 #[command(
@@ -46,13 +46,39 @@ pub struct ScancelArgs {
     /// Print what is cancelled
     #[arg(short = 'v', long = "verbose", action = ArgAction::SetTrue)]
     pub verbose: bool,
+    /// Send this signal (USR1, 10, SIGTERM) to the jobs' steps instead of
+    /// cancelling them
+    #[arg(short = 's', long = "signal", value_name = "SIGNAL")]
+    pub signal: Option<String>,
+    /// With --signal: only the batch script, not its steps
+    #[arg(short = 'b', long = "batch", conflicts_with = "full")]
+    pub batch: bool,
+    /// With --signal: the batch script and every step
+    #[arg(short = 'f', long = "full")]
+    pub full: bool,
 }
 
 /// Parses the job ids as Slurm names them.
 pub fn parse_ids(ids: &[String]) -> Result<Vec<JobRef>, String> {
     ids.iter()
-        .filter(|s| !s.trim().is_empty())
+        .filter(|s| !s.trim().is_empty() && !s.contains('.'))
         .map(|s| JobRef::parse(s.trim()).map_err(|e| format!("invalid job id {s}: {e}")))
+        .collect()
+}
+
+/// The job steps named as `12.3`.
+pub fn parse_steps(ids: &[String]) -> Result<Vec<(JobId, u32)>, String> {
+    ids.iter()
+        .filter_map(|s| s.trim().split_once('.').map(|parts| (s, parts)))
+        .map(|(s, (job, step))| {
+            let bad = || {
+                format!("invalid job step {s}: give JOB.STEP with numbers, e.g. 12.0 (see sacct -j JOB)")
+            };
+            Ok((
+                JobId(job.parse().map_err(|_| bad())?),
+                step.parse().map_err(|_| bad())?,
+            ))
+        })
         .collect()
 }
 
@@ -65,6 +91,40 @@ pub async fn run(args: Vec<String>) -> Result<ExitCode, CliError> {
     let args =
         ScancelArgs::from_arg_matches(&m).map_err(|e| CliError::input(super::clap_line(&e)))?;
     let named = parse_ids(&args.ids).map_err(CliError::input)?;
+    let steps = parse_steps(&args.ids).map_err(CliError::input)?;
+    let signal = match &args.signal {
+        Some(name) => Some(crate::spec::queue::signal_number(name).ok_or_else(|| {
+            CliError::input(format!(
+                "--signal {name}: unknown signal; give a name (USR1, TERM) or a number 1-64"
+            ))
+        })?),
+        None if args.batch || args.full => {
+            return Err(CliError::input(
+                "-b/--batch and -f/--full choose where --signal goes; give --signal SIG too",
+            ))
+        }
+        None => None,
+    };
+    for (job, step) in &steps {
+        if signal.is_some() {
+            return Err(CliError::input(format!(
+                "--signal to one step ({job}.{step}) is not supported yet; signal the job \
+                 ({job}), which reaches all of its steps"
+            )));
+        }
+        match call(ApiRequest::StepCancel {
+            job: *job,
+            step: *step,
+        })
+        .await?
+        {
+            ApiResponse::StepCancelled => {}
+            other => return Err(unexpected(other)),
+        }
+    }
+    if named.is_empty() && !steps.is_empty() && args.user.is_none() && args.name.is_none() {
+        return Ok(ExitCode::SUCCESS);
+    }
     let states = super::squeue::parse_states(&args.states).map_err(CliError::input)?;
     let filtered = args.user.is_some() || args.name.is_some() || !states.is_empty();
     if named.is_empty() && !filtered {
@@ -113,6 +173,28 @@ pub async fn run(args: Vec<String>) -> Result<ExitCode, CliError> {
     if refs.is_empty() {
         return Ok(ExitCode::SUCCESS);
     }
+    if let Some(signal) = signal {
+        let scope = match (args.batch, args.full) {
+            (true, _) => SignalScope::Batch,
+            (_, true) => SignalScope::Full,
+            _ => SignalScope::Steps,
+        };
+        return match call(ApiRequest::Signal {
+            jobs: refs,
+            signal,
+            scope,
+            step: None,
+        })
+        .await
+        {
+            Ok(ApiResponse::Signalled { .. }) => Ok(ExitCode::SUCCESS),
+            Ok(other) => Err(unexpected(other)),
+            Err(e) => Err(CliError {
+                code: e.code,
+                message: format!("Kill job error: {}", e.message),
+            }),
+        };
+    }
     let (tasks, plain): (Vec<JobRef>, Vec<JobRef>) =
         refs.into_iter().partition(|r| r.task.is_some());
     let ids = plain.into_iter().map(|r| r.id).collect();
@@ -144,6 +226,16 @@ mod tests {
         assert_eq!(refs[1].to_string(), "13_4");
         let e = parse_ids(&["12x".into()]).unwrap_err();
         assert!(e.starts_with("invalid job id 12x"), "{e}");
+    }
+
+    #[test]
+    fn steps_are_job_dot_step() {
+        let ids = ["12.3".to_string(), "14".to_string()];
+        assert_eq!(parse_steps(&ids).unwrap(), [(JobId(12), 3)]);
+        assert_eq!(parse_ids(&ids).unwrap().len(), 1);
+        assert!(parse_steps(&["12.batch".into()])
+            .unwrap_err()
+            .contains("12.batch"));
     }
 
     #[test]

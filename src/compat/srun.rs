@@ -448,6 +448,15 @@ async fn follow(
             let _ = call(ApiRequest::StepCancel { job: id, step }).await;
             cancelled = true;
         }
+        for signal in interrupt.to_pass_on() {
+            let _ = call(ApiRequest::Signal {
+                jobs: vec![crate::model::JobRef { id, task: None }],
+                signal,
+                scope: crate::net::proto::SignalScope::Steps,
+                step: Some(step),
+            })
+            .await;
+        }
         tokio::time::sleep(Duration::from_millis(if streamed { 100 } else { 50 })).await;
     }
 }
@@ -541,20 +550,41 @@ fn file_name(path: &str) -> String {
         .unwrap_or_else(|| path.to_string())
 }
 
-/// SIGINT and SIGTERM, seen without stopping the process.
+/// SIGINT and SIGTERM (which stop the step), and the signals srun passes
+/// on to its tasks as Slurm's does (USR1, USR2, HUP, ALRM: submitit and
+/// Lightning checkpoint on USR1/USR2), seen without stopping the process.
 struct Interrupts {
     int: tokio::signal::unix::Signal,
     term: tokio::signal::unix::Signal,
+    passed_on: Vec<(i32, tokio::signal::unix::Signal)>,
 }
 
 impl Interrupts {
     fn new() -> Result<Interrupts, CliError> {
         use tokio::signal::unix::{signal, SignalKind};
         let err = |e: std::io::Error| CliError::internal(format!("cannot watch signals: {e}"));
+        let mut passed_on = Vec::new();
+        for n in [libc::SIGUSR1, libc::SIGUSR2, libc::SIGHUP, libc::SIGALRM] {
+            passed_on.push((n, signal(SignalKind::from_raw(n)).map_err(err)?));
+        }
         Ok(Interrupts {
             int: signal(SignalKind::interrupt()).map_err(err)?,
             term: signal(SignalKind::terminate()).map_err(err)?,
+            passed_on,
         })
+    }
+
+    /// The signals to pass on to the step that came since the last call.
+    fn to_pass_on(&mut self) -> Vec<i32> {
+        use std::task::{Context, Poll};
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        let mut came = Vec::new();
+        for (n, s) in &mut self.passed_on {
+            if matches!(s.poll_recv(&mut cx), Poll::Ready(Some(()))) {
+                came.push(*n);
+            }
+        }
+        came
     }
 
     /// Whether a signal came since the last call.

@@ -21,8 +21,14 @@ impl fmt::Display for JobId {
 /// What the job runs: a script whose content is stored at submit, or a command.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Program {
-    /// A batch script; `path` is where it was read from (for display only).
-    Script { path: String, content: String },
+    /// A batch script; `path` is where it was read from (for display only);
+    /// `args` are its arguments (`sbatch job.sh a b`: `$1 $2`).
+    Script {
+        path: String,
+        content: String,
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        args: Vec<String>,
+    },
     /// A command with its arguments, run directly (no shell).
     Command { argv: Vec<String> },
 }
@@ -285,7 +291,7 @@ impl JobSpec {
             Program::Command { argv } if argv.is_empty() || argv[0].is_empty() => {
                 Err("the command is empty: give a script or a command to run".into())
             }
-            Program::Script { content, path } if content.is_empty() => {
+            Program::Script { content, path, .. } if content.is_empty() => {
                 Err(format!("script {path:?} is empty"))
             }
             _ => Ok(()),

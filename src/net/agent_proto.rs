@@ -68,6 +68,10 @@ pub enum ServerMsg {
     },
     /// Events up to and including `seq` are committed.
     EventsCommitted { seq: u64 },
+    /// Send `signal` to these running tasks (`scancel --signal`); a task
+    /// not running here is skipped. Not replicated: a signal is a moment's
+    /// act, like Slurm's.
+    Signal { tasks: Vec<TaskKey>, signal: i32 },
 }
 
 /// The most bytes one log reply carries.
@@ -96,6 +100,12 @@ pub struct LogRequest {
     /// Its stderr spool rather than its stdout.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub stderr: bool,
+    /// For `%A`/`%a` in the pattern: the array job and index.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub array: Option<(JobId, u32)>,
+    /// For `%N`: the node's name.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub node: String,
 }
 
 fn is_zero(n: &u32) -> bool {

@@ -133,6 +133,31 @@ pub enum ApiRequest {
         stderr: bool,
         offset: u64,
     },
+    /// Send a signal to running jobs' tasks (`scancel --signal`), all or
+    /// none: owners their own, admins any.
+    Signal {
+        jobs: Vec<JobRef>,
+        signal: i32,
+        #[serde(default)]
+        scope: SignalScope,
+        /// Only this step's tasks (`srun` passing on a signal it got).
+        #[serde(default)]
+        step: Option<u32>,
+    },
+}
+
+/// Which of a job's tasks a signal reaches, as `scancel`'s flags say.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SignalScope {
+    /// Its steps (and a `gpuq submit` job's ranks, which are its step):
+    /// Slurm's default.
+    #[default]
+    Steps,
+    /// Only the batch script (`-b`).
+    Batch,
+    /// The batch script and every step (`-f`).
+    Full,
 }
 
 /// Who a daemon vouches the request comes from.
@@ -390,6 +415,9 @@ pub enum ApiResponse {
     },
     /// Done; nothing more to say (a token's use taken).
     Ok,
+    Signalled {
+        ids: Vec<JobId>,
+    },
     StepStarted {
         step: u32,
     },

@@ -28,6 +28,8 @@ struct Connected {
     boot_id: u64,
     last_seen: Instant,
     conn: quinn::Connection,
+    /// Messages for the session to send beside the desired state (signals).
+    outbox: mpsc::UnboundedSender<ServerMsg>,
 }
 
 /// The agents connected to this server, by node name.
@@ -47,7 +49,13 @@ impl AgentHub {
 
     /// Admits a connection for `node`, or says why not: a different agent
     /// process for the same node that is still heard from is refused.
-    fn admit(&self, node: &str, boot_id: u64, conn: &quinn::Connection) -> Result<(), String> {
+    fn admit(
+        &self,
+        node: &str,
+        boot_id: u64,
+        conn: &quinn::Connection,
+        outbox: mpsc::UnboundedSender<ServerMsg>,
+    ) -> Result<(), String> {
         let mut agents = self.lock();
         if let Some(c) = agents.get(node) {
             if c.boot_id != boot_id && c.last_seen.elapsed() < ALIVE_WINDOW {
@@ -63,6 +71,7 @@ impl AgentHub {
                 boot_id,
                 last_seen: Instant::now(),
                 conn: conn.clone(),
+                outbox,
             },
         );
         Ok(())
@@ -99,6 +108,13 @@ impl AgentHub {
             .get(node)
             .filter(|c| c.conn.close_reason().is_none())
             .map(|c| c.conn.clone())
+    }
+
+    /// Hands `msg` to `node`'s session to send; false when it has none.
+    pub fn send(&self, node: &str, msg: ServerMsg) -> bool {
+        self.lock()
+            .get(node)
+            .is_some_and(|c| c.outbox.send(msg).is_ok())
     }
 
     /// Names of agents heard from recently.
@@ -150,7 +166,8 @@ pub async fn serve(api: Arc<Api>, hub: Arc<AgentHub>, peer: Peer) {
     if let Some(leader) = api.leader_elsewhere() {
         return refuse(&mut send, "this server is not the leader".into(), leader).await;
     }
-    if let Err(why) = hub.admit(&node, hello.boot_id, &peer.conn) {
+    let (outbox, mut outgoing) = mpsc::unbounded_channel::<ServerMsg>();
+    if let Err(why) = hub.admit(&node, hello.boot_id, &peer.conn, outbox) {
         tracing::warn!(%node, remote = %peer.remote, "refused agent: {why}");
         return refuse(&mut send, why, None).await;
     }
@@ -243,6 +260,12 @@ pub async fn serve(api: Arc<Api>, hub: Arc<AgentHub>, peer: Peer) {
         tokio::select! {
             changed = metrics.changed() => {
                 if changed.is_err() {
+                    break;
+                }
+            }
+            msg = outgoing.recv() => {
+                let Some(msg) = msg else { break };
+                if write_frame(&mut send, &msg).await.is_err() {
                     break;
                 }
             }

@@ -298,6 +298,7 @@ impl Api {
                 | ApiRequest::StepCancel { .. }
                 | ApiRequest::Release { .. }
                 | ApiRequest::StepLogs { .. }
+                | ApiRequest::Signal { .. }
         );
         if needs_leader {
             if let Some(resp) = self.forward_if_follower(&caller, &req).await {
@@ -400,6 +401,12 @@ impl Api {
                 self.logs(&caller, job, rank, offset, Some((step, stderr)))
                     .await
             }
+            ApiRequest::Signal {
+                jobs,
+                signal,
+                scope,
+                step,
+            } => self.signal(&caller, jobs, signal, scope, step),
             req @ (ApiRequest::StepStart { .. }
             | ApiRequest::StepCancel { .. }
             | ApiRequest::Release { .. }) => self.step_request(caller, req).await,

@@ -336,6 +336,7 @@ pub fn build_spec(
                 let program = Program::Script {
                     path: shown,
                     content,
+                    args: Vec::new(),
                 };
                 (program, name, from_directives.overlay(args))
             }
@@ -373,6 +374,7 @@ pub fn build_batch_spec(
     let program = Program::Script {
         path: path.to_string(),
         content,
+        args: Vec::new(),
     };
     finish_spec(args, program, file_name(path), env, cwd)
 }

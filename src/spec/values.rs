@@ -195,7 +195,7 @@ pub fn parse_output_pattern(pattern: &str) -> Result<String, PatternError> {
             continue;
         }
         match chars.next() {
-            Some('j' | 't' | 'n' | 'x' | 'u' | '%') => {}
+            Some('j' | 't' | 'n' | 'x' | 'u' | 'A' | 'a' | 'N' | 's' | 'J' | '%') => {}
             Some(escape) => {
                 return Err(PatternError::UnknownEscape {
                     pattern: pattern.to_string(),

@@ -428,6 +428,8 @@ pub fn log_requests() -> Vec<LogRequest> {
         attempt: 0,
         step: None,
         stderr: false,
+        array: None,
+        node: String::new(),
     }]
 }
 

@@ -358,6 +358,8 @@ pub fn samples(store: &Store, _dir: &Path) -> Vec<Sample> {
         attempt: 0,
         step: None,
         stderr: false,
+        array: None,
+        node: String::new(),
     };
     out.push(sample("LogRequest", "LogRequest", &log_req));
     for r in [

@@ -34,9 +34,18 @@ pub struct PatternVars<'a> {
     pub user: &'a str,
     /// Relative patterns are relative to it.
     pub workdir: &'a Path,
+    /// `%A` and `%a`: the array job id and task index, for an array task.
+    pub array: Option<(JobId, u32)>,
+    /// `%N`: the node's name.
+    pub node: &'a str,
+    /// `%s`: the step, for a step's task.
+    pub step: Option<u32>,
 }
 
-/// Expands `%j %t %n %x %u %%` in an output pattern (`None`: the default
+/// What Slurm writes for `%a` of a job that is no array task (its NO_VAL).
+const NOT_AN_ARRAY_TASK: &str = "4294967294";
+
+/// Expands `%j %t %n %x %u %A %a %N %s %J %%` in an output pattern (`None`: the default
 /// `gpuq-%j.out`) and makes it absolute against the working directory. Other
 /// `%` sequences are kept as written.
 pub fn expand_output_pattern(pattern: Option<&str>, vars: &PatternVars<'_>) -> PathBuf {
@@ -54,6 +63,20 @@ pub fn expand_output_pattern(pattern: Option<&str>, vars: &PatternVars<'_>) -> P
             Some('n') => out.push_str(&vars.node_rank.to_string()),
             Some('x') => out.push_str(vars.job_name),
             Some('u') => out.push_str(vars.user),
+            Some('A') => out.push_str(&vars.array.map_or(vars.job, |a| a.0).to_string()),
+            Some('a') => match vars.array {
+                Some((_, index)) => out.push_str(&index.to_string()),
+                None => out.push_str(NOT_AN_ARRAY_TASK),
+            },
+            Some('N') => out.push_str(vars.node),
+            Some('s') => match vars.step {
+                Some(step) => out.push_str(&step.to_string()),
+                None => out.push_str("batch"),
+            },
+            Some('J') => match vars.step {
+                Some(step) => out.push_str(&format!("{}.{step}", vars.job)),
+                None => out.push_str(&vars.job.to_string()),
+            },
             Some('%') => out.push('%'),
             Some(other) => {
                 out.push('%');
@@ -173,6 +196,9 @@ mod tests {
             node_rank: 1,
             user: "alice",
             workdir,
+            array: None,
+            node: "gpu07",
+            step: None,
         }
     }
 
@@ -187,6 +213,19 @@ mod tests {
         assert_eq!(
             expand_output_pattern(Some("logs/%x-%j.%t.%n.%u.out"), &v),
             PathBuf::from("/home/alice/run/logs/train-812.5.1.alice.out")
+        );
+        assert_eq!(
+            expand_output_pattern(Some("%A_%a-%N-%s-%J"), &v),
+            PathBuf::from("/home/alice/run/812_4294967294-gpu07-batch-812")
+        );
+        let task = PatternVars {
+            array: Some((JobId(800), 12)),
+            step: Some(2),
+            ..v
+        };
+        assert_eq!(
+            expand_output_pattern(Some("%A_%a_%t-%J"), &task),
+            PathBuf::from("/home/alice/run/800_12_5-812.2")
         );
         assert_eq!(
             expand_output_pattern(Some("/scratch/100%%-%q%"), &v),

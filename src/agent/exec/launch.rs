@@ -91,6 +91,11 @@ impl Prepared {
         pin_cpus: bool,
     ) -> Result<Prepared, String> {
         let argv: Vec<String> = match (&spec.program, script) {
+            (crate::model::Program::Script { args, .. }, Some(path)) => {
+                std::iter::once(path.to_string_lossy().into_owned())
+                    .chain(args.iter().cloned())
+                    .collect()
+            }
             (_, Some(path)) => vec![path.to_string_lossy().into_owned()],
             (crate::model::Program::Command { argv }, None) if !argv.is_empty() => argv.clone(),
             _ => return Err("the task has no command to run".to_string()),

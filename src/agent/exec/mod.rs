@@ -213,6 +213,24 @@ impl Executor {
         Ok(())
     }
 
+    /// Sends `signal` to a running task's process group (the task leads
+    /// its own session, so this reaches what it started too).
+    pub fn signal(&self, key: TaskKey, signal: i32) -> Result<(), ExecError> {
+        let TaskObserved::Running { pid: Some(pid), .. } = self.observe(key) else {
+            return Err(ExecError::NoSuchTask { key });
+        };
+        let signal = Signal::try_from(signal).map_err(|e| ExecError::Io {
+            action: "send signal to",
+            path: self.task_dir(key),
+            source: io::Error::other(e),
+        })?;
+        let group = Pid::from_raw(-(pid as i32));
+        if kill(group, signal).is_err() {
+            let _ = kill(Pid::from_raw(pid as i32), signal);
+        }
+        Ok(())
+    }
+
     /// What is known about one task.
     pub fn observe(&self, key: TaskKey) -> TaskObserved {
         let dir = self.task_dir(key);

@@ -135,6 +135,8 @@ fn rank_log_request(
         attempt: run.attempt,
         step: None,
         stderr: false,
+        array: job.array.map(|a| (a.array_job, a.index)),
+        node: node.clone(),
     };
     Ok(Some((req, node)))
 }
@@ -193,6 +195,8 @@ fn step_log_request(
         attempt: run.attempt,
         step: Some(step),
         stderr,
+        array: job.array.map(|a| (a.array_job, a.index)),
+        node: node.clone(),
     };
     Ok(Some((req, node)))
 }

@@ -114,5 +114,6 @@ fn request_name(req: &ApiRequest) -> &'static str {
         ApiRequest::StepCancel { .. } => "step-cancel",
         ApiRequest::Release { .. } => "release",
         ApiRequest::StepLogs { .. } => "step-logs",
+        ApiRequest::Signal { .. } => "signal",
     }
 }

@@ -230,7 +230,7 @@ fn directives_then_flags_with_defaults() {
     assert_eq!(s.output, None);
     assert_eq!(s.workdir, dir.path().to_str().unwrap());
     match &s.program {
-        Program::Script { path, content } => {
+        Program::Script { path, content, .. } => {
             assert_eq!(Path::new(path), dir.path().join("job.sh"));
             assert!(content.contains("srun hostname"));
         }
