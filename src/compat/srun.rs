@@ -448,7 +448,7 @@ async fn follow(
             let _ = call(ApiRequest::StepCancel { job: id, step }).await;
             cancelled = true;
         }
-        for signal in interrupt.to_pass_on() {
+        for signal in interrupt.passed_on_since() {
             let _ = call(ApiRequest::Signal {
                 jobs: vec![crate::model::JobRef { id, task: None }],
                 signal,
@@ -575,7 +575,7 @@ impl Interrupts {
     }
 
     /// The signals to pass on to the step that came since the last call.
-    fn to_pass_on(&mut self) -> Vec<i32> {
+    fn passed_on_since(&mut self) -> Vec<i32> {
         use std::task::{Context, Poll};
         let mut cx = Context::from_waker(std::task::Waker::noop());
         let mut came = Vec::new();
