@@ -37,7 +37,9 @@ pub fn path(root: &Path, key: TaskKey, stderr: bool) -> PathBuf {
 }
 
 /// Makes the job's spool directory, owned by `uid`/`gid` and closed to
-/// everyone else (the root only traversable).
+/// everyone else (the root only traversable). The tasks of a step start in
+/// parallel, so the directory is made ready under a name of its own and
+/// renamed into place: nobody sees it half set up.
 pub fn prepare(root: &Path, job: JobId, owner: Option<(u32, u32)>) -> io::Result<()> {
     if !root.exists() {
         fs::DirBuilder::new()
@@ -47,10 +49,24 @@ pub fn prepare(root: &Path, job: JobId, owner: Option<(u32, u32)>) -> io::Result
         fs::set_permissions(root, fs::Permissions::from_mode(0o711))?;
     }
     let dir = root.join(job.to_string());
-    if !dir.exists() {
-        fs::DirBuilder::new().mode(0o700).create(&dir)?;
-        if let Some((uid, gid)) = owner {
-            std::os::unix::fs::chown(&dir, Some(uid), Some(gid))?;
+    if dir.is_dir() {
+        return Ok(());
+    }
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let making = root.join(format!(".{job}.{}.{n}", std::process::id()));
+    fs::DirBuilder::new().mode(0o700).create(&making)?;
+    if let Some((uid, gid)) = owner {
+        std::os::unix::fs::chown(&making, Some(uid), Some(gid))?;
+    }
+    // Another task may have put one there first: theirs stands.
+    if fs::rename(&making, &dir).is_err() {
+        let _ = fs::remove_dir(&making);
+        if !dir.is_dir() {
+            return Err(io::Error::other(format!(
+                "{} could not be made",
+                dir.display()
+            )));
         }
     }
     Ok(())

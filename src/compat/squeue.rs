@@ -402,6 +402,7 @@ mod tests {
             nice: 0,
             launch: Default::default(),
             submit_host: None,
+            first_step: None,
         };
         let mut j = Job::pending(JobId(id), "alice", spec, 0);
         j.state = state;

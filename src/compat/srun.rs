@@ -227,8 +227,8 @@ async fn show(id: JobId) -> Result<Job, CliError> {
     }
 }
 
-/// Queues an allocation for the step, waits for it, runs the step in it and
-/// releases it.
+/// Queues an allocation with the step as its first, follows the step and
+/// releases the allocation.
 async fn run_in_new_allocation(cli: &SrunArgs, cwd: &Path) -> Result<ExitCode, CliError> {
     let env: Vec<(String, String)> = std::env::vars().collect();
     // The allocation holds the step's nodes with room for its busiest node:
@@ -239,15 +239,19 @@ async fn run_in_new_allocation(cli: &SrunArgs, cwd: &Path) -> Result<ExitCode, C
         alloc.ntasks = None;
         alloc.job.ntasks_per_node = Some(n.div_ceil(nodes));
     }
-    // Check the step's shape before anything is queued, on the nodes it
-    // will have (named by -w, or as many as asked for).
+    // The step's shape, on the nodes it will have (named by -w, or as many
+    // as asked for; the allocation is exactly those), checked before
+    // anything is queued.
     let planned: Vec<String> = match &cli.alloc.job.nodelist {
         Some(list) => list.0.clone(),
         None => (0..alloc.job.nodes.unwrap_or(1))
             .map(|i| format!("node {i}"))
             .collect(),
     };
-    step_shape(cli, &planned, alloc.job.ntasks_per_node.unwrap_or(1)).map_err(CliError::input)?;
+    let per_node = alloc.job.ntasks_per_node.unwrap_or(1);
+    let (_, tasks) = step_shape(cli, &planned, per_node).map_err(CliError::input)?;
+    let nodes = (0..tasks.len() as u32).collect();
+    let step = step_spec(cli, nodes, tasks, 1, cwd)?;
     let mut args = super::sbatch::translate(&alloc).map_err(CliError::input)?;
     // Slurm's srun writes to the terminal, not to slurm-%j.out.
     if cli.alloc.job.output.is_none() {
@@ -257,6 +261,12 @@ async fn run_in_new_allocation(cli: &SrunArgs, cwd: &Path) -> Result<ExitCode, C
     let mut spec = crate::spec::build_allocation_spec(&args, argv, &env, cwd)
         .map_err(|e| CliError::input(e.to_string()))?;
     spec.submit_host = super::submit_host();
+    let step = StepSpec {
+        cpus_per_task: spec.cpus_per_task,
+        ..step
+    };
+    let (streamed, ntasks) = (step.output.is_none(), step.ntasks());
+    spec.first_step = Some(Box::new(step));
     let id = match call(ApiRequest::Submit {
         spec: Box::new(spec),
     })
@@ -268,10 +278,10 @@ async fn run_in_new_allocation(cli: &SrunArgs, cwd: &Path) -> Result<ExitCode, C
     let queued = Instant::now();
     let mut said = false;
     let mut interrupt = Interrupts::new()?;
-    loop {
+    let attempt = loop {
         let job = show(id).await?;
         match job.state {
-            JobState::Running => break,
+            JobState::Running => break job.run.map_or(0, |r| r.attempt),
             JobState::Pending => {
                 if !said && queued.elapsed() > Duration::from_secs(1) {
                     eprintln!("srun: job {id} queued and waiting for resources");
@@ -294,14 +304,66 @@ async fn run_in_new_allocation(cli: &SrunArgs, cwd: &Path) -> Result<ExitCode, C
             eprintln!("srun: job {id} cancelled while waiting");
             return Ok(ExitCode::from(1));
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+        // Quick at first: an idle cluster starts the job within a pass.
+        let pause = if queued.elapsed() < Duration::from_millis(500) {
+            5
+        } else {
+            50
+        };
+        tokio::time::sleep(Duration::from_millis(pause)).await;
+    };
     if said {
         eprintln!("srun: job {id} has been allocated resources");
     }
-    let code = run_step(cli, id, cwd).await;
+    let code = follow(cli, id, attempt, 0, ntasks, streamed).await;
     let _ = call(ApiRequest::Release { job: id }).await;
     code
+}
+
+/// The step srun's flags describe, on the job's node ranks `nodes` with
+/// `tasks` on each; `cpus_per_task` unless -c says otherwise.
+fn step_spec(
+    cli: &SrunArgs,
+    nodes: Vec<u32>,
+    tasks: Vec<u32>,
+    cpus_per_task: u32,
+    cwd: &Path,
+) -> Result<StepSpec, CliError> {
+    let argv = cli.alloc.job.script_or_command.clone();
+    let chdir = match &cli.alloc.job.chdir {
+        Some(d) => cwd.join(d),
+        None => cwd.to_path_buf(),
+    };
+    let env: Vec<(String, String)> = std::env::vars().collect();
+    let env = match &cli.alloc.job.export {
+        Some(export) => crate::spec::values::export_env(export, &env),
+        None => env,
+    };
+    let spec = StepSpec {
+        name: cli
+            .alloc
+            .job
+            .job_name
+            .clone()
+            .unwrap_or_else(|| file_name(&argv[0])),
+        program: Program::Command { argv },
+        nodes,
+        tasks,
+        cpus_per_task: cli.alloc.job.cpus_per_task.unwrap_or(cpus_per_task),
+        gpus_per_task: cli.gpus_per_task,
+        workdir: chdir.to_string_lossy().into_owned(),
+        env,
+        output: cli.alloc.job.output.clone(),
+        error: cli.alloc.job.error.clone(),
+        kill_on_bad_exit: cli.kill_on_bad_exit == Some(1),
+    };
+    for (flag, pattern) in [("--output", &spec.output), ("--error", &spec.error)] {
+        if let Some(p) = pattern {
+            crate::spec::values::parse_output_pattern(p)
+                .map_err(|e| CliError::input(format!("{flag} {p}: {e}")))?;
+        }
+    }
+    Ok(spec)
 }
 
 /// Starts the step in job `job`, streams its output, and returns its exit
@@ -327,44 +389,7 @@ async fn run_step(cli: &SrunArgs, id: JobId, cwd: &Path) -> Result<ExitCode, Cli
         .collect();
     let (nodes, tasks) =
         step_shape(cli, &job_nodes, job.spec.ntasks_per_node).map_err(CliError::input)?;
-    let argv = cli.alloc.job.script_or_command.clone();
-    let chdir = match &cli.alloc.job.chdir {
-        Some(d) => cwd.join(d),
-        None => cwd.to_path_buf(),
-    };
-    let env: Vec<(String, String)> = std::env::vars().collect();
-    let env = match &cli.alloc.job.export {
-        Some(export) => crate::spec::values::export_env(export, &env),
-        None => env,
-    };
-    let spec = StepSpec {
-        name: cli
-            .alloc
-            .job
-            .job_name
-            .clone()
-            .unwrap_or_else(|| file_name(&argv[0])),
-        program: Program::Command { argv },
-        nodes,
-        tasks,
-        cpus_per_task: cli
-            .alloc
-            .job
-            .cpus_per_task
-            .unwrap_or(job.spec.cpus_per_task),
-        gpus_per_task: cli.gpus_per_task,
-        workdir: chdir.to_string_lossy().into_owned(),
-        env,
-        output: cli.alloc.job.output.clone(),
-        error: cli.alloc.job.error.clone(),
-        kill_on_bad_exit: cli.kill_on_bad_exit == Some(1),
-    };
-    for (flag, pattern) in [("--output", &spec.output), ("--error", &spec.error)] {
-        if let Some(p) = pattern {
-            crate::spec::values::parse_output_pattern(p)
-                .map_err(|e| CliError::input(format!("{flag} {p}: {e}")))?;
-        }
-    }
+    let spec = step_spec(cli, nodes, tasks, job.spec.cpus_per_task, cwd)?;
     let streamed = spec.output.is_none();
     let ntasks = spec.ntasks();
     let step = match call(ApiRequest::StepStart {

@@ -114,6 +114,10 @@ pub struct JobSpec {
     /// The host it was submitted from (`SLURM_SUBMIT_HOST`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub submit_host: Option<String>,
+    /// An allocation's first step, started with the job itself (`srun`
+    /// outside an allocation: no second round trip before the tasks run).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_step: Option<Box<super::StepSpec>>,
 }
 
 fn default_max_restarts() -> u32 {
@@ -252,6 +256,17 @@ impl JobSpec {
     pub fn check_invariants(&self) -> Result<(), String> {
         if self.nodes == 0 {
             return Err("nodes must be at least 1 (use --nodes 1 or more)".into());
+        }
+        if let Some(step) = &self.first_step {
+            if self.launch != super::Launch::Allocation {
+                return Err("only an allocation (srun, salloc) starts with a step".into());
+            }
+            if self.total_gpus.is_some() {
+                return Err(
+                    "an allocation with a first step needs its node count: give -N with -G".into(),
+                );
+            }
+            step.check(self.nodes)?;
         }
         if self.ntasks_per_node == 0 {
             return Err("ntasks-per-node must be at least 1".into());

@@ -76,6 +76,7 @@ pub fn sim_spec(
         signal: None,
         launch: Default::default(),
         submit_host: None,
+        first_step: None,
     }
 }
 

@@ -461,6 +461,7 @@ fn finish_spec(
         signal: merged.signal,
         launch: Default::default(),
         submit_host: None,
+        first_step: None,
     };
     if let (Some(sig), Some(limit)) = (&spec.signal, spec.time_limit_secs) {
         if sig.secs_before >= limit {

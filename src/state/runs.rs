@@ -142,7 +142,24 @@ impl State {
                     requeue: false,
                     kill_grace_secs,
                     preempted_for: None,
-                    steps: Vec::new(),
+                    // An allocation asked for with its first step (`srun`
+                    // outside one) starts that step with the job.
+                    steps: job
+                        .spec
+                        .first_step
+                        .as_ref()
+                        .map(|spec| crate::model::Step {
+                            id: 0,
+                            spec: (**spec).clone(),
+                            start_time: now,
+                            end_time: None,
+                            time_limit_secs: job.spec.time_limit_secs,
+                            started: Default::default(),
+                            ended: Default::default(),
+                            cancelled: false,
+                        })
+                        .into_iter()
+                        .collect(),
                 });
                 job.reason = None;
                 job.exit_code = None;

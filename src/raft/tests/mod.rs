@@ -52,6 +52,7 @@ fn spec(name: &str) -> JobSpec {
         },
         launch: Default::default(),
         submit_host: None,
+        first_step: None,
     }
 }
 

@@ -44,6 +44,7 @@ fn spec(name: &str) -> JobSpec {
         },
         launch: Default::default(),
         submit_host: None,
+        first_step: None,
     }
 }
 

@@ -37,6 +37,7 @@ fn spec(name: &str, queue: QueueSpec) -> JobSpec {
         },
         launch: Default::default(),
         submit_host: None,
+        first_step: None,
     }
 }
 
