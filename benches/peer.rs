@@ -435,6 +435,123 @@ fn t_multi(p: &mut Peer, k: &Knobs, f: &mut Figures) {
     );
 }
 
+/// One `srun -N<nodes> --ntasks-per-node=1` whose ranks stamp their first
+/// instruction into `prefix.RANK`, with `env` added: (first rank, last
+/// rank, srun's return), seconds after it was started.
+fn srun_once(p: &Peer, k: &Knobs, prefix: &Path, env: &[(&str, &str)]) -> Option<(f64, f64, f64)> {
+    let (nodes, gres) = (k.nodes.to_string(), format!("gpu:{}", k.gpus));
+    let cmd = format!("echo $EPOCHREALTIME > {}.$SLURM_PROCID", prefix.display());
+    let args = [
+        "slurm",
+        "srun",
+        "-N",
+        &nodes,
+        "--ntasks-per-node=1",
+        "--gres",
+        &gres,
+        "bash",
+        "-c",
+        &cmd,
+    ];
+    let t0 = epoch();
+    let out = common::cli_env(&p.socket, &args, env);
+    let wall = epoch() - t0;
+    if !out.status.success() {
+        eprintln!("srun failed: {}", common::stderr(&out).trim());
+        return None;
+    }
+    let mut ranks = Vec::new();
+    for r in 0..k.nodes {
+        let path = PathBuf::from(format!("{}.{r}", prefix.display()));
+        ranks.push(wait_stamp(&path, Duration::from_secs(10))?[0] - t0);
+    }
+    let first = ranks.iter().cloned().fold(f64::MAX, f64::min);
+    let last = ranks.iter().cloned().fold(f64::MIN, f64::max);
+    Some((first, last, wall))
+}
+
+/// `srun -N8` as a Slurm user runs it: outside an allocation (it gets one,
+/// as Slurm's `d.srun_all_*` figures do), and as a step inside a running
+/// one (what a batch script's srun costs).
+fn t_srun(p: &mut Peer, k: &Knobs, f: &mut Figures) {
+    let jit = if k.smoke {
+        Duration::from_millis(100)
+    } else {
+        Duration::from_secs(1)
+    };
+    let (mut last, mut wall) = (Vec::new(), Vec::new());
+    for i in 0..k.mn_reps {
+        p.settle();
+        jitter(jit);
+        if let Some((_, l, w)) = srun_once(p, k, &p.dir.join(format!("srun.{i}")), &[]) {
+            last.push(l);
+            wall.push(w);
+        }
+    }
+    f.gpuq_srun = Stats::of(&last);
+    f.detail.insert(
+        "srun.new_allocation_to_last_rank_s".into(),
+        report::stats_json(&last),
+    );
+    f.detail.insert(
+        "srun.new_allocation_wall_s".into(),
+        report::stats_json(&wall),
+    );
+
+    // A held allocation: a batch job whose script only waits.
+    p.settle();
+    let gres = format!("gpu:{}", k.gpus);
+    let nodes = k.nodes.to_string();
+    let held = common::cli(
+        &p.socket,
+        &[
+            "slurm",
+            "sbatch",
+            "--parsable",
+            "-N",
+            &nodes,
+            "--gres",
+            &gres,
+            "-o",
+            "/dev/null",
+            "--wrap",
+            "sleep 3600",
+        ],
+    );
+    let id = String::from_utf8_lossy(&held.stdout).trim().to_string();
+    let start = Instant::now();
+    let running = || {
+        let out = common::cli(&p.socket, &["show", &id, "--json"]);
+        serde_json::from_slice::<serde_json::Value>(&out.stdout)
+            .is_ok_and(|j| j["state"] == "RUNNING")
+    };
+    while !running() {
+        if start.elapsed() > Duration::from_secs(60) {
+            eprintln!("srun: the allocation {id} did not start in 60 s");
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let (mut step_last, mut step_wall) = (Vec::new(), Vec::new());
+    for i in 0..k.lat_reps {
+        jitter(Duration::from_millis(100));
+        let prefix = p.dir.join(format!("step.{i}"));
+        if let Some((_, l, w)) = srun_once(p, k, &prefix, &[("SLURM_JOB_ID", &id)]) {
+            step_last.push(l);
+            step_wall.push(w);
+        }
+    }
+    let _ = common::cli(&p.socket, &["cancel", &id]);
+    let _ = p.wait_empty(Duration::from_secs(60));
+    f.gpuq_step = Stats::of(&step_last);
+    f.detail.insert(
+        "srun.step_to_last_rank_s".into(),
+        report::stats_json(&step_last),
+    );
+    f.detail
+        .insert("srun.step_wall_s".into(), report::stats_json(&step_wall));
+}
+
 /// N `true` jobs from `np` concurrent submitters, REPS times: (submit rates,
 /// end-to-end rates, costs).
 fn throughput(p: &mut Peer, k: &Knobs, np: usize) -> (Vec<f64>, Vec<f64>, Vec<Cost>) {
@@ -556,7 +673,10 @@ fn main() {
         let t = Instant::now();
         match test.as_str() {
             "lat" => t_lat(&mut p, &k, &mut f),
-            "multi" => t_multi(&mut p, &k, &mut f),
+            "multi" => {
+                t_multi(&mut p, &k, &mut f);
+                t_srun(&mut p, &k, &mut f);
+            }
             "seq" => {
                 let (s, e, c) = throughput(&mut p, &k, 1);
                 f.gpuq_seq = report::median(&s);

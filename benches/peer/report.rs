@@ -71,6 +71,10 @@ pub struct Figures {
     pub gpuq_array: Option<f64>,
     pub gpuq_lat: Option<Stats>,
     pub gpuq_gang: Option<Stats>,
+    /// `srun -N8` outside an allocation, to the last rank's first instruction.
+    pub gpuq_srun: Option<Stats>,
+    /// `srun -N8` as a step in a running allocation, likewise.
+    pub gpuq_step: Option<Stats>,
     pub gpuq_peak_rss_mb: f64,
     /// Sequential process starts per second: `/bin/true`, `gpuq --version`.
     pub floor_true: Option<f64>,
@@ -360,6 +364,22 @@ fn rows(f: &Figures) -> Vec<Row> {
             }),
             gpuq: ms(f.gpuq_gang),
             target: Target::AtMost(50.0),
+        },
+        Row {
+            figure: "8x8 GPUs: srun -N8 (its own allocation) -> last rank p50",
+            unit: "ms",
+            slurm: best(f, false, |s| {
+                s.p50("d.srun_all_to_last_rank_s").map(|v| v * 1e3)
+            }),
+            gpuq: ms(f.gpuq_srun),
+            target: Target::AtMost(20.0),
+        },
+        Row {
+            figure: "8x8 GPUs: srun -N8 step in an allocation -> last rank p50",
+            unit: "ms",
+            slurm: None,
+            gpuq: ms(f.gpuq_step),
+            target: Target::AtMost(20.0),
         },
         Row {
             figure: "control daemon peak RSS",

@@ -46,6 +46,21 @@ pub async fn run(api: Arc<Api>, ttl: Duration, mut shutdown: watch::Receiver<boo
                 .map(|(name, _)| name.clone())
                 .collect()
         };
+        // An allocation runs nothing whose shim would keep its time limit:
+        // the leader ends it when the limit has passed.
+        let now = now_ms();
+        let expired: Vec<crate::model::JobId> = api
+            .state()
+            .jobs
+            .values()
+            .filter(|j| crate::state::allocation_expired(j, now))
+            .map(|j| j.id)
+            .collect();
+        if !expired.is_empty() {
+            if let Err(e) = api.write(Command::Expire { jobs: expired, now }).await {
+                tracing::warn!("could not end expired allocations: {e:?}");
+            }
+        }
         for node in silent {
             let reason = format!("no heartbeat from its agent for {} s", ttl.as_secs_f64());
             tracing::warn!(%node, %reason, "node is down");

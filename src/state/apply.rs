@@ -179,6 +179,7 @@ impl State {
                 step,
                 ..
             } => self.cancel_step(by, *admin, *job, *step, dirty),
+            Command::Expire { jobs, now } => Ok(self.expire(jobs, *now, dirty)),
             Command::Release {
                 by,
                 admin,

@@ -145,6 +145,9 @@ pub enum Command {
         step: u32,
         now: Millis,
     },
+    /// Ends the allocations among `jobs` whose time limit has passed at
+    /// `now` (TIMEOUT); nothing else runs their limit.
+    Expire { jobs: Vec<JobId>, now: Millis },
     /// Ends an allocation job (`salloc` left, `srun` done): it completes
     /// once its steps have stopped.
     Release {
@@ -212,6 +215,9 @@ pub enum CommandResult {
     },
     StepCancelled,
     Released,
+    Expired {
+        ids: Vec<JobId>,
+    },
 }
 
 /// Why apply refused a command. Nothing of a rejected command is applied.

@@ -31,6 +31,7 @@ pub use crate::model::policy_change::{
 pub use command::{Command, CommandResult, Rejection};
 pub use deps::DepStatus;
 pub use index::ActiveIndex;
+pub use steps::allocation_expired;
 pub use view::SchedInput;
 
 use crate::model::{Job, JobId, JobState, Millis, NodeInventory, PortRange, TokenRecord};

@@ -123,6 +123,29 @@ impl State {
         Ok(CommandResult::Released)
     }
 
+    /// Ends, as TIMEOUT, the allocations among `jobs` past their limit.
+    pub(super) fn expire(
+        &mut self,
+        jobs: &[JobId],
+        now: Millis,
+        dirty: &mut Dirty,
+    ) -> CommandResult {
+        let mut ids = Vec::new();
+        for &id in jobs {
+            if self
+                .jobs
+                .get(&id)
+                .is_some_and(|j| allocation_expired(j, now))
+            {
+                let why = "the allocation reached its time limit".to_string();
+                if self.begin_ending(id, JobState::Timeout, why, now, dirty) {
+                    ids.push(id);
+                }
+            }
+        }
+        CommandResult::Expired { ids }
+    }
+
     /// Applies one task event of a step task (`ev.key.step` is set) from
     /// `node`; returns whether it changed anything.
     pub(super) fn apply_step_event(
@@ -240,4 +263,15 @@ impl State {
             }
         }
     }
+}
+
+/// Whether `job` is a running allocation whose time limit has passed at
+/// `now`.
+pub fn allocation_expired(job: &crate::model::Job, now: Millis) -> bool {
+    job.state == JobState::Running
+        && job.spec.launch == Launch::Allocation
+        && match (job.spec.time_limit_secs, job.start_time) {
+            (Some(limit), Some(start)) => now >= start.saturating_add(limit.saturating_mul(1000)),
+            _ => false,
+        }
 }

@@ -11,6 +11,7 @@ mod policy;
 mod queue;
 mod restart;
 mod run;
+mod steps;
 
 use super::*;
 use crate::model::{ExportMode, JobSpec, Program, Role, TokenRecord};
