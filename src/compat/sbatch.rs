@@ -35,7 +35,7 @@ pub const DEFAULT_OUTPUT: &str = "slurm-%j.out";
     max_term_width = 100,
     about = "Submit a batch script to gpuq, as Slurm's sbatch (from stdin when no script is given)",
     after_help = "Accepted and ignored, with a warning: --mail-type, --mail-user, --comment, --wckey.\n\
-                  Not yet: --gpus-per-task, --exclusive."
+                  Not yet: --exclusive."
 )]
 pub struct SbatchArgs {
     #[command(flatten)]
@@ -61,6 +61,12 @@ pub struct SbatchArgs {
     #[arg(long, value_name = "N", conflicts_with = "cpus_per_task",
           value_parser = value_parser!(u32).range(1..))]
     pub cpus_per_gpu: Option<u32>,
+
+    /// GPUs per task; becomes --gpus-per-node: this times the tasks per
+    /// node, and srun's tasks each see this many
+    #[arg(long, value_name = "N", conflicts_with_all = ["gpus_per_node", "gres", "total_gpus"],
+          value_parser = value_parser!(u32).range(1..))]
+    pub gpus_per_task: Option<u32>,
 
     /// Print only the job id
     #[arg(long)]
@@ -109,6 +115,11 @@ impl SbatchArgs {
                 over.cpus_per_gpu
             } else {
                 self.cpus_per_gpu
+            },
+            gpus_per_task: if over.job.gpus().is_some() || over.job.total_gpus.is_some() {
+                over.gpus_per_task
+            } else {
+                over.gpus_per_task.or(self.gpus_per_task)
             },
             parsable: self.parsable || over.parsable,
             wait: self.wait || over.wait,
@@ -209,9 +220,22 @@ pub fn translate(args: &SbatchArgs) -> Result<SubmitArgs, String> {
             (None, None) => job.ntasks_per_node = Some(n),
         }
     }
+    if let Some(per_task) = args.gpus_per_task {
+        let tasks = job.ntasks_per_node.unwrap_or(1);
+        job.gres = None;
+        job.total_gpus = None;
+        job.gpus_per_node = Some(spec::values::GpuRequest {
+            gpu_type: None,
+            count: per_task.saturating_mul(tasks),
+        });
+    }
     per_gpu_and_cpu(args, &mut job)?;
     Ok(job)
 }
+
+/// The variable that hands `--gpus-per-task` to the job's `srun`s, as
+/// Slurm's sbatch sets it.
+pub const GPUS_PER_TASK_VAR: &str = "SLURM_GPUS_PER_TASK";
 
 /// The GPUs per node `job` asks for, when it can be known at submit.
 fn gpus_per_node(job: &SubmitArgs) -> Result<u32, String> {
@@ -371,6 +395,10 @@ pub async fn run(args: Vec<String>) -> Result<ExitCode, CliError> {
         .map_err(|e| CliError::input(format!("cannot read the current directory: {e}")))?;
     let (mut spec, merged) = build(&cli, &env, &cwd)?;
     spec.submit_host = super::submit_host();
+    spec.env.retain(|(k, _)| k != GPUS_PER_TASK_VAR);
+    if let Some(n) = merged.gpus_per_task {
+        spec.env.push((GPUS_PER_TASK_VAR.into(), n.to_string()));
+    }
     for flag in merged.ignored() {
         eprintln!("sbatch: warning: {flag} is accepted and ignored: gpuq does not support it");
     }
@@ -615,6 +643,16 @@ mod tests {
         let merged =
             parse(&["--gpus-per-node", "2", "--cpus-per-gpu", "4"]).overlay(&parse(&["-c", "3"]));
         assert_eq!(translate(&merged).unwrap().cpus_per_task, Some(3));
+    }
+
+    #[test]
+    fn gpus_per_task_times_the_tasks_per_node() {
+        let t = |words: &[&str]| translate(&parse(words));
+        let a = t(&["--ntasks-per-node", "4", "--gpus-per-task", "2"]).unwrap();
+        assert_eq!(a.gpus().map(|g| g.count), Some(8));
+        assert!(parse_args(&["--gpus-per-task=1".into(), "--gres=gpu:2".into()]).is_err());
+        let merged = parse(&["--gpus-per-task", "1"]).overlay(&parse(&["--gres=gpu:4"]));
+        assert_eq!(translate(&merged).unwrap().gpus().map(|g| g.count), Some(4));
     }
 
     #[test]

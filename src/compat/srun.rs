@@ -74,10 +74,6 @@ pub struct SrunArgs {
     #[arg(long)]
     pub exact: bool,
 
-    /// GPUs each task sees, out of its node's (default: all of them)
-    #[arg(long, value_name = "N", value_parser = value_parser!(u32).range(1..))]
-    pub gpus_per_task: Option<u32>,
-
     /// An interactive task on a terminal (not yet)
     #[arg(long)]
     pub pty: bool,
@@ -350,7 +346,13 @@ fn step_spec(
         nodes,
         tasks,
         cpus_per_task: cli.alloc.job.cpus_per_task.unwrap_or(cpus_per_task),
-        gpus_per_task: cli.gpus_per_task,
+        // A job's sbatch --gpus-per-task reaches its sruns as Slurm's does.
+        gpus_per_task: cli.alloc.gpus_per_task.or_else(|| {
+            std::env::var(super::sbatch::GPUS_PER_TASK_VAR)
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .filter(|n| *n > 0)
+        }),
         workdir: chdir.to_string_lossy().into_owned(),
         env,
         output: cli.alloc.job.output.clone(),
