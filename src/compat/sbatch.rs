@@ -76,6 +76,12 @@ pub struct SbatchArgs {
     #[arg(short = 'W', long)]
     pub wait: bool,
 
+    /// How output files open: append (what gpuq does) or truncate (accepted
+    /// with a warning: gpuq always appends, so a requeued job keeps its
+    /// earlier output)
+    #[arg(long, value_name = "append|truncate", value_parser = ["append", "truncate"])]
+    pub open_mode: Option<String>,
+
     /// Ignored: gpuq sends no mail
     #[arg(long, value_name = "TYPE")]
     pub mail_type: Option<String>,
@@ -123,6 +129,7 @@ impl SbatchArgs {
             },
             parsable: self.parsable || over.parsable,
             wait: self.wait || over.wait,
+            open_mode: over.open_mode.clone().or_else(|| self.open_mode.clone()),
             mail_type: over.mail_type.clone().or_else(|| self.mail_type.clone()),
             mail_user: over.mail_user.clone().or_else(|| self.mail_user.clone()),
             comment: over.comment.clone().or_else(|| self.comment.clone()),
@@ -142,6 +149,10 @@ impl SbatchArgs {
             ("--mail-user", self.mail_user.is_some()),
             ("--comment", self.comment.is_some()),
             ("--wckey", self.wckey.is_some()),
+            (
+                "--open-mode=truncate",
+                self.open_mode.as_deref() == Some("truncate"),
+            ),
         ]
         .into_iter()
         .filter(|(_, set)| *set)
