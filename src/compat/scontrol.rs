@@ -21,12 +21,14 @@ Commands:
   show job [ID]          a job (12, 12_3), or every job, as key=value
   hold ID...             keep pending jobs from starting
   release ID...          let held jobs start
+  requeue ID...          send running jobs back to the queue, same ids
+  requeuehold ID...      the same, held (release them to run)
 
 Options:
   -o, --oneliner         show each job on one line
   -h, --help             print this help
 
-Not yet: show node|partition, update, requeue, requeuehold.
+Not yet: show node|partition, update.
 ";
 
 /// `scontrol ARGS`.
@@ -117,6 +119,26 @@ pub async fn run(args: Vec<String>) -> Result<ExitCode, CliError> {
             "show {what} is not supported; gpuq's scontrol shows hostnames and job"
         ))),
         ["show"] => Err(CliError::input("show what? give hostnames LIST or job ID")),
+        [verb @ ("requeue" | "requeuehold"), rest @ ..] => {
+            if rest.is_empty() {
+                return Err(CliError::input(format!("{verb} needs job ids (12, 12_3)")));
+            }
+            let jobs = words[1..]
+                .iter()
+                .flat_map(|w| w.split(','))
+                .filter(|w| !w.is_empty())
+                .map(parse_ref)
+                .collect::<Result<Vec<_>, _>>()?;
+            match call(ApiRequest::Requeue {
+                jobs,
+                hold: *verb == "requeuehold",
+            })
+            .await?
+            {
+                ApiResponse::Requeued { .. } => Ok(ExitCode::SUCCESS),
+                other => Err(unexpected(other)),
+            }
+        }
         [verb @ ("hold" | "release" | "uhold"), rest @ ..] => {
             if rest.is_empty() {
                 return Err(CliError::input(format!("{verb} needs job ids (12, 12_3)")));
@@ -138,8 +160,8 @@ pub async fn run(args: Vec<String>) -> Result<ExitCode, CliError> {
             }
         }
         [other, ..] => Err(CliError::input(format!(
-            "invalid command: {other}; gpuq's scontrol knows show hostnames|job, hold, release \
-             (see scontrol --help)"
+            "invalid command: {other}; gpuq's scontrol knows show hostnames|job, hold, release, \
+             requeue, requeuehold (see scontrol --help)"
         ))),
     }
 }

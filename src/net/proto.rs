@@ -144,6 +144,10 @@ pub enum ApiRequest {
         #[serde(default)]
         step: Option<u32>,
     },
+    /// Send running jobs back to the queue with the same id (`scontrol
+    /// requeue`), all or none; with `hold`, hold them too. An array id
+    /// names every unfinished task.
+    Requeue { jobs: Vec<JobRef>, hold: bool },
 }
 
 /// Which of a job's tasks a signal reaches, as `scancel`'s flags say.
@@ -415,6 +419,9 @@ pub enum ApiResponse {
     },
     /// Done; nothing more to say (a token's use taken).
     Ok,
+    Requeued {
+        ids: Vec<JobId>,
+    },
     Signalled {
         ids: Vec<JobId>,
     },

@@ -59,7 +59,9 @@ fn rejection(r: Rejection) -> ApiResponse {
 
 fn rejection_kind(r: &Rejection) -> ErrorKind {
     match r {
-        Rejection::NoSuchJob(_) | Rejection::NoSuchToken(_) => ErrorKind::NotFound,
+        Rejection::NoSuchJob(_) | Rejection::NoSuchToken(_) | Rejection::NoSuchStep { .. } => {
+            ErrorKind::NotFound
+        }
         Rejection::NotOwner { .. } => ErrorKind::Forbidden,
         _ => ErrorKind::BadInput,
     }
@@ -299,6 +301,7 @@ impl Api {
                 | ApiRequest::Release { .. }
                 | ApiRequest::StepLogs { .. }
                 | ApiRequest::Signal { .. }
+                | ApiRequest::Requeue { .. }
         );
         if needs_leader {
             if let Some(resp) = self.forward_if_follower(&caller, &req).await {
@@ -407,6 +410,24 @@ impl Api {
                 scope,
                 step,
             } => self.signal(&caller, jobs, signal, scope, step),
+            ApiRequest::Requeue { jobs, hold } => {
+                let ids = match self.resolve(jobs, |j| !j.state.is_final()) {
+                    Ok(ids) => ids,
+                    Err(why) => return ApiResponse::error(ErrorKind::NotFound, why),
+                };
+                let cmd = Command::Requeue {
+                    by: caller.user,
+                    admin: caller.admin,
+                    ids,
+                    hold,
+                    now: now_ms(),
+                };
+                match self.write(cmd).await {
+                    Ok(CommandResult::Requeued { ids }) => ApiResponse::Requeued { ids },
+                    Ok(other) => self.unexpected(other),
+                    Err(resp) => resp,
+                }
+            }
             req @ (ApiRequest::StepStart { .. }
             | ApiRequest::StepCancel { .. }
             | ApiRequest::Release { .. }) => self.step_request(caller, req).await,

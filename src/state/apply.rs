@@ -179,6 +179,13 @@ impl State {
                 step,
                 ..
             } => self.cancel_step(by, *admin, *job, *step, dirty),
+            Command::Requeue {
+                by,
+                admin,
+                ids,
+                hold,
+                now,
+            } => self.requeue(by, *admin, ids, *hold, *now, dirty),
             Command::Expire { jobs, now } => Ok(self.expire(jobs, *now, dirty)),
             Command::Release {
                 by,

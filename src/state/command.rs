@@ -145,6 +145,15 @@ pub enum Command {
         step: u32,
         now: Millis,
     },
+    /// Sends running jobs back to the queue with the same id (`scontrol
+    /// requeue`); with `hold`, also holds them (pending ones too).
+    Requeue {
+        by: String,
+        admin: bool,
+        ids: Vec<JobId>,
+        hold: bool,
+        now: Millis,
+    },
     /// Ends the allocations among `jobs` whose time limit has passed at
     /// `now` (TIMEOUT); nothing else runs their limit.
     Expire { jobs: Vec<JobId>, now: Millis },
@@ -218,6 +227,9 @@ pub enum CommandResult {
     Expired {
         ids: Vec<JobId>,
     },
+    Requeued {
+        ids: Vec<JobId>,
+    },
 }
 
 /// Why apply refused a command. Nothing of a rejected command is applied.
@@ -274,4 +286,6 @@ pub enum Rejection {
     NotRunning { id: JobId, state: JobState },
     #[error("job {id} has no step {step} (see `sacct -j {id}`)")]
     NoSuchStep { id: JobId, step: u32 },
+    #[error("job {id} cannot be requeued: {why}")]
+    NotRequeueable { id: JobId, why: String },
 }

@@ -15,6 +15,7 @@ mod nodes;
 mod policy;
 mod preempt;
 mod queue;
+mod requeue;
 mod runs;
 mod steps;
 pub mod store;

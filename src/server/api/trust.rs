@@ -115,5 +115,6 @@ fn request_name(req: &ApiRequest) -> &'static str {
         ApiRequest::Release { .. } => "release",
         ApiRequest::StepLogs { .. } => "step-logs",
         ApiRequest::Signal { .. } => "signal",
+        ApiRequest::Requeue { .. } => "requeue",
     }
 }

@@ -9,6 +9,7 @@ mod alloc;
 mod history;
 mod policy;
 mod queue;
+mod requeue;
 mod restart;
 mod run;
 mod steps;
