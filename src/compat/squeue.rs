@@ -207,6 +207,14 @@ pub fn reason(job: &Job) -> String {
     if job.held {
         return "JobHeldUser".into();
     }
+    // The scheduler's own word, from servers that send it.
+    if let Some(code) = job.reason_code.as_deref().filter(|c| !c.is_empty()) {
+        return match code {
+            "Held" => "JobHeldUser".into(),
+            other => other.into(),
+        };
+    }
+    // Older servers send the sentence only.
     match job.reason.as_deref() {
         Some(r) if !r.is_empty() => REASONS
             .iter()

@@ -459,6 +459,10 @@ pub struct Job {
     /// last pass when answering, like a pending `reason`; never by apply.
     #[serde(default)]
     pub expected_start: Option<Millis>,
+    /// The pending reason's one word (Slurm's: `Resources`, `Priority`,
+    /// `Dependency`...), beside the sentence in `reason`; filled in like it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason_code: Option<String>,
 }
 
 /// What stands in for a script's body that only its owner may read.
@@ -486,6 +490,7 @@ impl Job {
             preemptions: Vec::new(),
             array: None,
             expected_start: None,
+            reason_code: None,
         }
     }
 

@@ -235,6 +235,7 @@ impl Api {
                 .unwrap_or_else(|p| p.into_inner());
             if let Some((reason, start)) = reasons.get(job.id) {
                 job.reason = Some(reason.to_string());
+                job.reason_code = Some(reason.as_str().to_string());
                 job.expected_start = start;
             }
         }
