@@ -44,7 +44,7 @@ fn todays_server_on_an_earlier_release_data_dir_shows_all_it_held_and_goes_on() 
     s.extra_config = "history_retention_secs = 86400".into();
     s.start();
 
-    let pending = ["reason", "expected_start"];
+    let pending = ["reason", "reason_code", "expected_start"];
     let now = stored(json(&s, &["queue", "--all", "--json"]), &pending);
     let then = stored(golden(&rel, "queue.json"), &pending);
     assert_eq!(now, then, "the jobs differ from what the release showed");
