@@ -120,15 +120,7 @@ pub async fn run(args: Vec<String>) -> Result<ExitCode, CliError> {
         ))),
         ["show"] => Err(CliError::input("show what? give hostnames LIST or job ID")),
         [verb @ ("requeue" | "requeuehold"), rest @ ..] => {
-            if rest.is_empty() {
-                return Err(CliError::input(format!("{verb} needs job ids (12, 12_3)")));
-            }
-            let jobs = words[1..]
-                .iter()
-                .flat_map(|w| w.split(','))
-                .filter(|w| !w.is_empty())
-                .map(parse_ref)
-                .collect::<Result<Vec<_>, _>>()?;
+            let jobs = parse_refs(verb, rest.is_empty(), &words[1..])?;
             match call(ApiRequest::Requeue {
                 jobs,
                 hold: *verb == "requeuehold",
@@ -140,15 +132,7 @@ pub async fn run(args: Vec<String>) -> Result<ExitCode, CliError> {
             }
         }
         [verb @ ("hold" | "release" | "uhold"), rest @ ..] => {
-            if rest.is_empty() {
-                return Err(CliError::input(format!("{verb} needs job ids (12, 12_3)")));
-            }
-            let jobs = words[1..]
-                .iter()
-                .flat_map(|w| w.split(','))
-                .filter(|w| !w.is_empty())
-                .map(parse_ref)
-                .collect::<Result<Vec<_>, _>>()?;
+            let jobs = parse_refs(verb, rest.is_empty(), &words[1..])?;
             match call(ApiRequest::Hold {
                 jobs,
                 hold: *verb != "release",
@@ -164,6 +148,19 @@ pub async fn run(args: Vec<String>) -> Result<ExitCode, CliError> {
              requeue, requeuehold (see scontrol --help)"
         ))),
     }
+}
+
+/// The job ids after `verb` (`12 13_4`, `12,13`); `none`: there are none.
+fn parse_refs(verb: &str, none: bool, words: &[String]) -> Result<Vec<JobRef>, CliError> {
+    if none {
+        return Err(CliError::input(format!("{verb} needs job ids (12, 12_3)")));
+    }
+    words
+        .iter()
+        .flat_map(|w| w.split(','))
+        .filter(|w| !w.is_empty())
+        .map(parse_ref)
+        .collect()
 }
 
 fn parse_ref(word: &str) -> Result<JobRef, CliError> {

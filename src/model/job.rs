@@ -628,6 +628,15 @@ impl JobRun {
             .map(|n| n.node.as_str())
     }
 
+    /// The allocation's nodes in node-rank order.
+    pub fn node_names(&self) -> Vec<String> {
+        self.allocation
+            .nodes
+            .iter()
+            .map(|n| n.node.clone())
+            .collect()
+    }
+
     /// The node a task of this attempt runs on: a rank of the job, or of
     /// one of its steps.
     pub fn node_of_task(&self, key: &super::TaskKey, ntasks_per_node: u32) -> Option<&str> {

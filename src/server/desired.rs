@@ -61,12 +61,7 @@ pub fn desired_tasks(state: &State, node: &str) -> Vec<DesiredTask> {
             continue;
         };
         let per_node = job.spec.ntasks_per_node.max(1);
-        let job_nodes: Vec<String> = run
-            .allocation
-            .nodes
-            .iter()
-            .map(|n| n.node.clone())
-            .collect();
+        let job_nodes = run.node_names();
         let facts = TaskFacts {
             ntasks: job.spec.total_tasks() as u32,
             first_rank: node_rank * per_node,
@@ -134,7 +129,7 @@ pub fn desired_tasks(state: &State, node: &str) -> Vec<DesiredTask> {
                 task.signal = job.spec.signal.filter(|s| !s.batch_only);
                 if let Some(first_node) = step_nodes.first() {
                     if let Some(rec) = state.nodes.get(first_node) {
-                        task.master_addr = host_of(&rec.addr);
+                        task.master_addr = crate::state::host_of(&rec.addr);
                     }
                 }
                 task.facts = Some(Box::new(TaskFacts {
@@ -151,14 +146,6 @@ pub fn desired_tasks(state: &State, node: &str) -> Vec<DesiredTask> {
         }
     }
     out
-}
-
-/// The host part of `host:port` (IPv6 brackets removed).
-fn host_of(addr: &str) -> String {
-    match addr.rsplit_once(':') {
-        Some((h, _)) => h.trim_start_matches('[').trim_end_matches(']').to_string(),
-        None => addr.to_string(),
-    }
 }
 
 /// The ranks of `step` on the job's node `node_rank`.

@@ -32,6 +32,7 @@ pub use crate::model::policy_change::{
 pub use command::{Command, CommandResult, Rejection};
 pub use deps::DepStatus;
 pub use index::ActiveIndex;
+pub use runs::host_of;
 pub use steps::allocation_expired;
 pub use view::SchedInput;
 

@@ -16,7 +16,7 @@ use crate::model::{
 use crate::sched::NodeView;
 
 /// The host part of `host:port` (IPv6 brackets removed).
-fn host_of(addr: &str) -> String {
+pub fn host_of(addr: &str) -> String {
     match addr.rsplit_once(':') {
         Some((h, _)) => h.trim_start_matches('[').trim_end_matches(']').to_string(),
         None => addr.to_string(),

@@ -235,12 +235,7 @@ impl State {
         reason: &str,
         now: Millis,
     ) {
-        let nodes: Vec<String> = run
-            .allocation
-            .nodes
-            .iter()
-            .map(|n| n.node.clone())
-            .collect();
+        let nodes = run.node_names();
         for step in &mut run.steps {
             for rank in 0..step.spec.ntasks() {
                 let on_node = step
