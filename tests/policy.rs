@@ -155,3 +155,81 @@ fn accounts_and_partitions_are_enforced_at_submit() {
     let bad = c.server.cli(&["admin", "account", "remove", "default"]);
     assert!(stderr(&bad).contains("built in"), "{}", stderr(&bad));
 }
+
+#[test]
+fn a_preempted_job_gets_its_signal_first_then_the_grace_then_sigterm() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = Cluster::start(dir.path(), 1, 8);
+    let w = dir.path().join("w");
+    std::fs::create_dir_all(&w).unwrap();
+    let wd = w.to_str().unwrap();
+    for args in [
+        &[
+            "admin",
+            "qos",
+            "add",
+            "low",
+            "--grace",
+            "2s",
+            "--preempt-mode",
+            "requeue",
+        ][..],
+        &[
+            "admin",
+            "qos",
+            "add",
+            "high",
+            "--priority",
+            "10",
+            "--preempts",
+            "low",
+        ][..],
+    ] {
+        c.server.ok(args);
+    }
+    // As submitit and Lightning do: checkpoint on USR1, ignore TERM's
+    // meaning beyond noting it.
+    let script = format!(
+        "trap 'echo $EPOCHREALTIME > {wd}/usr1-$GPUQ_RESTART_COUNT' USR1\n\
+         trap 'echo $EPOCHREALTIME > {wd}/term-$GPUQ_RESTART_COUNT; exit 0' TERM\n\
+         if [ \"$GPUQ_RESTART_COUNT\" = 0 ]; then while true; do sleep 0.1; done; fi"
+    );
+    let victim = c.submit(&[
+        "-D",
+        wd,
+        "--qos",
+        "low",
+        "--gpus-per-node",
+        "8",
+        "--signal",
+        "USR1@60",
+        "--wrap",
+        &format!("exec bash -c '{}'", script.replace('\'', "'\\''")),
+    ]);
+    c.wait_started(&victim, LONG);
+    let high = c.submit(&[
+        "-D",
+        wd,
+        "--qos",
+        "high",
+        "--gpus-per-node",
+        "8",
+        "--",
+        "true",
+    ]);
+    c.wait_state(&high, "COMPLETED", LONG);
+    c.wait_state(&victim, "COMPLETED", LONG);
+    let stamp = |name: &str| -> f64 {
+        std::fs::read_to_string(w.join(name))
+            .unwrap_or_else(|e| panic!("{name}: {e}"))
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    let (usr1, term) = (stamp("usr1-0"), stamp("term-0"));
+    assert!(
+        term - usr1 >= 1.5,
+        "SIGTERM came {:.2} s after USR1; the grace is 2 s",
+        term - usr1
+    );
+}

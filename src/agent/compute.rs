@@ -265,9 +265,10 @@ impl ComputeAgent {
             let mut reconcile = false;
             tokio::select! {
                 m = rx.recv() => match m {
-                    Some(ServerMsg::Desired { tasks, stopping, .. }) => {
+                    Some(ServerMsg::Desired { tasks, stopping, preempted, .. }) => {
                         ledger.desired = Some(tasks.into_iter().map(|t| (t.key, t)).collect());
                         ledger.stopping = stopping.into_iter().collect();
+                        ledger.preempted = preempted.into_iter().collect();
                         reconcile = true;
                     }
                     Some(ServerMsg::EventsCommitted { seq }) => {

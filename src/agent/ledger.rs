@@ -49,6 +49,8 @@ pub(super) struct Ledger {
     /// (sent with the desired set): one this node does not have is reported
     /// ended here, since nothing else would ever end it.
     pub(super) stopping: BTreeSet<TaskKey>,
+    /// Jobs being preempted: their tasks stop with their `--signal` first.
+    pub(super) preempted: BTreeSet<crate::model::JobId>,
     started_reported: BTreeSet<TaskKey>,
     ended_reported: BTreeSet<TaskKey>,
     /// Ends the leader has committed.
@@ -83,7 +85,11 @@ impl Ledger {
                         });
                     }
                     if desired == Some(false) {
-                        runner.stop(key);
+                        if self.preempted.contains(&key.job) {
+                            runner.stop_preempted(key);
+                        } else {
+                            runner.stop(key);
+                        }
                     }
                 }
                 Observed::Ended(end) => {

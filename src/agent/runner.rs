@@ -34,6 +34,11 @@ pub trait TaskRunner: Send + Sync + 'static {
     fn start(&self, task: &DesiredTask) -> Result<(), String>;
     /// Asks a running task to stop (signal, grace, kill).
     fn stop(&self, key: TaskKey);
+    /// Asks a running task of a preempted job to stop: its `--signal`
+    /// signal and the grace to checkpoint come first.
+    fn stop_preempted(&self, key: TaskKey) {
+        self.stop(key);
+    }
     /// Sends `signal` to a running task's processes (`scancel --signal`).
     fn signal(&self, _key: TaskKey, _signal: i32) {}
     /// Every task the runner knows of, running or ended, including tasks
@@ -188,6 +193,12 @@ impl TaskRunner for ExecRunner {
     fn stop(&self, key: TaskKey) {
         if let Err(e) = self.executor.stop(key, StopReason::Cancel) {
             tracing::debug!(job = key.job.0, rank = key.rank, "stop: {e}");
+        }
+    }
+
+    fn stop_preempted(&self, key: TaskKey) {
+        if let Err(e) = self.executor.stop(key, StopReason::Preempt) {
+            tracing::debug!(task = %key, "stop: {e}");
         }
     }
 

@@ -65,6 +65,10 @@ pub enum ServerMsg {
         tasks: Vec<DesiredTask>,
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         stopping: Vec<TaskKey>,
+        /// Jobs on this node being preempted: their tasks get their
+        /// `--signal` signal and a grace before SIGTERM.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        preempted: Vec<JobId>,
     },
     /// Events up to and including `seq` are committed.
     EventsCommitted { seq: u64 },

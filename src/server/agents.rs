@@ -16,7 +16,7 @@ use crate::net::endpoint::Peer;
 use crate::net::frame::{read_frame, write_frame, DEFAULT_MAX_FRAME};
 use crate::state::{Command, State};
 
-use super::desired::{desired_tasks, stopping_tasks};
+use super::desired::{desired_tasks, preempted_jobs, stopping_tasks};
 use super::Api;
 
 /// An agent is taken for alive while heard from within this long (agents
@@ -141,6 +141,10 @@ async fn refuse(send: &mut quinn::SendStream, reason: String, leader_addr: Optio
     tokio::time::sleep(Duration::from_millis(50)).await;
 }
 
+/// What a node's agent was last sent: its desired tasks, the tasks to stop,
+/// the jobs being preempted.
+type DesiredSets = (Vec<DesiredTask>, Vec<TaskKey>, Vec<crate::model::JobId>);
+
 /// Serves one agent connection until it closes or this server stops leading.
 pub async fn serve(api: Arc<Api>, hub: Arc<AgentHub>, peer: Peer) {
     let (mut send, mut recv) = match peer.conn.accept_bi().await {
@@ -209,7 +213,7 @@ pub async fn serve(api: Arc<Api>, hub: Arc<AgentHub>, peer: Peer) {
     });
 
     let mut metrics = api.metrics();
-    let mut last_sent: Option<(Vec<DesiredTask>, Vec<TaskKey>)> = None;
+    let mut last_sent: Option<DesiredSets> = None;
     // The node's index version when `last_sent` was computed: an applied
     // entry that touched no job on this node leaves it, and the desired
     // state is then neither recomputed nor compared.
@@ -242,7 +246,11 @@ pub async fn serve(api: Arc<Api>, hub: Arc<AgentHub>, peer: Peer) {
                 None
             } else {
                 sent_version = Some(version);
-                let sets = (desired_tasks(&s, &node), stopping_tasks(&s, &node));
+                let sets = (
+                    desired_tasks(&s, &node),
+                    stopping_tasks(&s, &node),
+                    preempted_jobs(&s, &node),
+                );
                 Some((sets, api.applied_index()))
             }
         };
@@ -251,6 +259,7 @@ pub async fn serve(api: Arc<Api>, hub: Arc<AgentHub>, peer: Peer) {
                 index,
                 tasks: desired.0.clone(),
                 stopping: desired.1.clone(),
+                preempted: desired.2.clone(),
             };
             if write_frame(&mut send, &msg).await.is_err() {
                 break;

@@ -46,6 +46,18 @@ pub fn stopping_tasks(state: &State, node: &str) -> Vec<TaskKey> {
     out
 }
 
+/// The jobs on `node` being preempted (COMPLETING for another job).
+pub fn preempted_jobs(state: &State, node: &str) -> Vec<crate::model::JobId> {
+    let mut out: Vec<_> = state
+        .jobs_on(node)
+        .filter(|j| j.state == JobState::Completing)
+        .filter(|j| j.run.as_ref().is_some_and(|r| r.preempted_for.is_some()))
+        .map(|j| j.id)
+        .collect();
+    out.sort();
+    out
+}
+
 /// The tasks `node` should run, as sent to its agent. Tasks that already
 /// ended are left out, so a task is never started twice in one attempt.
 pub fn desired_tasks(state: &State, node: &str) -> Vec<DesiredTask> {

@@ -399,6 +399,7 @@ pub fn server_msgs() -> Vec<ServerMsg> {
             index: 9,
             tasks: vec![desired_task(), desired_task()],
             stopping: vec![],
+            preempted: vec![],
         },
         ServerMsg::Desired {
             index: 10,
@@ -409,6 +410,7 @@ pub fn server_msgs() -> Vec<ServerMsg> {
                 rank: 3,
                 step: None,
             }],
+            preempted: vec![JobId(7)],
         },
         ServerMsg::EventsCommitted { seq: 3 },
     ]

@@ -339,6 +339,7 @@ pub fn samples(store: &Store, _dir: &Path) -> Vec<Sample> {
             index: 9,
             tasks: vec![task],
             stopping: vec![],
+            preempted: vec![],
         },
         ServerMsg::EventsCommitted { seq: 3 },
     ];

@@ -506,6 +506,14 @@ fn supervise(
         ))
     });
     let grace = Duration::from_secs(spec.kill_grace_secs);
+    // A preempted task first gets its `--signal` signal and the grace to
+    // checkpoint, then SIGTERM and the grace again (as Slurm's
+    // send_user_signal): submitit and Lightning checkpoint on USR1/USR2.
+    let preempt_signal = spec
+        .signal_before_limit
+        .as_ref()
+        .and_then(|w| Some((Signal::try_from(w.signal).ok()?, w.batch_only)));
+    let mut preempt_warned: Option<Instant> = None;
     let mut warned = false;
     let mut ending: Option<(Ending, Instant)> = None;
     let mut killed = false;
@@ -532,6 +540,19 @@ fn supervise(
             _ => stop_requested(dir),
         };
         let end = match stop {
+            Some(StopReason::Preempt) if preempt_warned.is_none() && preempt_signal.is_some() => {
+                if let Some((sig, batch_only)) = preempt_signal {
+                    tracing::info!(signal = %sig, "preempted; signalling the task before SIGTERM");
+                    if batch_only {
+                        let _ = nix::sys::signal::kill(tree.child, sig);
+                    } else {
+                        tree.signal(sig);
+                    }
+                }
+                preempt_warned = Some(now);
+                None
+            }
+            Some(StopReason::Preempt) if preempt_warned.is_some_and(|at| now < at + grace) => None,
             Some(reason) => Some(Ending::Stop(reason)),
             None if deadline.is_some_and(|d| now >= d) => Some(Ending::Timeout),
             None => None,
