@@ -555,6 +555,22 @@ fn t_srun(p: &mut Peer, k: &Knobs, f: &mut Figures) {
 /// N `true` jobs from `np` concurrent submitters, REPS times: (submit rates,
 /// end-to-end rates, costs).
 fn throughput(p: &mut Peer, k: &Knobs, np: usize) -> (Vec<f64>, Vec<f64>, Vec<Cost>) {
+    throughput_of(
+        p,
+        k,
+        np,
+        &["submit", "--parsable", "-o", "/dev/null", "--", "true"],
+    )
+}
+
+/// N `true` jobs submitted with the CLI words `cmd`, from `np` concurrent
+/// submitters, REPS times: (submit rates, end-to-end rates, costs).
+fn throughput_of(
+    p: &mut Peer,
+    k: &Knobs,
+    np: usize,
+    cmd: &[&str],
+) -> (Vec<f64>, Vec<f64>, Vec<Cost>) {
     let per = k.n / np;
     let (mut sub, mut e2e, mut cost) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..k.reps {
@@ -567,7 +583,7 @@ fn throughput(p: &mut Peer, k: &Knobs, np: usize) -> (Vec<f64>, Vec<f64>, Vec<Co
                 .map(|_| {
                     s.spawn(move || {
                         (0..per)
-                            .filter(|_| submit(socket, &["--", "true"]).is_none())
+                            .filter(|_| !common::cli(socket, cmd).status.success())
                             .count()
                     })
                 })
@@ -690,11 +706,27 @@ fn main() {
                 f.gpuq_par_cost = report::median_cost(&c);
             }
             "held" => t_held(&mut p, &k, &mut f),
+            "sbatch" => {
+                // The same trivial jobs through the Slurm front end.
+                let cmd = [
+                    "slurm",
+                    "sbatch",
+                    "--parsable",
+                    "-o",
+                    "/dev/null",
+                    "--wrap",
+                    "true",
+                ];
+                let (s, _, _) = throughput_of(&mut p, &k, 1, &cmd);
+                f.gpuq_sbatch_seq = report::median(&s);
+                let (s, _, _) = throughput_of(&mut p, &k, k.par, &cmd);
+                f.gpuq_sbatch_par = report::median(&s);
+            }
             "array" => t_array(&mut p, &k, &mut f),
             "floor" => t_floor(&k, &mut f),
             other => {
                 panic!(
-                    "GPUQ_PEER_TESTS: unknown test {other:?} (lat multi seq par held array floor)"
+                    "GPUQ_PEER_TESTS: unknown test {other:?} (lat multi seq par held array sbatch floor)"
                 )
             }
         }

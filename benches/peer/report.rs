@@ -67,6 +67,10 @@ pub struct Figures {
     pub gpuq_par_e2e: Option<f64>,
     pub gpuq_par_cost: Option<Cost>,
     pub gpuq_held: Option<f64>,
+    /// The submit rates through `sbatch` (the Slurm front end), 1 and PAR
+    /// submitters.
+    pub gpuq_sbatch_seq: Option<f64>,
+    pub gpuq_sbatch_par: Option<f64>,
     pub gpuq_held_drain: Option<f64>,
     pub gpuq_array: Option<f64>,
     pub gpuq_lat: Option<Stats>,
@@ -263,6 +267,24 @@ fn rows(f: &Figures) -> Vec<Row> {
                 s.rep_median("a.par", "submit_rate_jobs_s", rate)
             }),
             gpuq: f.gpuq_par,
+            target: Target::Ratio(5.0),
+        },
+        Row {
+            figure: "sbatch, 1 CLI, jobs running meanwhile",
+            unit: "jobs/s",
+            slurm: best(f, true, |s| {
+                s.rep_median("a.seq", "submit_rate_jobs_s", rate)
+            }),
+            gpuq: f.gpuq_sbatch_seq,
+            target: Target::Ratio(3.0),
+        },
+        Row {
+            figure: "sbatch, 4 CLIs, jobs running meanwhile",
+            unit: "jobs/s",
+            slurm: best(f, true, |s| {
+                s.rep_median("a.par", "submit_rate_jobs_s", rate)
+            }),
+            gpuq: f.gpuq_sbatch_par,
             target: Target::Ratio(5.0),
         },
         Row {
