@@ -237,7 +237,9 @@ pub fn field(code: char, id: &str, job: &Job, now: crate::model::Millis) -> Stri
             .map_or_else(|| "N/A".into(), |a| a.index.to_string()),
         'j' => spec.name.clone(),
         'u' => job.user.clone(),
+        't' if job.is_requeueing() => "RQ".into(),
         't' => state_code(job.state).into(),
+        'T' if job.is_requeueing() => "REQUEUED".into(),
         'T' => job.state.as_str().into(),
         'M' => match (job.state, job.start_time) {
             (JobState::Pending, _) | (_, None) => "0:00".into(),

@@ -469,6 +469,12 @@ pub struct Job {
 pub const REDACTED: &str = "(hidden: only the job's owner and admins see its script)";
 
 impl Job {
+    /// Whether it is COMPLETING only on its way back to the queue (a
+    /// requeue, preemption or node failure): Slurm shows it REQUEUED.
+    pub fn is_requeueing(&self) -> bool {
+        self.state == JobState::Completing && self.run.as_ref().is_some_and(|r| r.requeue)
+    }
+
     /// A job just queued: PENDING since `submit_time`, never run, held if
     /// its spec asks (`--hold`). An array task's `array` is the caller's to
     /// set.
