@@ -464,3 +464,48 @@ echo "batch done"
     let done = s.run("scancel", &["--signal", "USR1", &id], None);
     assert_eq!(done.status.code(), Some(1), "{}", stderr(&done));
 }
+
+#[test]
+fn salloc_runs_a_command_in_an_allocation_whose_sruns_use_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = Cluster::start(dir.path(), 2, 2);
+    let work = dir.path().join("work");
+    std::fs::create_dir_all(&work).unwrap();
+    let s = Slurm {
+        bin: links(dir.path()),
+        socket: c.server.socket.clone(),
+        work,
+    };
+    let out = s.run(
+        "salloc",
+        &[
+            "-N",
+            "2",
+            "--gres=gpu:1",
+            "sh",
+            "-c",
+            "echo nodes=$SLURM_JOB_NUM_NODES; srun -l hostname; exit 4",
+        ],
+        None,
+    );
+    assert_eq!(out.status.code(), Some(4), "{}", stderr(&out));
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut lines: Vec<&str> = text.lines().collect();
+    lines.sort();
+    assert_eq!(lines.len(), 3, "{text}");
+    assert_eq!(lines[2], "nodes=2", "{text}");
+    assert!(
+        lines[0].starts_with("0: ") && lines[1].starts_with("1: "),
+        "{text}"
+    );
+    let err = stderr(&out);
+    assert!(err.contains("salloc: Granted job allocation"), "{err}");
+    assert!(
+        err.contains("salloc: Relinquishing job allocation"),
+        "{err}"
+    );
+    // The allocation was released: nothing holds its GPUs.
+    let codes = s.codes();
+    assert_eq!(codes.len(), 1, "{codes:?}");
+    assert!(codes[0].ends_with(",CD"), "{codes:?}");
+}

@@ -13,6 +13,7 @@
 //! with the CLI's codes: 1 wrong input, 2 the cluster could not be reached.
 
 pub mod format;
+pub mod salloc;
 pub mod sbatch;
 pub mod scancel;
 pub mod scontrol;
@@ -26,7 +27,9 @@ use std::process::ExitCode;
 use crate::cli::CliError;
 
 /// The Slurm commands this binary answers to, as link names.
-pub const COMMANDS: [&str; 6] = ["sbatch", "srun", "squeue", "scancel", "scontrol", "sinfo"];
+pub const COMMANDS: [&str; 7] = [
+    "sbatch", "srun", "salloc", "squeue", "scancel", "scontrol", "sinfo",
+];
 
 /// The Slurm command named by argv\[0\]'s file name, if it is one.
 pub fn command_of(argv0: &OsStr) -> Option<&'static str> {
@@ -44,6 +47,7 @@ Usage: gpuq slurm COMMAND [ARGS]...
 Commands:
   sbatch    submit a batch script (file or stdin) with #SBATCH directives
   srun      run a job step: in the allocation (SLURM_JOB_ID) or in a new one
+  salloc    get an allocation and run a command (your shell) in it
   squeue    list pending and running jobs (-o/--format %-codes, -h, -u, -j, -t, -n)
   scancel   cancel jobs by id (12, 12_3), by user (-u) or by name (-n)
   scontrol  show hostnames|job, hold, release
@@ -51,7 +55,7 @@ Commands:
 
 `gpuq dev` makes the links in its state dir and prints the PATH line;
 packaging/install.sh makes them next to the binary (--no-slurm-links skips).
-Not yet: salloc, srun --pty, sacct (use gpuq acct).
+Not yet: srun --pty, sacct (use gpuq acct).
 Each command's --help lists the flags it takes.
 ";
 
@@ -84,6 +88,7 @@ pub fn main(command: &str, args: Vec<OsString>) -> ExitCode {
         match command {
             "sbatch" => sbatch::run(args).await,
             "srun" => srun::run(args).await,
+            "salloc" => salloc::run(args).await,
             "squeue" => squeue::run(args).await,
             "scancel" => scancel::run(args).await,
             "scontrol" => scontrol::run(args).await,

@@ -216,7 +216,7 @@ pub async fn run(args: Vec<String>) -> Result<ExitCode, CliError> {
 }
 
 /// The job `id` as the cluster has it now.
-async fn show(id: JobId) -> Result<Job, CliError> {
+pub(crate) async fn show(id: JobId) -> Result<Job, CliError> {
     match call(ApiRequest::Show { id, task: None }).await? {
         ApiResponse::Job { job, .. } => Ok(*job),
         other => Err(unexpected(other)),
@@ -263,6 +263,21 @@ async fn run_in_new_allocation(cli: &SrunArgs, cwd: &Path) -> Result<ExitCode, C
     };
     let (streamed, ntasks) = (step.output.is_none(), step.ntasks());
     spec.first_step = Some(Box::new(step));
+    let Some((id, attempt)) = allocate("srun", spec).await? else {
+        return Ok(ExitCode::from(1));
+    };
+    let code = follow(cli, id, attempt, 0, ntasks, streamed).await;
+    let _ = call(ApiRequest::Release { job: id }).await;
+    code
+}
+
+/// Queues the allocation `spec` and waits until it runs, saying so on
+/// stderr as `command` when it has to wait: its id and attempt; `None` when
+/// interrupted while waiting (the job is then cancelled).
+pub(crate) async fn allocate(
+    command: &str,
+    spec: crate::model::JobSpec,
+) -> Result<Option<(JobId, u32)>, CliError> {
     let id = match call(ApiRequest::Submit {
         spec: Box::new(spec),
     })
@@ -280,7 +295,7 @@ async fn run_in_new_allocation(cli: &SrunArgs, cwd: &Path) -> Result<ExitCode, C
             JobState::Running => break job.run.map_or(0, |r| r.attempt),
             JobState::Pending => {
                 if !said && queued.elapsed() > Duration::from_secs(1) {
-                    eprintln!("srun: job {id} queued and waiting for resources");
+                    eprintln!("{command}: job {id} queued and waiting for resources");
                     said = true;
                 }
             }
@@ -297,8 +312,8 @@ async fn run_in_new_allocation(cli: &SrunArgs, cwd: &Path) -> Result<ExitCode, C
                 tasks: Vec::new(),
             })
             .await;
-            eprintln!("srun: job {id} cancelled while waiting");
-            return Ok(ExitCode::from(1));
+            eprintln!("{command}: job {id} cancelled while waiting");
+            return Ok(None);
         }
         // Quick at first: an idle cluster starts the job within a pass.
         let pause = if queued.elapsed() < Duration::from_millis(500) {
@@ -309,11 +324,9 @@ async fn run_in_new_allocation(cli: &SrunArgs, cwd: &Path) -> Result<ExitCode, C
         tokio::time::sleep(Duration::from_millis(pause)).await;
     };
     if said {
-        eprintln!("srun: job {id} has been allocated resources");
+        eprintln!("{command}: job {id} has been allocated resources");
     }
-    let code = follow(cli, id, attempt, 0, ntasks, streamed).await;
-    let _ = call(ApiRequest::Release { job: id }).await;
-    code
+    Ok(Some((id, attempt)))
 }
 
 /// The step srun's flags describe, on the job's node ranks `nodes` with
@@ -575,14 +588,14 @@ fn file_name(path: &str) -> String {
 /// SIGINT and SIGTERM (which stop the step), and the signals srun passes
 /// on to its tasks as Slurm's does (USR1, USR2, HUP, ALRM: submitit and
 /// Lightning checkpoint on USR1/USR2), seen without stopping the process.
-struct Interrupts {
+pub(crate) struct Interrupts {
     int: tokio::signal::unix::Signal,
     term: tokio::signal::unix::Signal,
     passed_on: Vec<(i32, tokio::signal::unix::Signal)>,
 }
 
 impl Interrupts {
-    fn new() -> Result<Interrupts, CliError> {
+    pub(crate) fn new() -> Result<Interrupts, CliError> {
         use tokio::signal::unix::{signal, SignalKind};
         let err = |e: std::io::Error| CliError::internal(format!("cannot watch signals: {e}"));
         let mut passed_on = Vec::new();
