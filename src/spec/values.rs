@@ -182,7 +182,7 @@ pub enum PatternError {
 }
 
 const PATTERN_ESCAPES: &str =
-    "use %j (job id), %t (task rank), %n (node rank), %x (job name), %u (user) or %% (a literal %)";
+    "use %j (job id), %t (task rank), %n (node rank), %x (job name), %u (user), %A (array master id), %a (array index), %N (host), %s (step), %J (job.step) or %% (a literal %)";
 
 /// Checks an output pattern's `%` escapes; returns the pattern unchanged.
 pub fn parse_output_pattern(pattern: &str) -> Result<String, PatternError> {
@@ -333,15 +333,15 @@ mod tests {
             assert_eq!(parse_output_pattern(ok).as_deref(), Ok(ok));
         }
         assert_eq!(parse_output_pattern(""), Err(PatternError::Empty));
-        let err = parse_output_pattern("out-%A.log").unwrap_err();
+        let err = parse_output_pattern("out-%Q.log").unwrap_err();
         assert_eq!(
             err,
             PatternError::UnknownEscape {
-                pattern: "out-%A.log".into(),
-                escape: 'A'
+                pattern: "out-%Q.log".into(),
+                escape: 'Q'
             }
         );
-        assert!(err.to_string().contains("%A") && err.to_string().contains("%j (job id)"));
+        assert!(err.to_string().contains("%Q") && err.to_string().contains("%j (job id)"));
         assert!(matches!(
             parse_output_pattern("out%"),
             Err(PatternError::Trailing { .. })

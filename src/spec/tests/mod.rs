@@ -154,7 +154,7 @@ fn numbers_are_checked_by_clap() {
         (&["--mem", "-5"][..], "is negative"),
         (&["--time", "25:99"][..], "seconds must be 0-59"),
         (&["--time", "-1"][..], "is negative"),
-        (&["--output", "x-%A"][..], "unknown escape %A"),
+        (&["--output", "x-%Q"][..], "unknown escape %Q"),
         (&["--export", "1X"][..], "not a variable name"),
         (&["--gres", "nvme:1"][..], "only GPUs"),
     ] {
@@ -306,7 +306,7 @@ fn bad_directives_name_the_line_and_the_problem() {
             "line 2: invalid value '0' for '--nodes <N>': 0 is not in 1..",
         ),
         ("#GPUQ --time 25:99\n", "line 2: invalid value '25:99'"),
-        ("#GPUQ -o out-%A.log\n", "unknown escape %A"),
+        ("#GPUQ -o out-%Q.log\n", "unknown escape %Q"),
         ("#GPUQ -J 'unclosed\n", "line 2: unterminated ' quote"),
         (
             "#GPUQ -J my job\n",
