@@ -181,6 +181,23 @@ fn slurm_commands_through_links_submit_list_run_cancel_and_describe() {
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(out.stdout.is_empty(), "scancel is silent");
     c.wait_state(&held, "CANCELLED", LONG);
+    // sacct: pending is PENDING with its reason; cancelled names the uid.
+    let me = nix::unistd::Uid::current();
+    assert_eq!(
+        s.ok(
+            "sacct",
+            &["-j", &held, "-n", "-P", "-o", "JobID,State,Start,NodeList"],
+            None
+        ),
+        format!("{held}|CANCELLED by {me}|Unknown|None assigned\n")
+    );
+    let bad = s.run("sacct", &["-o", "JobID,Sate"], None);
+    assert_eq!(bad.status.code(), Some(1), "{}", stderr(&bad));
+    assert!(
+        stderr(&bad).contains("did you mean State?"),
+        "{}",
+        stderr(&bad)
+    );
     let out = s.run("scancel", &["999999"], None);
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
     assert!(
@@ -347,6 +364,42 @@ echo "srun exit=$?"
     let steps = job["run"]["steps"].as_array().expect("steps recorded");
     assert_eq!(steps.len(), 4, "{job}");
     assert!(steps.iter().all(|s| s["end_time"].is_u64()), "{job}");
+
+    // sacct lists the job, its batch step and each srun step.
+    let acct = s.ok(
+        "sacct",
+        &[
+            "-j",
+            &id,
+            "-n",
+            "-P",
+            "-o",
+            "JobID,State,ExitCode,NodeList,NTasks",
+        ],
+        None,
+    );
+    assert_eq!(
+        acct,
+        format!(
+            "{id}|COMPLETED|0:0|n[1-2]|\n\
+             {id}.batch|COMPLETED|0:0|n1|1\n\
+             {id}.0|COMPLETED|0:0|n[1-2]|4\n\
+             {id}.1|COMPLETED|0:0|n1|1\n\
+             {id}.2|COMPLETED|0:0|n[1-2]|3\n\
+             {id}.3|FAILED|3:0|n[1-2]|4\n"
+        )
+    );
+    // The default view: today's jobs of this user, steps under their job.
+    let table = s.ok("sacct", &[], None);
+    let lines: Vec<&str> = table.lines().collect();
+    assert!(
+        lines[0].starts_with("JobID           JobName  Partition"),
+        "{table}"
+    );
+    assert!(
+        lines.iter().any(|l| l.starts_with(&format!("{id}.3 "))),
+        "{table}"
+    );
 }
 
 #[test]

@@ -33,6 +33,18 @@ fn stored(mut v: Value, volatile: &[&str]) -> Value {
     v
 }
 
+/// `now`'s rows with only the keys `then`'s rows have.
+fn only_keys_of(mut now: Value, then: &Value) -> Value {
+    if let (Some(rows), Some(old)) = (now.as_array_mut(), then.as_array()) {
+        for (row, old) in rows.iter_mut().zip(old) {
+            if let (Some(o), Some(keys)) = (row.as_object_mut(), old.as_object()) {
+                o.retain(|k, _| keys.contains_key(k));
+            }
+        }
+    }
+    now
+}
+
 #[test]
 fn todays_server_on_an_earlier_release_data_dir_shows_all_it_held_and_goes_on() {
     let rel = common::golden::releases().pop().unwrap();
@@ -57,7 +69,13 @@ fn todays_server_on_an_earlier_release_data_dir_shows_all_it_held_and_goes_on() 
         json(&s, &["token", "list", "--json"]),
         golden(&rel, "tokens.json")
     );
-    assert_eq!(json(&s, &["acct", "--json"]), golden(&rel, "acct.json"));
+    // Every field the release printed, as it printed it; fields added since
+    // (sacct's details) may follow.
+    let then_acct = golden(&rel, "acct.json");
+    assert_eq!(
+        only_keys_of(json(&s, &["acct", "--json"]), &then_acct),
+        then_acct
+    );
     for what in ["account", "qos", "partition"] {
         assert_eq!(
             json(&s, &["admin", what, "list", "--json"]),

@@ -45,6 +45,7 @@ pub async fn run(args: AcctArgs) -> Result<(), CliError> {
         states: args.state,
         since: args.since,
         until: args.until,
+        ..AcctFilter::default()
     };
     match call(ApiRequest::Acct {
         filter,

@@ -5,7 +5,7 @@
 //! or forbidden; 2 the cluster could not be reached or did not answer; 3 an
 //! internal error.
 
-mod acct;
+pub(crate) mod acct;
 pub mod admin;
 pub mod cluster;
 mod hold;

@@ -1,5 +1,5 @@
-//! The Slurm front end: `sbatch`, `squeue`, `scancel`, `scontrol` and
-//! `sinfo`, spoken by the one `gpuq` binary when it is started under one of
+//! The Slurm front end: `sbatch`, `srun`, `salloc`, `squeue`, `sacct`,
+//! `scancel`, `scontrol` and `sinfo`, spoken by the one `gpuq` binary when it is started under one of
 //! those names (a symlink; argv\[0\]) or as `gpuq slurm COMMAND ...`.
 //!
 //! Each command is one file and a thin translation: its flags onto `spec`'s
@@ -13,6 +13,7 @@
 //! with the CLI's codes: 1 wrong input, 2 the cluster could not be reached.
 
 pub mod format;
+pub mod sacct;
 pub mod salloc;
 pub mod sbatch;
 pub mod scancel;
@@ -27,8 +28,8 @@ use std::process::ExitCode;
 use crate::cli::CliError;
 
 /// The Slurm commands this binary answers to, as link names.
-pub const COMMANDS: [&str; 7] = [
-    "sbatch", "srun", "salloc", "squeue", "scancel", "scontrol", "sinfo",
+pub const COMMANDS: [&str; 8] = [
+    "sbatch", "srun", "salloc", "squeue", "sacct", "scancel", "scontrol", "sinfo",
 ];
 
 /// The Slurm command named by argv\[0\]'s file name, if it is one.
@@ -49,13 +50,14 @@ Commands:
   srun      run a job step: in the allocation (SLURM_JOB_ID) or in a new one
   salloc    get an allocation and run a command (your shell) in it
   squeue    list pending and running jobs (-o/--format %-codes, -h, -u, -j, -t, -n)
+  sacct     jobs and their steps, finished or not (-j, -o fields, -P, -X, -S/-E, -s)
   scancel   cancel jobs by id (12, 12_3), by user (-u) or by name (-n)
   scontrol  show hostnames|job, hold, release
   sinfo     partitions and their nodes by state (-N node-oriented, -h)
 
 `gpuq dev` makes the links in its state dir and prints the PATH line;
 packaging/install.sh makes them next to the binary (--no-slurm-links skips).
-Not yet: srun --pty, sacct (use gpuq acct).
+Not yet: srun --pty.
 Each command's --help lists the flags it takes.
 ";
 
@@ -90,6 +92,7 @@ pub fn main(command: &str, args: Vec<OsString>) -> ExitCode {
             "srun" => srun::run(args).await,
             "salloc" => salloc::run(args).await,
             "squeue" => squeue::run(args).await,
+            "sacct" => sacct::run(args).await,
             "scancel" => scancel::run(args).await,
             "scontrol" => scontrol::run(args).await,
             "sinfo" => sinfo::run(args).await,

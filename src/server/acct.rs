@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 
 use crate::model::acct::{summarize, AcctFilter, AcctRecord};
-use crate::model::{Job, JobId};
+use crate::model::{Job, JobId, JobState};
 use crate::net::proto::{ApiResponse, Caller, ErrorKind};
 use crate::state::history;
 
@@ -67,10 +67,20 @@ impl Api {
             s.jobs
                 .values()
                 .chain(s.archiving.iter())
-                .filter(|j| j.state.is_final() && filter.matches(j))
-                .map(|j| (j.id, AcctRecord::from_job(j)))
-                .collect()
-        };
+                .filter(|j| filter.matches(j))
+                .map(|j| (j.id, j.clone()))
+                .collect::<Vec<_>>()
+        }
+        .into_iter()
+        .map(|(id, job)| {
+            // A pending job's reason is the leader's last pass's, as in `queue`.
+            let job = match job.state {
+                JobState::Pending => self.with_reason(job),
+                _ => job,
+            };
+            (id, AcctRecord::from_job(&job))
+        })
+        .collect();
         let db = self.db();
         let f = filter.clone();
         let read = tokio::task::spawn_blocking(move || -> Result<Vec<AcctRecord>, String> {

@@ -155,7 +155,27 @@ pub fn query(txn: &ReadTransaction, filter: &AcctFilter) -> Result<Vec<Job>, Sto
         Err(e) => return Err(StoreError::Db(Box::new(e.into()))),
     };
     let mut ids: Option<Vec<u64>> = None;
-    if let Some(user) = &filter.user {
+    if !filter.ids.is_empty() {
+        // A job's row, or an array's tasks: their ids follow the array's
+        // own (one submit numbers them in a row), so read from it on while
+        // rows belong to it.
+        let mut v = Vec::new();
+        for &JobId(first) in &filter.ids {
+            for row in db!(rows.range(first..))? {
+                let (k, bytes) = db!(row)?;
+                let id = k.value();
+                let job: Job = decode(bytes.value())
+                    .map_err(StoreError::decoding(format!("archived job {id}")))?;
+                if id != first && job.array.is_none_or(|a| a.array_job != JobId(first)) {
+                    break;
+                }
+                v.push(id);
+            }
+        }
+        v.sort_unstable();
+        v.dedup();
+        ids = Some(v);
+    } else if let Some(user) = &filter.user {
         let t = db!(txn.open_multimap_table(BY_USER))?;
         ids = Some(collect_multimap(&t, user)?);
     } else if let Some(account) = &filter.account {

@@ -170,6 +170,18 @@ fn archive_moves_only_finished_jobs_past_the_cutoff_to_disk() {
         ..Default::default()
     };
     assert_eq!(q(failed), Vec::<JobId>::new());
+    let ids = |ids: Vec<JobId>| AcctFilter {
+        ids,
+        ..Default::default()
+    };
+    assert_eq!(q(ids(vec![b])), vec![b], "-j reads the named row");
+    assert_eq!(q(ids(vec![b, a])), vec![a, b]);
+    assert_eq!(q(ids(vec![JobId(999)])), Vec::<JobId>::new());
+    let named = AcctFilter {
+        names: vec!["nope".into()],
+        ..Default::default()
+    };
+    assert_eq!(q(named), Vec::<JobId>::new());
 
     // A snapshot carries the archive: a new server answers for old jobs.
     let bytes = store::snapshot_of(&txn).unwrap();

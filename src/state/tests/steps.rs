@@ -192,6 +192,37 @@ fn the_batch_script_ending_stops_its_steps_then_completes_the_job() {
     );
     assert_eq!(s.jobs[&id].state, JobState::Completed);
     assert_eq!(s.jobs[&id].exit_code, Some(0));
+
+    // sacct's rows: the batch step on the first node, then step 0, stopped.
+    use crate::model::acct::{AcctRecord, StepName};
+    let rec = AcctRecord::from_job(&s.jobs[&id]);
+    let steps: Vec<(StepName, JobState, Option<i32>, Vec<String>)> = rec
+        .detail
+        .steps
+        .iter()
+        .map(|st| (st.id, st.state, st.signal, st.nodes.clone()))
+        .collect();
+    assert_eq!(
+        steps,
+        vec![
+            (
+                StepName::Batch,
+                JobState::Completed,
+                None,
+                vec!["n1".into()]
+            ),
+            (
+                StepName::Step(0),
+                JobState::Cancelled,
+                Some(15),
+                vec!["n2".into()]
+            ),
+        ]
+    );
+    assert_eq!(
+        (rec.detail.req_nodes, rec.detail.ntasks, rec.detail.cpus),
+        (2, 2, 8)
+    );
 }
 
 #[test]
