@@ -562,3 +562,93 @@ fn salloc_runs_a_command_in_an_allocation_whose_sruns_use_it() {
     assert_eq!(codes.len(), 1, "{codes:?}");
     assert!(codes[0].ends_with(",CD"), "{codes:?}");
 }
+
+#[test]
+fn scontrol_updates_a_jobs_limit_drains_a_node_and_shows_nodes_and_partitions() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = Cluster::start(dir.path(), 1, 2);
+    let work = dir.path().join("work");
+    std::fs::create_dir_all(&work).unwrap();
+    let s = Slurm {
+        bin: links(dir.path()),
+        socket: c.server.socket.clone(),
+        work,
+    };
+    let id = s
+        .ok(
+            "sbatch",
+            &["--parsable", "--time=10:00", "--wrap", "sleep 300"],
+            None,
+        )
+        .trim()
+        .to_string();
+    c.wait_state(&id, "RUNNING", LONG);
+    // Bad input first: nothing changes.
+    let bad = s.run(
+        "scontrol",
+        &["update", &format!("JobId={id}"), "Partition=x"],
+        None,
+    );
+    assert_eq!(bad.status.code(), Some(1), "{}", stderr(&bad));
+    assert!(
+        stderr(&bad).contains("only while it is pending"),
+        "{}",
+        stderr(&bad)
+    );
+    let bad = s.run(
+        "scontrol",
+        &["update", &format!("JobId={id}"), "Color=red"],
+        None,
+    );
+    assert_eq!(bad.status.code(), Some(1));
+    assert!(stderr(&bad).contains("color"), "{}", stderr(&bad));
+    // A lower limit on a running job: the leader ends it there.
+    s.ok(
+        "scontrol",
+        &[
+            "update",
+            &format!("JobId={id}"),
+            "TimeLimit=0:03",
+            "JobName=short",
+        ],
+        None,
+    );
+    let shown = s.ok("scontrol", &["show", "job", &id], None);
+    assert!(
+        shown.contains("JobName=short") && shown.contains("TimeLimit=00:00:03"),
+        "{shown}"
+    );
+    c.wait_state(&id, "TIMEOUT", LONG);
+
+    let node = s.ok("scontrol", &["show", "node", "n1"], None);
+    for key in [
+        "NodeName=n1",
+        "CPUTot=",
+        "Gres=gpu",
+        "State=IDLE",
+        "Partitions=",
+    ] {
+        assert!(node.contains(key), "{key} in\n{node}");
+    }
+    let part = s.ok("scontrol", &["-o", "show", "partition"], None);
+    assert!(
+        part.starts_with("PartitionName=") && part.contains("TotalNodes=1"),
+        "{part}"
+    );
+    let missing = s.run("scontrol", &["show", "node", "n9"], None);
+    assert_eq!(missing.status.code(), Some(1));
+    assert!(stderr(&missing).contains("n9"), "{}", stderr(&missing));
+
+    s.ok(
+        "scontrol",
+        &["update", "NodeName=n1", "State=DRAIN", "Reason=bad fan"],
+        None,
+    );
+    let node = s.ok("scontrol", &["show", "node", "n1"], None);
+    assert!(
+        node.contains("State=DRAIN") && node.contains("Reason=bad fan"),
+        "{node}"
+    );
+    s.ok("scontrol", &["update", "NodeName=n1", "State=RESUME"], None);
+    assert!(s.ok("sinfo", &["-N", "-h"], None).contains("idle"));
+}

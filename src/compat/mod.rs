@@ -18,6 +18,7 @@ pub mod salloc;
 pub mod sbatch;
 pub mod scancel;
 pub mod scontrol;
+pub mod scontrol_update;
 pub mod sinfo;
 pub mod squeue;
 pub mod srun;
@@ -52,7 +53,7 @@ Commands:
   squeue    list pending and running jobs (-o/--format %-codes, -h, -u, -j, -t, -n)
   sacct     jobs and their steps, finished or not (-j, -o fields, -P, -X, -S/-E, -s)
   scancel   cancel jobs by id (12, 12_3), by user (-u) or by name (-n)
-  scontrol  show hostnames|job, hold, release
+  scontrol  show hostnames|job|node|partition, update, hold, release, requeue
   sinfo     partitions and their nodes by state (-N node-oriented, -h)
 
 `gpuq dev` makes the links in its state dir and prints the PATH line;

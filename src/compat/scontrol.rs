@@ -1,7 +1,9 @@
 //! `scontrol`: `show hostnames [LIST]` (from `$SLURM_JOB_NODELIST`, else a
-//! gpuq job's `$GPUQ_NODELIST`, when no list is given), `show job [ID]` in
-//! Slurm's key=value form, `hold` and `release`. scontrol's grammar is
-//! words, not flags, so it is read by hand.
+//! gpuq job's `$GPUQ_NODELIST`, when no list is given), `show job|node|
+//! partition [NAME]` in Slurm's key=value form, `update`, `hold`,
+//! `release`, `requeue`. scontrol's grammar is words, not flags, so it is
+//! read by hand; `scontrol_update.rs` holds update and the node and
+//! partition views.
 
 use std::process::ExitCode;
 
@@ -23,12 +25,17 @@ Commands:
   release ID...          let held jobs start
   requeue ID...          send running jobs back to the queue, same ids
   requeuehold ID...      the same, held (release them to run)
+  show node [NAME]       a node, or every node, as key=value
+  show partition [NAME]  a partition, or every one
+  update JobId=ID[,ID] KEY=VALUE...
+                         change TimeLimit (owners lower it; admins also raise
+                         a pending job's), JobName, Nice (negative: admins),
+                         and while pending Partition, QOS, Account
+  update NodeName=NODE State=DRAIN Reason=TEXT | State=RESUME   (admins)
 
 Options:
   -o, --oneliner         show each job on one line
   -h, --help             print this help
-
-Not yet: show node|partition, update.
 ";
 
 /// `scontrol ARGS`.
@@ -115,10 +122,29 @@ pub async fn run(args: Vec<String>) -> Result<ExitCode, CliError> {
             print!("{}", texts.join(if oneliner { "" } else { "\n" }));
             Ok(ExitCode::SUCCESS)
         }
+        ["show", what @ ("node" | "nodes" | "nodename" | "partition" | "partitions"), rest @ ..] => {
+            let name = rest.first().map(|_| words[2].as_str());
+            print!(
+                "{}",
+                show_nodes_or_partitions(what.starts_with("node"), name, oneliner).await?
+            );
+            Ok(ExitCode::SUCCESS)
+        }
         ["show", what, ..] => Err(CliError::input(format!(
-            "show {what} is not supported; gpuq's scontrol shows hostnames and job"
+            "show {what} is not supported; gpuq's scontrol shows hostnames, job, node and partition"
         ))),
-        ["show"] => Err(CliError::input("show what? give hostnames LIST or job ID")),
+        ["show"] => Err(CliError::input(
+            "show what? give hostnames LIST, job ID, node NAME or partition NAME",
+        )),
+        ["update", ..] => {
+            let req = super::scontrol_update::parse_update(&words[1..]).map_err(CliError::input)?;
+            match call(req).await? {
+                ApiResponse::Updated { .. } | ApiResponse::NodeUpdated { .. } => {
+                    Ok(ExitCode::SUCCESS)
+                }
+                other => Err(unexpected(other)),
+            }
+        }
         [verb @ ("requeue" | "requeuehold"), rest @ ..] => {
             let jobs = parse_refs(verb, rest.is_empty(), &words[1..])?;
             match call(ApiRequest::Requeue {
@@ -144,8 +170,8 @@ pub async fn run(args: Vec<String>) -> Result<ExitCode, CliError> {
             }
         }
         [other, ..] => Err(CliError::input(format!(
-            "invalid command: {other}; gpuq's scontrol knows show hostnames|job, hold, release, \
-             requeue, requeuehold (see scontrol --help)"
+            "invalid command: {other}; gpuq's scontrol knows show hostnames|job|node|partition, \
+             update, hold, release, requeue, requeuehold (see scontrol --help)"
         ))),
     }
 }
@@ -293,19 +319,60 @@ pub fn show_job(job: &Job, now: crate::model::Millis, oneliner: bool) -> String 
         lines[0].push(format!("ArrayJobId={}", a.array_job));
         lines[0].push(format!("ArrayTaskId={}", a.index));
     }
-    if oneliner {
-        let words: Vec<String> = lines.into_iter().flatten().collect();
-        return format!("{}\n", words.join(" "));
-    }
-    let mut out = String::new();
-    for (i, line) in lines.iter().enumerate() {
-        if i > 0 {
-            out.push_str("   ");
+    super::scontrol_update::layout(lines, oneliner)
+}
+
+/// `show node [NAME]` or `show partition [NAME]`.
+async fn show_nodes_or_partitions(
+    nodes_wanted: bool,
+    name: Option<&str>,
+    oneliner: bool,
+) -> Result<String, CliError> {
+    use super::scontrol_update::{show_node, show_partition};
+    let nodes = match call(ApiRequest::Nodes).await? {
+        ApiResponse::Nodes { nodes } => nodes,
+        other => return Err(unexpected(other)),
+    };
+    let policy = match call(ApiRequest::PolicyShow).await? {
+        ApiResponse::Policy { policy, .. } => policy,
+        other => return Err(unexpected(other)),
+    };
+    let partitions: Vec<crate::model::Partition> = policy.all_partitions().into_values().collect();
+    let mut texts = Vec::new();
+    if nodes_wanted {
+        for n in nodes.iter().filter(|n| name.is_none_or(|w| w == n.name)) {
+            let member_of: Vec<&str> = partitions
+                .iter()
+                .filter(|p| super::sinfo::members(p, std::slice::from_ref(n)).len() == 1)
+                .map(|p| p.name.as_str())
+                .collect();
+            texts.push(show_node(n, &member_of, oneliner));
         }
-        out.push_str(&line.join(" "));
-        out.push('\n');
+        if texts.is_empty() {
+            return Err(CliError::input(match name {
+                Some(w) => format!("Node {w} not found; `sinfo -N` lists the nodes"),
+                None => "no nodes have joined the cluster".into(),
+            }));
+        }
+    } else {
+        for p in partitions
+            .iter()
+            .filter(|p| name.is_none_or(|w| w == p.name))
+        {
+            texts.push(show_partition(
+                p,
+                &super::sinfo::members(p, &nodes),
+                oneliner,
+            ));
+        }
+        if texts.is_empty() {
+            return Err(CliError::input(format!(
+                "Partition {} not found; `sinfo` lists the partitions",
+                name.unwrap_or("")
+            )));
+        }
     }
-    out
+    Ok(texts.join(if oneliner { "" } else { "\n" }))
 }
 
 #[cfg(test)]

@@ -81,7 +81,7 @@ fn time_limit(p: &Partition) -> String {
 }
 
 /// The partition's nodes among `nodes`, in their order.
-fn members<'n>(p: &Partition, nodes: &'n [NodeInfo]) -> Vec<&'n NodeInfo> {
+pub(crate) fn members<'n>(p: &Partition, nodes: &'n [NodeInfo]) -> Vec<&'n NodeInfo> {
     let set = p.node_set();
     nodes
         .iter()

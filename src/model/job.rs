@@ -623,6 +623,11 @@ pub struct JobRun {
     /// The job steps this attempt started (`srun` in the allocation).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub steps: Vec<super::Step>,
+    /// Its time limit was changed after its tasks started (`scontrol
+    /// update`): their shims keep the old one, so the leader ends it at the
+    /// new one.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub limit_changed: bool,
 }
 
 impl JobRun {

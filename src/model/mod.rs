@@ -14,6 +14,7 @@ mod queue;
 mod step;
 mod task;
 mod token;
+mod update;
 
 pub use bulk_submit::BatchEntryError;
 pub use hostlist::{expand_hostlist, HostlistError};
@@ -28,6 +29,7 @@ pub use queue::*;
 pub use step::*;
 pub use task::*;
 pub use token::*;
+pub use update::JobUpdate;
 
 /// Milliseconds since the Unix epoch. The leader stamps it into commands; apply
 /// never reads a clock.

@@ -148,6 +148,12 @@ pub enum ApiRequest {
     /// requeue`), all or none; with `hold`, hold them too. An array id
     /// names every unfinished task.
     Requeue { jobs: Vec<JobRef>, hold: bool },
+    /// Change jobs' settings (`scontrol update JobId=12 TimeLimit=...`),
+    /// all or none; an array id names every unfinished task.
+    Update {
+        jobs: Vec<JobRef>,
+        change: crate::model::JobUpdate,
+    },
 }
 
 /// Which of a job's tasks a signal reaches, as `scancel`'s flags say.
@@ -420,6 +426,9 @@ pub enum ApiResponse {
     /// Done; nothing more to say (a token's use taken).
     Ok,
     Requeued {
+        ids: Vec<JobId>,
+    },
+    Updated {
         ids: Vec<JobId>,
     },
     Signalled {

@@ -303,6 +303,7 @@ impl Api {
                 | ApiRequest::StepLogs { .. }
                 | ApiRequest::Signal { .. }
                 | ApiRequest::Requeue { .. }
+                | ApiRequest::Update { .. }
         );
         if needs_leader {
             if let Some(resp) = self.forward_if_follower(&caller, &req).await {
@@ -425,6 +426,23 @@ impl Api {
                 };
                 match self.write(cmd).await {
                     Ok(CommandResult::Requeued { ids }) => ApiResponse::Requeued { ids },
+                    Ok(other) => self.unexpected(other),
+                    Err(resp) => resp,
+                }
+            }
+            ApiRequest::Update { jobs, change } => {
+                let ids = match self.resolve(jobs, |j| !j.state.is_final()) {
+                    Ok(ids) => ids,
+                    Err(why) => return ApiResponse::error(ErrorKind::NotFound, why),
+                };
+                let cmd = Command::Update {
+                    by: caller.user,
+                    admin: caller.admin,
+                    ids,
+                    change,
+                };
+                match self.write(cmd).await {
+                    Ok(CommandResult::Updated { ids }) => ApiResponse::Updated { ids },
                     Ok(other) => self.unexpected(other),
                     Err(resp) => resp,
                 }

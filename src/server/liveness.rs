@@ -46,14 +46,15 @@ pub async fn run(api: Arc<Api>, ttl: Duration, mut shutdown: watch::Receiver<boo
                 .map(|(name, _)| name.clone())
                 .collect()
         };
-        // An allocation runs nothing whose shim would keep its time limit:
-        // the leader ends it when the limit has passed.
+        // An allocation runs nothing whose shim would keep its time limit,
+        // and a limit lowered while running is newer than its shims': the
+        // leader ends such jobs when the limit has passed.
         let now = now_ms();
         let expired: Vec<crate::model::JobId> = api
             .state()
             .jobs
             .values()
-            .filter(|j| crate::state::allocation_expired(j, now))
+            .filter(|j| crate::state::past_limit_unwatched(j, now))
             .map(|j| j.id)
             .collect();
         if !expired.is_empty() {

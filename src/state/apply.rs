@@ -187,6 +187,12 @@ impl State {
                 now,
             } => self.requeue(by, *admin, ids, *hold, *now, dirty),
             Command::Expire { jobs, now } => Ok(self.expire(jobs, *now, dirty)),
+            Command::Update {
+                by,
+                admin,
+                ids,
+                change,
+            } => self.update(by, *admin, ids, change, dirty),
             Command::Release {
                 by,
                 admin,

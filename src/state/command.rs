@@ -154,8 +154,16 @@ pub enum Command {
         hold: bool,
         now: Millis,
     },
-    /// Ends the allocations among `jobs` whose time limit has passed at
-    /// `now` (TIMEOUT); nothing else runs their limit.
+    /// Changes queued or running jobs' settings (`scontrol update`), all
+    /// or none.
+    Update {
+        by: String,
+        admin: bool,
+        ids: Vec<JobId>,
+        change: crate::model::JobUpdate,
+    },
+    /// Ends the jobs among `jobs` whose time limit has passed at `now`
+    /// (TIMEOUT) and that no shim watches (allocations, lowered limits).
     Expire { jobs: Vec<JobId>, now: Millis },
     /// Ends an allocation job (`salloc` left, `srun` done): it completes
     /// once its steps have stopped.
@@ -230,6 +238,9 @@ pub enum CommandResult {
     Requeued {
         ids: Vec<JobId>,
     },
+    Updated {
+        ids: Vec<JobId>,
+    },
 }
 
 /// Why apply refused a command. Nothing of a rejected command is applied.
@@ -288,4 +299,6 @@ pub enum Rejection {
     NoSuchStep { id: JobId, step: u32 },
     #[error("job {id} cannot be requeued: {why}")]
     NotRequeueable { id: JobId, why: String },
+    #[error("job {id} cannot be changed so: {why}")]
+    NotUpdatable { id: JobId, why: String },
 }

@@ -20,6 +20,7 @@ mod runs;
 mod steps;
 pub mod store;
 mod store_error;
+mod update;
 mod view;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -33,7 +34,7 @@ pub use command::{Command, CommandResult, Rejection};
 pub use deps::DepStatus;
 pub use index::ActiveIndex;
 pub use runs::host_of;
-pub use steps::allocation_expired;
+pub use update::past_limit_unwatched;
 pub use view::SchedInput;
 
 use crate::model::{Job, JobId, JobState, Millis, NodeInventory, PortRange, TokenRecord};

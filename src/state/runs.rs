@@ -142,6 +142,7 @@ impl State {
                     requeue: false,
                     kill_grace_secs,
                     preempted_for: None,
+                    limit_changed: false,
                     // An allocation asked for with its first step (`srun`
                     // outside one) starts that step with the job.
                     steps: job

@@ -123,7 +123,8 @@ impl State {
         Ok(CommandResult::Released)
     }
 
-    /// Ends, as TIMEOUT, the allocations among `jobs` past their limit.
+    /// Ends, as TIMEOUT, the jobs among `jobs` past a limit no shim keeps
+    /// (allocations, and limits lowered while running).
     pub(super) fn expire(
         &mut self,
         jobs: &[JobId],
@@ -135,9 +136,9 @@ impl State {
             if self
                 .jobs
                 .get(&id)
-                .is_some_and(|j| allocation_expired(j, now))
+                .is_some_and(|j| super::update::past_limit_unwatched(j, now))
             {
-                let why = "the allocation reached its time limit".to_string();
+                let why = "it reached its time limit".to_string();
                 if self.begin_ending(id, JobState::Timeout, why, now, dirty) {
                     ids.push(id);
                 }
@@ -258,15 +259,4 @@ impl State {
             }
         }
     }
-}
-
-/// Whether `job` is a running allocation whose time limit has passed at
-/// `now`.
-pub fn allocation_expired(job: &crate::model::Job, now: Millis) -> bool {
-    job.state == JobState::Running
-        && job.spec.launch == Launch::Allocation
-        && match (job.spec.time_limit_secs, job.start_time) {
-            (Some(limit), Some(start)) => now >= start.saturating_add(limit.saturating_mul(1000)),
-            _ => false,
-        }
 }

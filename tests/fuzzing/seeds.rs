@@ -206,6 +206,17 @@ pub fn api_requests() -> Vec<ApiRequest> {
             },
             summary: true,
         },
+        ApiRequest::Update {
+            jobs: vec![JobRef {
+                id: JobId(4),
+                task: None,
+            }],
+            change: gpuq::model::JobUpdate {
+                time_limit_secs: Some(Some(600)),
+                name: Some("renamed".into()),
+                ..Default::default()
+            },
+        },
         ApiRequest::AddServer {
             id: 2,
             name: "s2".into(),

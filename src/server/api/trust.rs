@@ -116,5 +116,6 @@ fn request_name(req: &ApiRequest) -> &'static str {
         ApiRequest::StepLogs { .. } => "step-logs",
         ApiRequest::Signal { .. } => "signal",
         ApiRequest::Requeue { .. } => "requeue",
+        ApiRequest::Update { .. } => "update",
     }
 }

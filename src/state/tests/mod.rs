@@ -13,6 +13,7 @@ mod requeue;
 mod restart;
 mod run;
 mod steps;
+mod update;
 
 use super::*;
 use crate::model::{ExportMode, JobSpec, Program, Role, TokenRecord};

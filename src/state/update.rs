@@ -1,0 +1,131 @@
+//! Changing a job's settings by command (`scontrol update`): all or none
+//! over the jobs named. Its owner may lower a time limit, rename it and
+//! raise its nice; admins may do anything. Partition, QoS and account
+//! change only while it is pending, checked by the policy as at submit.
+
+use super::{CommandResult, Dirty, Rejection, State};
+use crate::model::{JobId, JobState, JobUpdate, Launch, Millis};
+
+impl State {
+    pub(super) fn update(
+        &mut self,
+        by: &str,
+        admin: bool,
+        ids: &[JobId],
+        change: &JobUpdate,
+        dirty: &mut Dirty,
+    ) -> Result<CommandResult, Rejection> {
+        if ids.is_empty() {
+            return Err(Rejection::Empty);
+        }
+        if change.is_empty() {
+            return Err(Rejection::InvalidSpec(
+                "nothing to change: give a field, e.g. TimeLimit=1:00:00".into(),
+            ));
+        }
+        let refuse = |id: JobId, why: String| Rejection::NotUpdatable { id, why };
+        let mut specs = Vec::with_capacity(ids.len());
+        for &id in ids {
+            let job = self.jobs.get(&id).ok_or(Rejection::NoSuchJob(id))?;
+            if !admin && job.user != by {
+                return Err(Rejection::NotOwner {
+                    id,
+                    owner: job.user.clone(),
+                });
+            }
+            match job.state {
+                JobState::Pending | JobState::Running => {}
+                JobState::Completing => return Err(refuse(id, "it is ending".into())),
+                state => return Err(Rejection::AlreadyEnded { id, state }),
+            }
+            if change.needs_pending() && job.state != JobState::Pending {
+                return Err(refuse(
+                    id,
+                    "its partition, QoS and account change only while it is pending".into(),
+                ));
+            }
+            let mut spec = job.spec.clone();
+            if let Some(limit) = change.time_limit_secs {
+                let longer = match (limit, spec.time_limit_secs) {
+                    (None, Some(_)) => true,
+                    (Some(new), Some(old)) => new > old,
+                    (_, None) => false,
+                };
+                if longer && !admin {
+                    return Err(refuse(
+                        id,
+                        "only an admin may raise a time limit; a lower one is yours to set".into(),
+                    ));
+                }
+                if longer && job.state == JobState::Running {
+                    return Err(refuse(
+                        id,
+                        "its tasks run under the old limit; a running job's limit can only be \
+                         lowered (requeue it to run under a longer one)"
+                            .into(),
+                    ));
+                }
+                if limit == Some(0) {
+                    return Err(Rejection::InvalidSpec(
+                        "a time limit of 0 is no time at all; give e.g. TimeLimit=10:00".into(),
+                    ));
+                }
+                spec.time_limit_secs = limit;
+            }
+            if let Some(name) = &change.name {
+                spec.name = name.clone();
+            }
+            if let Some(nice) = change.nice {
+                if nice < spec.nice.min(0) && !admin {
+                    return Err(refuse(
+                        id,
+                        "only an admin may lower a job's nice below 0 (raise its priority)".into(),
+                    ));
+                }
+                spec.nice = nice;
+            }
+            if change.needs_pending() {
+                if let Some(p) = &change.partition {
+                    spec.partition = Some(p.clone());
+                }
+                if let Some(q) = &change.qos {
+                    spec.qos = Some(q.clone());
+                }
+                if let Some(a) = &change.account {
+                    spec.account = Some(a.clone());
+                }
+                self.policy
+                    .resolve(&job.user, &mut spec)
+                    .map_err(Rejection::Policy)?;
+            }
+            spec.check_invariants().map_err(Rejection::InvalidSpec)?;
+            specs.push(spec);
+        }
+        for (&id, spec) in ids.iter().zip(specs) {
+            let Some(job) = self.jobs.get_mut(&id) else {
+                continue;
+            };
+            let lowered = spec.time_limit_secs != job.spec.time_limit_secs;
+            job.spec = spec;
+            if let Some(run) = job.run.as_mut().filter(|_| job.state == JobState::Running) {
+                run.limit_changed |= lowered;
+            }
+            dirty.jobs.insert(id);
+        }
+        Ok(CommandResult::Updated { ids: ids.to_vec() })
+    }
+}
+
+/// Whether the leader ends `job` at `now` for its time limit: no shim
+/// keeps it (an allocation runs none; a changed limit is newer than the
+/// shims'), and it has passed.
+pub fn past_limit_unwatched(job: &crate::model::Job, now: Millis) -> bool {
+    let unwatched =
+        job.spec.launch == Launch::Allocation || job.run.as_ref().is_some_and(|r| r.limit_changed);
+    job.state == JobState::Running
+        && unwatched
+        && match (job.spec.time_limit_secs, job.start_time) {
+            (Some(limit), Some(start)) => now >= start.saturating_add(limit.saturating_mul(1000)),
+            _ => false,
+        }
+}
