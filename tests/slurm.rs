@@ -649,6 +649,16 @@ fn scontrol_updates_a_jobs_limit_drains_a_node_and_shows_nodes_and_partitions() 
         node.contains("State=DRAIN") && node.contains("Reason=bad fan"),
         "{node}"
     );
+    assert_eq!(
+        s.ok("sinfo", &["-h", "-o", "%N|%t|%E"], None),
+        "n1|drain|bad fan (by root)\n"
+    );
     s.ok("scontrol", &["update", "NodeName=n1", "State=RESUME"], None);
     assert!(s.ok("sinfo", &["-N", "-h"], None).contains("idle"));
+    let q = s.ok(
+        "squeue",
+        &["-t", "all", "-h", "-O", "JobID:8,State:.10", "-j", &id],
+        None,
+    );
+    assert_eq!(q, format!("{id:<8}{:>10}\n", "TIMEOUT"));
 }

@@ -14,6 +14,7 @@
 
 pub mod format;
 pub mod sacct;
+mod sacct_fields;
 pub mod salloc;
 pub mod sbatch;
 pub mod scancel;

@@ -8,6 +8,7 @@ use std::process::ExitCode;
 
 use clap::{ArgAction, FromArgMatches, Parser};
 
+use super::format::{Format, Piece};
 use crate::cli::table::Table;
 use crate::cli::{call, unexpected, CliError};
 use crate::model::hostlist::compress_hostlist;
@@ -22,7 +23,14 @@ use crate::net::proto::{ApiRequest, ApiResponse, NodeInfo};
     disable_version_flag = true,
     max_term_width = 100,
     about = "gpuq's partitions and nodes, as Slurm's sinfo",
-    after_help = "Not yet: -o/--format, -O/--Format, -R, -s."
+    after_help = "Format codes: %P partition (* default), %R partition name, %a avail, %l time \
+                  limit, %D node count, %t state, %T long state, %N node list, %n host names, \
+                  %c CPUs per node, %m memory (MB), %G gres, %f features, %E reason, %C CPUs \
+                  allocated/idle/other/total, %F nodes A/I/O/T. Nodes with the same values are \
+                  one line. -O fields: PartitionName, Partition, Available, Time, Nodes, \
+                  StateCompact, StateLong, NodeList, NodeHost, CPUs, Memory, Gres, Features, \
+                  Reason, CPUsState, NodeAIOT (Field:N sets a width, 20 by default). \
+                  Not yet: -R, -s."
 )]
 pub struct SinfoArgs {
     /// Print no header line
@@ -39,6 +47,17 @@ pub struct SinfoArgs {
         value_delimiter = ','
     )]
     pub partitions: Vec<String>,
+    /// Output format, e.g. "%P %.6D %t %N" (see below)
+    #[arg(
+        short = 'o',
+        long = "format",
+        value_name = "FORMAT",
+        conflicts_with = "field_format"
+    )]
+    pub format: Option<String>,
+    /// Output fields, e.g. "NodeList:20,StateLong,Gres" (see below)
+    #[arg(short = 'O', long = "Format", value_name = "FIELD[:[.]N][,...]")]
+    pub field_format: Option<String>,
     /// Print help
     #[arg(long, action = ArgAction::Help)]
     pub help: Option<bool>,
@@ -87,6 +106,202 @@ pub(crate) fn members<'n>(p: &Partition, nodes: &'n [NodeInfo]) -> Vec<&'n NodeI
         .iter()
         .filter(|n| set.as_ref().is_none_or(|s| s.contains(&n.name)))
         .collect()
+}
+
+/// The `%` codes sinfo fills in.
+pub const CODES: &str = "PRalDtTNncmGfECF";
+
+/// `-O` field names and the code each is.
+const FIELD_NAMES: [(&str, char); 16] = [
+    ("partitionname", 'R'),
+    ("partition", 'P'),
+    ("available", 'a'),
+    ("time", 'l'),
+    ("nodes", 'D'),
+    ("statecompact", 't'),
+    ("statelong", 'T'),
+    ("nodelist", 'N'),
+    ("nodehost", 'n'),
+    ("cpus", 'c'),
+    ("memory", 'm'),
+    ("gres", 'G'),
+    ("features", 'f'),
+    ("reason", 'E'),
+    ("cpusstate", 'C'),
+    ("nodeaiot", 'F'),
+];
+
+fn title(code: char) -> &'static str {
+    match code {
+        'P' | 'R' => "PARTITION",
+        'a' => "AVAIL",
+        'l' => "TIMELIMIT",
+        'D' => "NODES",
+        't' | 'T' => "STATE",
+        'N' => "NODELIST",
+        'n' => "HOSTNAMES",
+        'c' => "CPUS",
+        'm' => "MEMORY",
+        'G' => "GRES",
+        'f' => "AVAIL_FEATURES",
+        'E' => "REASON",
+        'C' => "CPUS(A/I/O/T)",
+        'F' => "NODES(A/I/O/T)",
+        _ => "?",
+    }
+}
+
+/// The format `-o` or `-O` asks for, if one does.
+pub fn chosen_format(args: &SinfoArgs) -> Result<Option<Format>, String> {
+    if let Some(f) = &args.format {
+        return Format::parse(f, CODES).map(Some);
+    }
+    let Some(fields) = &args.field_format else {
+        return Ok(None);
+    };
+    let mut pieces = Vec::new();
+    for word in fields.split(',').map(str::trim).filter(|w| !w.is_empty()) {
+        let (name, size) = word
+            .split_once(':')
+            .map_or((word, None), |(n, s)| (n, Some(s)));
+        let code = FIELD_NAMES
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, c)| *c)
+            .ok_or_else(|| {
+                let names: Vec<&str> = FIELD_NAMES.iter().map(|(n, _)| *n).collect();
+                format!("invalid --Format field: {name}; use {}", names.join(", "))
+            })?;
+        let (right, digits) = match size {
+            Some(s) => s.strip_prefix('.').map_or((false, s), |d| (true, d)),
+            None => (false, "20"),
+        };
+        let width = digits.parse().map_err(|_| {
+            format!("invalid --Format width in {word:?}: give Field:N, e.g. NodeList:30")
+        })?;
+        pieces.push(Piece::Field {
+            code,
+            width: Some(width),
+            right,
+        });
+    }
+    if pieces.is_empty() {
+        return Err("--Format names no field; e.g. -O NodeList,StateLong".into());
+    }
+    Ok(Some(Format(pieces)))
+}
+
+/// The value of `code` for a group of `nodes` (all alike in the codes
+/// that are not counts or lists) of partition `p`.
+fn field(code: char, p: &Partition, nodes: &[&NodeInfo]) -> String {
+    let first = nodes.first();
+    let names: Vec<&str> = nodes.iter().map(|n| n.name.as_str()).collect();
+    let count = |f: &dyn Fn(&NodeInfo) -> bool| nodes.iter().filter(|n| f(n)).count();
+    match code {
+        'P' => shown_name(p),
+        'R' => p.name.clone(),
+        'a' => match p.state {
+            PartitionState::Up => "up".into(),
+            _ => "down".into(),
+        },
+        'l' => time_limit(p),
+        'D' => nodes.len().to_string(),
+        't' => first.map_or_else(|| "n/a".into(), |n| node_state(n)),
+        'T' => first.map_or_else(
+            || "n/a".into(),
+            |n| match node_state(n).trim_end_matches('*') {
+                "idle" => "idle".into(),
+                "mix" => "mixed".into(),
+                "alloc" => "allocated".into(),
+                "drng" => "draining".into(),
+                "drain" => "drained".into(),
+                other => other.into(),
+            },
+        ),
+        'N' => compress_hostlist(&names),
+        'n' => names.join(","),
+        'c' => first.map_or_else(String::new, |n| n.inventory.cpus.to_string()),
+        'm' => first.map_or_else(String::new, |n| n.inventory.memory_mb.to_string()),
+        'G' => first.map_or_else(String::new, |n| match n.inventory.gpus.len() {
+            0 => "(null)".into(),
+            g => format!("gpu:{g}"),
+        }),
+        'f' => first.map_or_else(String::new, |n| match n.inventory.features.join(",") {
+            f if f.is_empty() => "(null)".into(),
+            f => f,
+        }),
+        'E' => first
+            .and_then(|n| n.reason.clone())
+            .unwrap_or_else(|| "none".into()),
+        'C' => {
+            let total: u32 = nodes.iter().map(|n| n.inventory.cpus).sum();
+            let used: u32 = nodes
+                .iter()
+                .map(|n| n.cpus_used.min(n.inventory.cpus))
+                .sum();
+            let other: u32 = nodes
+                .iter()
+                .filter(|n| n.state != "up")
+                .map(|n| n.inventory.cpus - n.cpus_used.min(n.inventory.cpus))
+                .sum();
+            format!("{used}/{}/{other}/{total}", total - used - other)
+        }
+        'F' => {
+            let other = count(&|n| n.state != "up");
+            let alloc = count(&|n| n.state == "up" && n.running_jobs > 0);
+            let idle = nodes.len() - other - alloc;
+            format!("{alloc}/{idle}/{other}/{}", nodes.len())
+        }
+        _ => String::new(),
+    }
+}
+
+/// sinfo with `-o`/`-O`: per partition, nodes alike in every field that is
+/// not a count or list share a line (`-N`: a line per node).
+pub fn render_format(
+    args: &SinfoArgs,
+    fmt: &Format,
+    partitions: &[Partition],
+    nodes: &[NodeInfo],
+) -> String {
+    let mut out = String::new();
+    if !args.noheader {
+        out.push_str(&fmt.header(title));
+        out.push('\n');
+    }
+    let grouping: Vec<char> = fmt
+        .0
+        .iter()
+        .filter_map(|p| match p {
+            Piece::Field { code, .. } if !"DNnCF".contains(*code) => Some(*code),
+            _ => None,
+        })
+        .collect();
+    for p in partitions
+        .iter()
+        .filter(|p| args.partitions.is_empty() || args.partitions.contains(&p.name))
+    {
+        let mut groups: Vec<(Vec<String>, Vec<&NodeInfo>)> = Vec::new();
+        for n in members(p, nodes) {
+            let key: Vec<String> = if args.node_oriented {
+                vec![n.name.clone()]
+            } else {
+                grouping.iter().map(|c| field(*c, p, &[n])).collect()
+            };
+            match groups.iter_mut().find(|(k, _)| *k == key) {
+                Some((_, members)) => members.push(n),
+                None => groups.push((key, vec![n])),
+            }
+        }
+        if groups.is_empty() {
+            groups.push((Vec::new(), Vec::new()));
+        }
+        for (_, members) in groups {
+            out.push_str(&fmt.render(|code| field(code, p, &members)));
+            out.push('\n');
+        }
+    }
+    out
 }
 
 /// The table sinfo prints.
@@ -165,6 +380,7 @@ pub async fn run(args: Vec<String>) -> Result<ExitCode, CliError> {
     };
     let args =
         SinfoArgs::from_arg_matches(&m).map_err(|e| CliError::input(super::clap_line(&e)))?;
+    let fmt = chosen_format(&args).map_err(CliError::input)?;
     let nodes = match call(ApiRequest::Nodes).await? {
         ApiResponse::Nodes { nodes } => nodes,
         other => return Err(unexpected(other)),
@@ -183,7 +399,10 @@ pub async fn run(args: Vec<String>) -> Result<ExitCode, CliError> {
             "no partition {p}; `sinfo` lists them"
         )));
     }
-    print!("{}", render(&args, &partitions, &nodes));
+    match fmt {
+        Some(fmt) => print!("{}", render_format(&args, &fmt, &partitions, &nodes)),
+        None => print!("{}", render(&args, &partitions, &nodes)),
+    }
     Ok(ExitCode::SUCCESS)
 }
 
@@ -278,5 +497,37 @@ mod tests {
         assert_eq!(rows.len(), 4, "{text}");
         assert_eq!(rows[0], ["n1", "1", "default*", "idle"]);
         assert_eq!(rows[3], ["n3", "1", "short", "mix"]);
+    }
+
+    #[test]
+    fn formats_group_alike_nodes_and_n_lists_each() {
+        let p = Partition::new("gpu");
+        let mut nodes = vec![
+            node("n1", "up", 0, true),
+            node("n2", "up", 0, true),
+            node("n3", "up", 2, true),
+        ];
+        nodes[2].inventory.features = vec!["ib".into()];
+        let args = |words: &[&str]| SinfoArgs::try_parse_from(words).unwrap();
+        let out = |a: &SinfoArgs| {
+            let fmt = chosen_format(a).unwrap().unwrap();
+            render_format(a, &fmt, std::slice::from_ref(&p), &nodes)
+        };
+        let a = args(&["-o", "%P|%D|%t|%N|%c|%f|%C|%F"]);
+        assert_eq!(
+            out(&a),
+            "PARTITION|NODES|STATE|NODELIST|CPUS|AVAIL_FEATURES|CPUS(A/I/O/T)|NODES(A/I/O/T)\n\
+             gpu|2|idle|n[1-2]|8|(null)|0/16/0/16|0/2/0/2\n\
+             gpu|1|mix|n3|8|ib|2/6/0/8|1/0/0/1\n"
+        );
+        let a = args(&["-h", "-N", "-O", "NodeList:5,StateLong:.10"]);
+        assert_eq!(
+            out(&a),
+            "n1         idle\nn2         idle\nn3        mixed\n"
+        );
+        let bad = chosen_format(&args(&["-o", "%P %Q"])).unwrap_err();
+        assert!(bad.contains("%Q"), "{bad}");
+        let bad = chosen_format(&args(&["-O", "Nodelst"])).unwrap_err();
+        assert!(bad.contains("Nodelst") && bad.contains("nodelist"), "{bad}");
     }
 }

@@ -17,7 +17,93 @@ use crate::net::proto::{ApiRequest, ApiResponse};
 pub const DEFAULT_FORMAT: &str = "%.18i %.9P %.8j %.8u %.2t %.10M %.6D %R";
 
 /// The `%` codes squeue fills in.
-pub const CODES: &str = "iAjutTMDRPkNlCbaqrVSZoKF";
+pub const CODES: &str = "iAjutTMDRPkNlCbaqrVSZoKFLe";
+
+/// `--start`'s format: pending jobs and when they are expected to start.
+pub const START_FORMAT: &str = "%.18i %.9P %.8j %.8u %.2t %.19S %.6D %R";
+
+/// `-O/--Format` field names and the `%` code each is.
+const FIELD_NAMES: [(&str, char); 29] = [
+    ("jobid", 'i'),
+    ("jobarrayid", 'i'),
+    ("arrayjobid", 'F'),
+    ("arraytaskid", 'K'),
+    ("name", 'j'),
+    ("username", 'u'),
+    ("userid", 'u'),
+    ("state", 'T'),
+    ("statecompact", 't'),
+    ("timeused", 'M'),
+    ("numnodes", 'D'),
+    ("nodelist", 'N'),
+    ("reasonlist", 'R'),
+    ("partition", 'P'),
+    ("timelimit", 'l'),
+    ("timeleft", 'L'),
+    ("numcpus", 'C'),
+    ("tres-per-node", 'b'),
+    ("account", 'a'),
+    ("qos", 'q'),
+    ("reason", 'r'),
+    ("submittime", 'V'),
+    ("starttime", 'S'),
+    ("endtime", 'e'),
+    ("workdir", 'Z'),
+    ("command", 'o'),
+    ("comment", 'k'),
+    ("minmemory", 'm'),
+    ("cpus-per-task", 'c'),
+];
+
+/// Parses `-O`: `Field[:[.]WIDTH]` words, comma-separated (any case);
+/// 20 characters each unless given, as Slurm's.
+pub fn parse_field_format(input: &str) -> Result<Format, String> {
+    use super::format::Piece;
+    let mut pieces = Vec::new();
+    for word in input.split(',').map(str::trim).filter(|w| !w.is_empty()) {
+        let (name, size) = match word.split_once(':') {
+            Some((n, s)) => (n, Some(s)),
+            None => (word, None),
+        };
+        let code = FIELD_NAMES
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, c)| *c)
+            .ok_or_else(|| {
+                let names: Vec<&str> = FIELD_NAMES.iter().map(|(n, _)| *n).collect();
+                let hint =
+                    crate::suggest::nearest(&name.to_ascii_lowercase(), names.iter().copied())
+                        .map(|n| format!("did you mean {n}? "))
+                        .unwrap_or_default();
+                format!(
+                    "invalid --Format field: {name}; {hint}use {}",
+                    names.join(", ")
+                )
+            })?;
+        let (right, width) = match size {
+            None | Some("") => (false, 20),
+            Some(s) => {
+                let (right, digits) = match s.strip_prefix('.') {
+                    Some(d) => (true, d),
+                    None => (false, s),
+                };
+                let width = digits.parse().map_err(|_| {
+                    format!("invalid --Format width in {word:?}: give Field:N or Field:.N, e.g. Name:30")
+                })?;
+                (right, width)
+            }
+        };
+        pieces.push(Piece::Field {
+            code,
+            width: Some(width),
+            right,
+        });
+    }
+    if pieces.is_empty() {
+        return Err("--Format names no field; e.g. -O JobID,Name:30,State".into());
+    }
+    Ok(Format(pieces))
+}
 
 #[derive(Parser, Debug, Clone, Default)]
 #[command(
@@ -31,8 +117,13 @@ pub const CODES: &str = "iAjutTMDRPkNlCbaqrVSZoKF";
                   %u user, %t state code, %T state, %M time used, %D nodes, %R nodes or \
                   (reason), %P partition, %k comment, %N nodes, %l time limit, %C CPUs, \
                   %b GPUs, %a account, %q QoS, %r reason, %V submit time, %S start time, \
-                  %Z work dir, %o command, %K array index, %F array id. %.N right-justifies \
-                  in N characters, %N left; longer values are cut."
+                  %Z work dir, %o command, %K array index, %F array id, %L time left, %e end \
+                  time, %m memory per node, %c CPUs per task. %.N right-justifies in N \
+                  characters, %N left; longer values are cut. -O fields: JobID, Name, \
+                  UserName, State, StateCompact, TimeUsed, TimeLeft, TimeLimit, NumNodes, \
+                  NodeList, ReasonList, Reason, Partition, NumCPUs, tres-per-node, Account, \
+                  QOS, SubmitTime, StartTime, EndTime, WorkDir, Command, Comment, ArrayJobID, \
+                  ArrayTaskID, MinMemory, cpus-per-task."
 )]
 pub struct SqueueArgs {
     /// Print no header line
@@ -83,8 +174,26 @@ pub struct SqueueArgs {
     )]
     pub partitions: Vec<String>,
     /// Output format, e.g. "%.18i %.2t %j" (see below)
-    #[arg(short = 'o', long = "format", value_name = "FORMAT")]
+    #[arg(
+        short = 'o',
+        long = "format",
+        value_name = "FORMAT",
+        conflicts_with = "field_format"
+    )]
     pub format: Option<String>,
+    /// Output fields, e.g. "JobID:10,Name:30,State,TimeLeft" (20 wide
+    /// unless given; :. right-justifies)
+    #[arg(short = 'O', long = "Format", value_name = "FIELD[:[.]N][,...]")]
+    pub field_format: Option<String>,
+    /// Only jobs on these nodes (host list, e.g. n[1-4])
+    #[arg(short = 'w', long = "nodelist", value_name = "HOSTLIST")]
+    pub nodelist: Option<String>,
+    /// One line per array task, pending ones too
+    #[arg(short = 'r', long = "array")]
+    pub array: bool,
+    /// Pending jobs and when the scheduler expects them to start
+    #[arg(long = "start")]
+    pub start: bool,
     /// Accepted for Slurm's sake: gpuq shows every partition anyway
     #[arg(short = 'a', long = "all")]
     pub all: bool,
@@ -158,6 +267,10 @@ fn title(code: char) -> &'static str {
         'o' => "COMMAND",
         'K' => "ARRAY_TASK_ID",
         'F' => "ARRAY_JOB_ID",
+        'L' => "TIME_LEFT",
+        'e' => "END_TIME",
+        'm' => "MIN_MEMORY",
+        'c' => "CPUS_PER_TASK",
         _ => "?",
     }
 }
@@ -271,6 +384,25 @@ pub fn field(code: char, id: &str, job: &Job, now: crate::model::Millis) -> Stri
         'V' => format::time(Some(job.submit_time)),
         'S' => format::time(job.start_time.or(job.expected_start)),
         'Z' => spec.workdir.clone(),
+        'L' => match (spec.time_limit_secs, job.state, job.start_time) {
+            (None, _, _) => "UNLIMITED".into(),
+            (Some(limit), JobState::Running | JobState::Completing, Some(start)) => {
+                let used = now.saturating_sub(start) / 1000;
+                format::duration(limit.saturating_sub(used))
+            }
+            (Some(limit), _, _) => format::duration(limit),
+        },
+        'e' => match (job.end_time, job.start_time, spec.time_limit_secs) {
+            (Some(end), _, _) => format::time(Some(end)),
+            (None, Some(start), Some(limit)) => {
+                format::time(Some(start.saturating_add(limit.saturating_mul(1000))))
+            }
+            _ => "N/A".into(),
+        },
+        'm' => spec
+            .mem_per_node_mb
+            .map_or_else(|| "0".into(), |m| format!("{m}M")),
+        'c' => spec.cpus_per_task.to_string(),
         'o' => match &spec.program {
             crate::model::Program::Script { path, .. } => path.clone(),
             crate::model::Program::Command { argv } => argv.join(" "),
@@ -296,6 +428,24 @@ fn wanted(args: &SqueueArgs, states: &[JobState], job: &Job) -> bool {
                 .iter()
                 .any(|p| job.spec.partition.as_deref().unwrap_or("default") == p))
         && states.contains(&job.state)
+        && args.nodelist.as_deref().is_none_or(|list| {
+            let wanted = crate::model::expand_hostlist(list).unwrap_or_default();
+            job.state != JobState::Pending
+                && job
+                    .run
+                    .as_ref()
+                    .is_some_and(|r| r.allocation.nodes.iter().any(|n| wanted.contains(&n.node)))
+        })
+}
+
+/// The format `args` ask for: `-O`, `-o`, `--start`'s, or the default.
+fn chosen_format(args: &SqueueArgs) -> Result<Format, String> {
+    match (&args.field_format, &args.format) {
+        (Some(fields), _) => parse_field_format(fields),
+        (None, Some(f)) => Format::parse(f, CODES),
+        (None, None) if args.start => Format::parse(START_FORMAT, CODES),
+        (None, None) => Format::parse(DEFAULT_FORMAT, CODES),
+    }
 }
 
 /// The lines squeue prints for `jobs`.
@@ -305,7 +455,7 @@ pub fn render(
     jobs: &[Job],
     now: crate::model::Millis,
 ) -> Result<String, String> {
-    let fmt = Format::parse(args.format.as_deref().unwrap_or(DEFAULT_FORMAT), CODES)?;
+    let fmt = chosen_format(args)?;
     let kept: Vec<Job> = jobs
         .iter()
         .filter(|j| wanted(args, states, j))
@@ -316,7 +466,17 @@ pub fn render(
         out.push_str(&fmt.header(title));
         out.push('\n');
     }
-    for row in crate::cli::queue::rows(&kept) {
+    let rows = if args.array {
+        kept.iter()
+            .map(|j| crate::cli::queue::QueueRow {
+                id: j.display_id(),
+                job: j,
+            })
+            .collect()
+    } else {
+        crate::cli::queue::rows(&kept)
+    };
+    for row in rows {
         out.push_str(&fmt.render(|code| field(code, &row.id, row.job, now)));
         out.push('\n');
     }
@@ -347,11 +507,16 @@ pub async fn run(args: Vec<String>) -> Result<ExitCode, CliError> {
         parse_states(&args.states).map_err(CliError::input)?
     } else if !args.jobs.is_empty() {
         JobState::ALL.to_vec()
+    } else if args.start {
+        vec![JobState::Pending]
     } else {
         vec![JobState::Pending, JobState::Running, JobState::Completing]
     };
-    Format::parse(args.format.as_deref().unwrap_or(DEFAULT_FORMAT), CODES)
-        .map_err(CliError::input)?;
+    chosen_format(&args).map_err(CliError::input)?;
+    if let Some(list) = &args.nodelist {
+        crate::model::expand_hostlist(list)
+            .map_err(|e| CliError::input(format!("-w {list}: {e}")))?;
+    }
     let all = states.iter().any(|s| {
         !matches!(
             s,
@@ -379,151 +544,5 @@ pub async fn run(args: Vec<String>) -> Result<ExitCode, CliError> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::model::{JobId, JobSpec};
-
-    fn job(id: u64, name: &str, state: JobState) -> Job {
-        let spec = JobSpec {
-            name: name.into(),
-            nodes: 2,
-            ntasks_per_node: 4,
-            gpus_per_node: 8,
-            cpus_per_task: 2,
-            mem_per_node_mb: None,
-            time_limit_secs: Some(3600),
-            account: None,
-            partition: Some("gpu".into()),
-            output: None,
-            error: None,
-            workdir: "/home/u".into(),
-            env: Vec::new(),
-            export: Default::default(),
-            program: crate::model::Program::Command {
-                argv: vec!["true".into()],
-            },
-            requeue: Default::default(),
-            max_restarts: 3,
-            total_gpus: None,
-            placement: Default::default(),
-            queue: Default::default(),
-            signal: None,
-            qos: None,
-            nice: 0,
-            launch: Default::default(),
-            submit_host: None,
-            first_step: None,
-        };
-        let mut j = Job::pending(JobId(id), "alice", spec, 0);
-        j.state = state;
-        j
-    }
-
-    fn args(words: &[&str]) -> SqueueArgs {
-        SqueueArgs::try_parse_from(words).unwrap()
-    }
-
-    #[test]
-    fn every_state_has_slurms_code_and_parses_back() {
-        let codes: Vec<&str> = JobState::ALL.iter().map(|s| state_code(*s)).collect();
-        assert_eq!(
-            codes,
-            ["PD", "R", "CG", "CD", "F", "CA", "TO", "NF", "PR", "OOM"]
-        );
-        let words: Vec<String> = codes.iter().map(|c| c.to_lowercase()).collect();
-        assert_eq!(parse_states(&words).unwrap(), JobState::ALL.to_vec());
-        assert_eq!(
-            parse_states(&["running".into()]).unwrap(),
-            [JobState::Running]
-        );
-        assert_eq!(parse_states(&["all".into()]).unwrap().len(), 10);
-        let e = parse_states(&["XX".into()]).unwrap_err();
-        assert!(e.contains("XX") && e.contains("PD"), "{e}");
-    }
-
-    #[test]
-    fn default_columns_and_pending_reason() {
-        let mut p = job(7, "train", JobState::Pending);
-        p.reason = Some("Priority".into());
-        let a = args(&[]);
-        let text = render(&a, &[JobState::Pending], &[p], 0).unwrap();
-        let lines: Vec<&str> = text.lines().collect();
-        assert_eq!(
-            lines[0].split_whitespace().collect::<Vec<_>>(),
-            [
-                "JOBID",
-                "PARTITION",
-                "NAME",
-                "USER",
-                "ST",
-                "TIME",
-                "NODES",
-                "NODELIST(REASON)"
-            ]
-        );
-        assert_eq!(
-            lines[1].split_whitespace().collect::<Vec<_>>(),
-            [
-                "7",
-                "gpu",
-                "train",
-                "alice",
-                "PD",
-                "0:00",
-                "2",
-                "(Priority)"
-            ]
-        );
-    }
-
-    #[test]
-    fn every_scheduler_reason_has_its_word() {
-        use crate::sched::PendingReason as R;
-        let all = [
-            R::Resources,
-            R::Priority,
-            R::Unsatisfiable("x".into()),
-            R::Dependency,
-            R::QuotaExceeded,
-            R::Held,
-            R::BeginTime,
-            R::Topology(crate::model::TopologyRequirement::Leaf),
-            R::ReservedForOthers,
-            R::DependencyNeverSatisfied("x".into()),
-            R::JobArrayTaskLimit,
-            R::NoMasterPort,
-            R::PartitionDown,
-            R::Preempting,
-        ];
-        for r in all {
-            let mut j = job(1, "a", JobState::Pending);
-            j.reason = Some(r.to_string());
-            let want = match r {
-                R::Held => "JobHeldUser",
-                _ => r.as_str(),
-            };
-            assert_eq!(reason(&j), want, "{r}");
-        }
-    }
-
-    #[test]
-    fn format_codes_and_filters() {
-        let mut r = job(3, "a", JobState::Running);
-        r.start_time = Some(1_000);
-        let jobs = vec![r, job(4, "b", JobState::Pending)];
-        let a = args(&["-h", "-o", "%i,%t,%T,%j,%D,%l,%C,%b,%M,%k,%A", "-n", "a"]);
-        let all = JobState::ALL.to_vec();
-        let text = render(&a, &all, &jobs, 66_000).unwrap();
-        assert_eq!(
-            text,
-            "3,R,RUNNING,a,2,1:00:00,16,gres/gpu:8,1:05,(null),3\n"
-        );
-        let a = args(&["-h", "-o", "%i", "-t", "PD"]);
-        let states = parse_states(&a.states).unwrap();
-        assert_eq!(render(&a, &states, &jobs, 0).unwrap(), "4\n");
-        let a = args(&["-h", "-o", "%i", "-u", "bob"]);
-        assert_eq!(render(&a, &all, &jobs, 0).unwrap(), "");
-        let a = args(&["-h", "-o", "%i", "-j", "4"]);
-        assert_eq!(render(&a, &all, &jobs, 0).unwrap(), "4\n");
-    }
-}
+#[path = "tests/squeue.rs"]
+mod tests;

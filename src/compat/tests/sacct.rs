@@ -1,7 +1,7 @@
 //! `sacct`: flags, rows and Slurm's shapes, without a cluster.
 
 use super::*;
-use crate::model::acct::AcctDetail;
+use crate::model::acct::{AcctDetail, AcctStep};
 use crate::model::ArrayTask;
 
 fn args(words: &[&str]) -> SacctArgs {
@@ -94,7 +94,8 @@ fn q(a: &SacctArgs) -> Query {
 fn out(words: &[&str], records: &[AcctRecord]) -> String {
     let a = args(words);
     let q = q(&a);
-    let rows = rows(&q, a.allocations, records);
+    let folded = fold_pending(records);
+    let rows = rows(&q, a.allocations, records, &folded);
     render(&a, &q.fields, &rows, 12 * HOUR)
 }
 
@@ -169,8 +170,12 @@ fn steps_and_array_tasks_are_picked_by_id() {
     };
     assert_eq!(ids(&["-j", "42.0"]), ["42.0"]);
     assert_eq!(ids(&["-j", "42.batch,50_1"]), ["42.batch", "50_1"]);
-    assert_eq!(ids(&["-j", "50"]), ["50_0", "50_1"]);
-    assert_eq!(ids(&["-X"]), ["42", "50_0", "50_1"]);
+    assert_eq!(ids(&["-j", "50"]), ["50_[0-1]"], "pending tasks fold");
+    assert_eq!(ids(&["-X"]), ["42", "50_[0-1]"]);
+    let mut started = recs.to_vec();
+    started[2].state = JobState::Running;
+    let folded = fold_pending(&started);
+    assert_eq!(folded[1..], [Some("50_0".to_string()), Some("50_1".into())]);
     let a = args(&["-j", "50_1", "-j", "42"]);
     assert_eq!(q(&a).filter.ids, vec![JobId(50), JobId(42)]);
 }
