@@ -20,6 +20,9 @@
 #                            benches/ha.rs      3 servers vs 1 submit rate,
 #                                               redb size after 100,000 jobs,
 #                                               snapshot size/time, join+catch-up
+#                            benches/sacct.rs   sacct over 100,000 archived
+#                                               jobs through the real binary:
+#                                               every job, one job, one array
 #                            benches/fuzz.rs    10 million fuzz inputs over the
 #                                               local socket's frames, agent and
 #                                               Raft protocols, apply, snapshots,
@@ -72,6 +75,7 @@ if [ "$smoke" = 1 ]; then
   cargo bench --profile dev --bench scale
   cargo bench --profile dev --bench failover
   cargo bench --profile dev --bench ha
+  cargo bench --profile dev --bench sacct
   cargo bench --profile dev --bench fuzz
   cargo bench --profile dev --bench chaos
   bench/peer.sh --smoke
@@ -81,6 +85,7 @@ else
   cargo bench --bench scale
   cargo bench --bench failover
   cargo bench --bench ha
+  cargo bench --bench sacct
   cargo bench --bench fuzz
   cargo bench --bench chaos
   bench/peer.sh

@@ -5,7 +5,7 @@ use clap::Args;
 
 use super::table::{fmt_duration, fmt_time, opt_time, Table};
 use super::{call, parse_state, print_json, unexpected, CliError, JsonFlag};
-use crate::model::acct::{AcctFilter, AcctRecord, AcctSummary};
+use crate::model::acct::{AcctFilter, AcctRecord, AcctSummary, ACCT_PAGE};
 // The one nodelist compressor (`node[001-064]`), shared with the task env.
 use crate::model::hostlist::compress_hostlist;
 use crate::model::{JobState, Millis};
@@ -47,9 +47,17 @@ pub async fn run(args: AcctArgs) -> Result<(), CliError> {
         until: args.until,
         ..AcctFilter::default()
     };
+    if !args.summary {
+        let records = fetch_records(filter).await?;
+        if args.json.json {
+            return print_json(&records);
+        }
+        print!("{}", records_table(&records));
+        return Ok(());
+    }
     match call(ApiRequest::Acct {
         filter,
-        summary: args.summary,
+        summary: true,
     })
     .await?
     {
@@ -69,6 +77,37 @@ pub async fn run(args: AcctArgs) -> Result<(), CliError> {
         }
         other => Err(unexpected(other)),
     }
+}
+
+/// Every record `filter` selects, fetched a page at a time (a frame holds
+/// 16 MiB; a 100,000-job history is more).
+pub async fn fetch_records(mut filter: AcctFilter) -> Result<Vec<AcctRecord>, CliError> {
+    filter.limit = Some(ACCT_PAGE);
+    let mut all: Vec<AcctRecord> = Vec::new();
+    loop {
+        let page = match call(ApiRequest::Acct {
+            filter: filter.clone(),
+            summary: false,
+        })
+        .await?
+        {
+            ApiResponse::Acct { records } => records,
+            other => return Err(unexpected(other)),
+        };
+        let full = page.len() >= ACCT_PAGE as usize;
+        let last = page.last().map(|r| r.id);
+        // A server from before pages answers everything at once, every time.
+        let paged = filter.after.is_none_or(|a| last.is_some_and(|l| l > a));
+        if !paged {
+            break;
+        }
+        all.extend(page);
+        match last {
+            Some(id) if full => filter.after = Some(id),
+            _ => break,
+        }
+    }
+    Ok(all)
 }
 
 fn records_table(records: &[AcctRecord]) -> String {

@@ -13,10 +13,9 @@ pub use super::sacct_fields::{
     elapsed, job_id, parse_fields, state_word, value, Field, Row, FIELDS,
 };
 use crate::cli::acct::parse_when;
-use crate::cli::{call, unexpected, CliError};
+use crate::cli::CliError;
 use crate::model::acct::{AcctFilter, AcctRecord, StepName};
 use crate::model::{JobId, JobState, Millis};
-use crate::net::proto::{ApiRequest, ApiResponse};
 
 /// Slurm's default fields.
 pub const DEFAULT_FIELDS: &str = "JobID,JobName,Partition,Account,AllocCPUS,State,ExitCode";
@@ -248,6 +247,7 @@ pub fn query(
         ids: jobs.iter().map(|j| j.id).collect(),
         names: args.names.clone(),
         active: true,
+        ..AcctFilter::default()
     };
     Ok(Query {
         fields,
@@ -442,15 +442,7 @@ pub async fn run(args: Vec<String>) -> Result<ExitCode, CliError> {
         now,
     )
     .map_err(CliError::input)?;
-    let records = match call(ApiRequest::Acct {
-        filter: q.filter.clone(),
-        summary: false,
-    })
-    .await?
-    {
-        ApiResponse::Acct { records } => records,
-        other => return Err(unexpected(other)),
-    };
+    let records = crate::cli::acct::fetch_records(q.filter.clone()).await?;
     let kept: Vec<AcctRecord> = records
         .into_iter()
         .filter(|r| q.users.is_empty() || q.users.contains(&r.user))

@@ -44,7 +44,17 @@ pub struct AcctFilter {
     /// they count as ending after any `since`.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub active: bool,
+    /// A page: only jobs with a greater id (the last of the page before).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub after: Option<JobId>,
+    /// A page: at most this many records, the lowest ids first; a full
+    /// page means there may be more.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit: Option<u32>,
 }
+
+/// Records per page the clients ask for: well under a frame's 16 MiB.
+pub const ACCT_PAGE: u32 = 5_000;
 
 impl AcctFilter {
     /// Whether `job` (finished) is selected.
@@ -55,6 +65,7 @@ impl AcctFilter {
             _ => return false,
         };
         self.user.as_ref().is_none_or(|u| *u == job.user)
+            && self.after.is_none_or(|a| job.id > a)
             && (self.ids.is_empty()
                 || self.ids.contains(&job.id)
                 || job.array.is_some_and(|a| self.ids.contains(&a.array_job)))

@@ -94,6 +94,12 @@ impl Api {
             Ok(Err(e)) => return ApiResponse::error(ErrorKind::Internal, e),
             Err(e) => return ApiResponse::error(ErrorKind::Internal, e.to_string()),
         }
+        // A page: the lowest ids of both sources together.
+        if let Some(limit) = filter.limit.filter(|_| !summary) {
+            if let Some(&cut) = jobs.keys().nth(limit as usize) {
+                jobs.split_off(&cut);
+            }
+        }
         if summary {
             ApiResponse::AcctSummary {
                 rows: summarize(jobs.values()),

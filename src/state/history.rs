@@ -192,25 +192,31 @@ pub fn query(txn: &ReadTransaction, filter: &AcctFilter) -> Result<Vec<Job>, Sto
         ids = Some(v);
     }
     let mut out = Vec::new();
-    let mut keep = |id: u64, bytes: &[u8]| -> Result<(), StoreError> {
+    let limit = filter.limit.map_or(usize::MAX, |l| l as usize);
+    let after = filter.after.map_or(0, |a| a.0 + 1);
+    let mut keep = |id: u64, bytes: &[u8]| -> Result<bool, StoreError> {
         let job: Job = decode(bytes).map_err(StoreError::decoding(format!("archived job {id}")))?;
         if filter.matches(&job) {
             out.push(job);
         }
-        Ok(())
+        Ok(out.len() < limit)
     };
     match ids {
         Some(ids) => {
-            for id in ids {
+            for id in ids.into_iter().filter(|&id| id >= after) {
                 if let Some(v) = db!(rows.get(id))? {
-                    keep(id, v.value())?;
+                    if !keep(id, v.value())? {
+                        break;
+                    }
                 }
             }
         }
         None => {
-            for row in db!(rows.iter())? {
+            for row in db!(rows.range(after..))? {
                 let (k, v) = db!(row)?;
-                keep(k.value(), v.value())?;
+                if !keep(k.value(), v.value())? {
+                    break;
+                }
             }
         }
     }

@@ -203,6 +203,8 @@ pub fn api_requests() -> Vec<ApiRequest> {
                 ids: vec![JobId(3)],
                 names: vec!["train".into()],
                 active: true,
+                after: Some(JobId(2)),
+                limit: Some(100),
             },
             summary: true,
         },

@@ -177,6 +177,24 @@ fn archive_moves_only_finished_jobs_past_the_cutoff_to_disk() {
     assert_eq!(q(ids(vec![b])), vec![b], "-j reads the named row");
     assert_eq!(q(ids(vec![b, a])), vec![a, b]);
     assert_eq!(q(ids(vec![JobId(999)])), Vec::<JobId>::new());
+    let page = |after: Option<JobId>| AcctFilter {
+        after,
+        limit: Some(1),
+        ..Default::default()
+    };
+    assert_eq!(q(page(None)), vec![a], "a page: the lowest ids");
+    assert_eq!(
+        q(page(Some(a))),
+        vec![b],
+        "the next page starts after the last"
+    );
+    assert_eq!(q(page(Some(b))), Vec::<JobId>::new());
+    let user_page = AcctFilter {
+        user: Some("bob".into()),
+        after: Some(b),
+        ..Default::default()
+    };
+    assert_eq!(q(user_page), Vec::<JobId>::new(), "an index read pages too");
     let named = AcctFilter {
         names: vec!["nope".into()],
         ..Default::default()
