@@ -24,9 +24,11 @@
 #
 # Knobs (environment), passed to both halves:
 #   N=1000 REPS=3 PAR=4 LAT_REPS=20 MN_REPS=5
-#   TESTS="lat multi seq par held array"   (gpuq's half adds "floor": how
-#                                   fast this machine starts /bin/true and
-#                                   gpuq --version, the ceiling of any
+#   TESTS="lat multi seq par held array"   (gpuq's half adds "sbatch": the
+#                                   seq/par jobs through `gpuq slurm sbatch`,
+#                                   beside Slurm's sbatch rates; and "floor":
+#                                   how fast this machine starts /bin/true
+#                                   and gpuq --version, the ceiling of any
 #                                   one-process-per-job submit rate)
 #   SLURM_PROFILES="tuned default"  Slurm's best profile is taken per figure
 #                                   (tuned wins end to end and srun, default
@@ -43,7 +45,7 @@ smoke=0
 case "${1:-}" in
   --smoke) smoke=1 ;;
   "") ;;
-  -h|--help) sed -n '2,38p' "$0"; exit 0 ;;
+  -h|--help) sed -n '2,40p' "$0"; exit 0 ;;
   *) echo "bench/peer.sh: unknown argument $1 (use --smoke or nothing)" >&2; exit 1 ;;
 esac
 [ "$(id -u)" = 0 ] || { echo "bench/peer.sh: needs root (network namespaces, Slurm daemons)" >&2; exit 1; }
@@ -109,6 +111,6 @@ fi
 
 echo "== gpuq: server + 8 agents in namespaces, same tests"
 GPUQ_PEER_SLURM=$summaries GPUQ_PEER_N=$N GPUQ_PEER_REPS=$REPS GPUQ_PEER_PAR=$PAR \
-  GPUQ_PEER_LAT_REPS=$LAT_REPS GPUQ_PEER_MN_REPS=$MN_REPS GPUQ_PEER_TESTS="$TESTS floor" \
+  GPUQ_PEER_LAT_REPS=$LAT_REPS GPUQ_PEER_MN_REPS=$MN_REPS GPUQ_PEER_TESTS="$TESTS sbatch floor" \
   cargo bench --bench peer | tee "$OUT/table.txt"
 echo "bench/peer.sh: done in $(( $(date +%s) - start )) s; target/bench/peer.json, $OUT/"
