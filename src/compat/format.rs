@@ -72,6 +72,51 @@ impl Format {
         Ok(Format(pieces))
     }
 
+    /// Parses a `-O/--Format` list: `Field[:[.]WIDTH]` words, comma
+    /// separated, names (any case) from `names` with the code each is; 20
+    /// characters wide unless given, `.` right-justifies, as Slurm's.
+    pub fn parse_fields(input: &str, names: &[(&str, char)]) -> Result<Format, String> {
+        let mut pieces = Vec::new();
+        for word in input.split(',').map(str::trim).filter(|w| !w.is_empty()) {
+            let (name, size) = word
+                .split_once(':')
+                .map_or((word, None), |(n, s)| (n, Some(s)));
+            let code = names
+                .iter()
+                .find(|(n, _)| n.eq_ignore_ascii_case(name))
+                .map(|(_, c)| *c)
+                .ok_or_else(|| {
+                    let all: Vec<&str> = names.iter().map(|(n, _)| *n).collect();
+                    let hint =
+                        crate::suggest::nearest(&name.to_ascii_lowercase(), all.iter().copied())
+                            .map(|n| format!("did you mean {n}? "))
+                            .unwrap_or_default();
+                    format!(
+                        "invalid --Format field: {name}; {hint}use {}",
+                        all.join(", ")
+                    )
+                })?;
+            let (right, digits) = match size {
+                None | Some("") => (false, "20"),
+                Some(s) => s.strip_prefix('.').map_or((false, s), |d| (true, d)),
+            };
+            let width = digits.parse().map_err(|_| {
+                format!(
+                    "invalid --Format width in {word:?}: give Field:N or Field:.N, e.g. Name:30"
+                )
+            })?;
+            pieces.push(Piece::Field {
+                code,
+                width: Some(width),
+                right,
+            });
+        }
+        if pieces.is_empty() {
+            return Err("--Format names no field; e.g. -O JobID,Name:30,State".into());
+        }
+        Ok(Format(pieces))
+    }
+
     /// The header line: each field's `title(code)`, padded like its values.
     pub fn header(&self, title: impl Fn(char) -> &'static str) -> String {
         self.render(|code| title(code).to_string())

@@ -123,19 +123,7 @@ fn step_suffix(s: &AcctStep) -> String {
 }
 
 /// A duration as sacct writes it: `HH:MM:SS`, or `D-HH:MM:SS`.
-pub fn elapsed(secs: u64) -> String {
-    let (d, h, m, s) = (
-        secs / 86_400,
-        secs % 86_400 / 3600,
-        secs % 3600 / 60,
-        secs % 60,
-    );
-    if d > 0 {
-        format!("{d}-{h:02}:{m:02}:{s:02}")
-    } else {
-        format!("{h:02}:{m:02}:{s:02}")
-    }
-}
+pub use crate::cli::table::fmt_duration as elapsed;
 
 /// A job's state word: `CANCELLED by UID` when someone cancelled it.
 pub fn state_word(r: &AcctRecord) -> String {

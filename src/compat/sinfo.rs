@@ -156,39 +156,10 @@ pub fn chosen_format(args: &SinfoArgs) -> Result<Option<Format>, String> {
     if let Some(f) = &args.format {
         return Format::parse(f, CODES).map(Some);
     }
-    let Some(fields) = &args.field_format else {
-        return Ok(None);
-    };
-    let mut pieces = Vec::new();
-    for word in fields.split(',').map(str::trim).filter(|w| !w.is_empty()) {
-        let (name, size) = word
-            .split_once(':')
-            .map_or((word, None), |(n, s)| (n, Some(s)));
-        let code = FIELD_NAMES
-            .iter()
-            .find(|(n, _)| n.eq_ignore_ascii_case(name))
-            .map(|(_, c)| *c)
-            .ok_or_else(|| {
-                let names: Vec<&str> = FIELD_NAMES.iter().map(|(n, _)| *n).collect();
-                format!("invalid --Format field: {name}; use {}", names.join(", "))
-            })?;
-        let (right, digits) = match size {
-            Some(s) => s.strip_prefix('.').map_or((false, s), |d| (true, d)),
-            None => (false, "20"),
-        };
-        let width = digits.parse().map_err(|_| {
-            format!("invalid --Format width in {word:?}: give Field:N, e.g. NodeList:30")
-        })?;
-        pieces.push(Piece::Field {
-            code,
-            width: Some(width),
-            right,
-        });
-    }
-    if pieces.is_empty() {
-        return Err("--Format names no field; e.g. -O NodeList,StateLong".into());
-    }
-    Ok(Some(Format(pieces)))
+    args.field_format
+        .as_deref()
+        .map(|fields| Format::parse_fields(fields, &FIELD_NAMES))
+        .transpose()
 }
 
 /// The value of `code` for a group of `nodes` (all alike in the codes

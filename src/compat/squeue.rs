@@ -55,54 +55,9 @@ const FIELD_NAMES: [(&str, char); 29] = [
     ("cpus-per-task", 'c'),
 ];
 
-/// Parses `-O`: `Field[:[.]WIDTH]` words, comma-separated (any case);
-/// 20 characters each unless given, as Slurm's.
+/// Parses `-O` with squeue's field names.
 pub fn parse_field_format(input: &str) -> Result<Format, String> {
-    use super::format::Piece;
-    let mut pieces = Vec::new();
-    for word in input.split(',').map(str::trim).filter(|w| !w.is_empty()) {
-        let (name, size) = match word.split_once(':') {
-            Some((n, s)) => (n, Some(s)),
-            None => (word, None),
-        };
-        let code = FIELD_NAMES
-            .iter()
-            .find(|(n, _)| n.eq_ignore_ascii_case(name))
-            .map(|(_, c)| *c)
-            .ok_or_else(|| {
-                let names: Vec<&str> = FIELD_NAMES.iter().map(|(n, _)| *n).collect();
-                let hint =
-                    crate::suggest::nearest(&name.to_ascii_lowercase(), names.iter().copied())
-                        .map(|n| format!("did you mean {n}? "))
-                        .unwrap_or_default();
-                format!(
-                    "invalid --Format field: {name}; {hint}use {}",
-                    names.join(", ")
-                )
-            })?;
-        let (right, width) = match size {
-            None | Some("") => (false, 20),
-            Some(s) => {
-                let (right, digits) = match s.strip_prefix('.') {
-                    Some(d) => (true, d),
-                    None => (false, s),
-                };
-                let width = digits.parse().map_err(|_| {
-                    format!("invalid --Format width in {word:?}: give Field:N or Field:.N, e.g. Name:30")
-                })?;
-                (right, width)
-            }
-        };
-        pieces.push(Piece::Field {
-            code,
-            width: Some(width),
-            right,
-        });
-    }
-    if pieces.is_empty() {
-        return Err("--Format names no field; e.g. -O JobID,Name:30,State".into());
-    }
-    Ok(Format(pieces))
+    Format::parse_fields(input, &FIELD_NAMES)
 }
 
 #[derive(Parser, Debug, Clone, Default)]
