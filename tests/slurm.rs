@@ -31,6 +31,20 @@ struct Slurm {
 }
 
 impl Slurm {
+    /// A cluster of `agents` nodes with `gpus` GPUs each, and the Slurm
+    /// links to drive it from a work dir under `dir`.
+    fn start(dir: &Path, agents: usize, gpus: u32) -> (Cluster, Slurm) {
+        let c = Cluster::start(dir, agents, gpus);
+        let work = dir.join("work");
+        std::fs::create_dir_all(&work).unwrap();
+        let s = Slurm {
+            bin: links(dir),
+            socket: c.server.socket.clone(),
+            work,
+        };
+        (c, s)
+    }
+
     /// Runs the link `command` with `args` in the work dir, `stdin` fed in.
     fn run(&self, command: &str, args: &[&str], stdin: Option<&str>) -> Output {
         // The links come first on PATH, so a job's script finds srun and
@@ -80,14 +94,8 @@ impl Slurm {
 #[test]
 fn slurm_commands_through_links_submit_list_run_cancel_and_describe() {
     let dir = tempfile::tempdir().unwrap();
-    let c = Cluster::start(dir.path(), 2, 2);
-    let work = dir.path().join("work");
-    std::fs::create_dir_all(&work).unwrap();
-    let s = Slurm {
-        bin: links(dir.path()),
-        socket: c.server.socket.clone(),
-        work: work.clone(),
-    };
+    let (c, s) = Slurm::start(dir.path(), 2, 2);
+    let work = s.work.clone();
 
     // A script file with #SBATCH lines runs to completion, its output where
     // its directive says.
@@ -283,14 +291,8 @@ fn sorted_lines(text: &str, prefix: &str) -> Vec<String> {
 #[test]
 fn a_batch_script_runs_once_and_srun_runs_steps_in_its_allocation() {
     let dir = tempfile::tempdir().unwrap();
-    let c = Cluster::start(dir.path(), 2, 2);
-    let work = dir.path().join("work");
-    std::fs::create_dir_all(&work).unwrap();
-    let s = Slurm {
-        bin: links(dir.path()),
-        socket: c.server.socket.clone(),
-        work: work.clone(),
-    };
+    let (c, s) = Slurm::start(dir.path(), 2, 2);
+    let work = s.work.clone();
     // The torchrun-in-Slurm glue: the script once, then steps on all the
     // nodes, on one named node, and one that fails.
     let script = r#"#!/bin/sh
@@ -405,14 +407,7 @@ echo "srun exit=$?"
 #[test]
 fn srun_outside_an_allocation_gets_one_streams_and_returns_the_exit_code() {
     let dir = tempfile::tempdir().unwrap();
-    let c = Cluster::start(dir.path(), 2, 2);
-    let work = dir.path().join("work");
-    std::fs::create_dir_all(&work).unwrap();
-    let s = Slurm {
-        bin: links(dir.path()),
-        socket: c.server.socket.clone(),
-        work,
-    };
+    let (_c, s) = Slurm::start(dir.path(), 2, 2);
     let out = s.ok(
         "srun",
         &[
@@ -477,14 +472,8 @@ fn wait_for_text(path: &Path, text: &str) -> String {
 #[test]
 fn scancel_signal_reaches_the_steps_or_the_batch_script() {
     let dir = tempfile::tempdir().unwrap();
-    let c = Cluster::start(dir.path(), 1, 2);
-    let work = dir.path().join("work");
-    std::fs::create_dir_all(&work).unwrap();
-    let s = Slurm {
-        bin: links(dir.path()),
-        socket: c.server.socket.clone(),
-        work: work.clone(),
-    };
+    let (c, s) = Slurm::start(dir.path(), 1, 2);
+    let work = s.work.clone();
     // The step checkpoints on USR1; the batch script notes USR2 (-b) and
     // carries on.
     let script = r#"#!/bin/bash
@@ -521,14 +510,7 @@ echo "batch done"
 #[test]
 fn salloc_runs_a_command_in_an_allocation_whose_sruns_use_it() {
     let dir = tempfile::tempdir().unwrap();
-    let c = Cluster::start(dir.path(), 2, 2);
-    let work = dir.path().join("work");
-    std::fs::create_dir_all(&work).unwrap();
-    let s = Slurm {
-        bin: links(dir.path()),
-        socket: c.server.socket.clone(),
-        work,
-    };
+    let (_c, s) = Slurm::start(dir.path(), 2, 2);
     let out = s.run(
         "salloc",
         &[
@@ -566,14 +548,7 @@ fn salloc_runs_a_command_in_an_allocation_whose_sruns_use_it() {
 #[test]
 fn scontrol_updates_a_jobs_limit_drains_a_node_and_shows_nodes_and_partitions() {
     let dir = tempfile::tempdir().unwrap();
-    let c = Cluster::start(dir.path(), 1, 2);
-    let work = dir.path().join("work");
-    std::fs::create_dir_all(&work).unwrap();
-    let s = Slurm {
-        bin: links(dir.path()),
-        socket: c.server.socket.clone(),
-        work,
-    };
+    let (c, s) = Slurm::start(dir.path(), 1, 2);
     let id = s
         .ok(
             "sbatch",
