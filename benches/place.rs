@@ -78,6 +78,7 @@ fn job(id: u64, nodes: u32, gpus: u32) -> PendingJob {
         qos: Default::default(),
         partition: Default::default(),
         nice: 0,
+        exclusive: false,
     }
 }
 

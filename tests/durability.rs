@@ -55,6 +55,7 @@ fn spec(i: usize) -> JobSpec {
         launch: Default::default(),
         submit_host: None,
         first_step: None,
+        exclusive: false,
     }
 }
 

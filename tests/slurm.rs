@@ -637,3 +637,33 @@ fn scontrol_updates_a_jobs_limit_drains_a_node_and_shows_nodes_and_partitions() 
     );
     assert_eq!(q, format!("{id:<8}{:>10}\n", "TIMEOUT"));
 }
+
+#[test]
+fn an_exclusive_job_holds_its_node_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let (c, s) = Slurm::start(dir.path(), 1, 2);
+    let script = "#!/bin/sh\n#SBATCH --exclusive --gres=gpu:1\necho \"gpus=$CUDA_VISIBLE_DEVICES n=$SLURM_GPUS_ON_NODE\"\nsleep 30\n";
+    let id = s
+        .ok("sbatch", &["--parsable"], Some(script))
+        .trim()
+        .to_string();
+    c.wait_state(&id, "RUNNING", LONG);
+    let out = s.work.join(format!("slurm-{id}.out"));
+    assert_eq!(
+        wait_for_text(&out, "gpus="),
+        "gpus=0,1 n=2\n",
+        "both GPUs, not one"
+    );
+    // A one-GPU job finds the node taken, though a GPU sits idle there.
+    let other = s
+        .ok("sbatch", &["--parsable", "-G", "1", "--wrap", "true"], None)
+        .trim()
+        .to_string();
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(
+        s.ok("squeue", &["-h", "-o", "%t %r", "-j", &other], None),
+        "PD Resources\n"
+    );
+    s.ok("scancel", &[&id], None);
+    c.wait_state(&other, "COMPLETED", LONG);
+}

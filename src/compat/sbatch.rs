@@ -35,7 +35,7 @@ pub const DEFAULT_OUTPUT: &str = "slurm-%j.out";
     max_term_width = 100,
     about = "Submit a batch script to gpuq, as Slurm's sbatch (from stdin when no script is given)",
     after_help = "Accepted and ignored, with a warning: --mail-type, --mail-user, --comment, --wckey.\n\
-                  Not yet: --exclusive."
+                  --exclusive holds the job's nodes whole: all their GPUs, CPUs and memory."
 )]
 pub struct SbatchArgs {
     #[command(flatten)]

@@ -118,6 +118,10 @@ pub struct JobSpec {
     /// outside an allocation: no second round trip before the tasks run).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub first_step: Option<Box<super::StepSpec>>,
+    /// `--exclusive`: its nodes run nothing else; it holds them whole (all
+    /// their GPUs, CPUs and memory).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub exclusive: bool,
 }
 
 fn default_max_restarts() -> u32 {

@@ -430,6 +430,11 @@ pub fn check_allocation_by<'n>(
             let up = Level::Up(level.levels_up());
             domains.insert(topology::domain(&node.inventory.topology, &node.name, up));
         }
+        let shape = if job.exclusive {
+            exclusive_shape(node, &shape).map_err(|why| format!("job {} {why}", job.id))?
+        } else {
+            shape
+        };
         if na.gpus.len() != shape.gpus as usize {
             return Err(format!(
                 "job {} asks for {} per node; the allocation gives node {} {}",
@@ -502,6 +507,29 @@ pub fn check_allocation_by<'n>(
         }
     }
     Ok(())
+}
+
+/// What an `--exclusive` job holds on `node`: the whole of it, which must
+/// run nothing else and hold at least `asked`.
+fn exclusive_shape(node: &NodeView, asked: &Shape) -> Result<Shape, String> {
+    let whole = Shape {
+        gpus: node.inventory.gpus.iter().filter(|g| g.healthy).count() as u32,
+        cpus: u64::from(node.inventory.cpus),
+        memory_mb: node.inventory.memory_mb,
+    };
+    let idle = node.used.gpus.is_empty()
+        && node.free_cpus() == whole.cpus
+        && node.free_memory_mb() == whole.memory_mb;
+    if !idle {
+        return Err(format!(
+            "runs alone (--exclusive); node {} runs other work",
+            node.name
+        ));
+    }
+    if whole.gpus < asked.gpus || whole.cpus < asked.cpus || whole.memory_mb < asked.memory_mb {
+        return Err(format!("does not fit on node {} even whole", node.name));
+    }
+    Ok(whole)
 }
 
 /// The per-node shape an allocation gives a `--gpus N` job: equal GPUs on

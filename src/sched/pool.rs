@@ -67,6 +67,13 @@ pub(super) struct FreeNode<'v> {
 }
 
 impl FreeNode<'_> {
+    /// Nothing on it is in use: every healthy GPU, CPU and MiB is free.
+    pub fn is_whole(&self) -> bool {
+        self.gpus.len() == self.healthy.len()
+            && self.cpus == self.cpu_cap
+            && self.memory_mb == self.memory_cap_mb
+    }
+
     pub fn free(&self) -> Capacity {
         Capacity {
             gpus: self.gpus.len() as u64,
@@ -197,7 +204,10 @@ impl<'v> Pool<'v> {
         }
         let cpu_count = u32::try_from(shape.cpus).map_err(|_| PendingReason::Resources)?;
         let fits_here = |&i: &usize| {
-            self.gpu_count[i] >= shape.gpus && allowed[i] && self.nodes[i].free().holds(&shape)
+            self.gpu_count[i] >= shape.gpus
+                && allowed[i]
+                && self.nodes[i].free().holds(&shape)
+                && (!job.exclusive || self.nodes[i].is_whole())
         };
         let fitting: Vec<usize> = if shape.gpus > 0 {
             self.with_gpus.ones().filter(fits_here).collect()
@@ -253,14 +263,21 @@ impl<'v> Pool<'v> {
             .map(|(rank, i)| {
                 let n = &self.nodes[i];
                 let free = n.gpus.to_set();
+                // An exclusive job takes the node whole (it is, checked above).
+                let (want_gpus, cpu_count, memory_mb) = if job.exclusive {
+                    let all_cpus = u32::try_from(n.cpus).ok()?;
+                    (free.len() as u32, all_cpus, n.memory_mb)
+                } else {
+                    (shape.gpus, cpu_count, shape.memory_mb)
+                };
                 let again = job
                     .previous
                     .get(rank)
                     .filter(|p| p.node == n.view.name)
-                    .and_then(|p| restart::same_gpus(p, &free, shape.gpus));
+                    .and_then(|p| restart::same_gpus(p, &free, want_gpus));
                 let gpus = match again {
                     Some(gpus) => gpus,
-                    None => pick_gpus(&n.view.inventory, &free, shape.gpus)?,
+                    None => pick_gpus(&n.view.inventory, &free, want_gpus)?,
                 };
                 let gpus_left: BTreeSet<u32> =
                     free.iter().copied().filter(|g| !gpus.contains(g)).collect();
@@ -279,7 +296,7 @@ impl<'v> Pool<'v> {
                     gpus,
                     cpus,
                     cpu_count,
-                    memory_mb: shape.memory_mb,
+                    memory_mb,
                 })
             })
             .collect::<Option<Vec<_>>>()

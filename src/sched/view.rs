@@ -286,6 +286,9 @@ pub struct PendingJob {
     /// `--nice`.
     #[serde(default)]
     pub nice: i32,
+    /// `--exclusive`: only on nodes with nothing else, taken whole.
+    #[serde(default)]
+    pub exclusive: bool,
 }
 
 impl PendingJob {
@@ -372,6 +375,7 @@ impl PendingJob {
             qos: spec.qos.as_deref().unwrap_or_default().into(),
             partition: spec.partition.as_deref().unwrap_or_default().into(),
             nice: spec.nice,
+            exclusive: spec.exclusive,
         }
     }
 }

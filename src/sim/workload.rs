@@ -77,6 +77,7 @@ pub fn sim_spec(
         launch: Default::default(),
         submit_host: None,
         first_step: None,
+        exclusive: false,
     }
 }
 

@@ -173,6 +173,11 @@ pub struct SubmitArgs {
     #[arg(short = 'H', long)]
     pub hold: bool,
 
+    /// Share its nodes with no other job: it takes them whole (every GPU,
+    /// CPU and byte of memory) and starts only on nodes running nothing
+    #[arg(long)]
+    pub exclusive: bool,
+
     /// An array of jobs, one per index: 0-99, 1,3,5-7, 0-15:4, with %N to run at most N at once (0-99%8)
     #[arg(short = 'a', long, value_name = "INDICES[%N]", value_parser = queue::parse_array)]
     pub array: Option<crate::model::ArraySpec>,
@@ -235,6 +240,7 @@ impl SubmitArgs {
             dependency: pick(&self.dependency, &over.dependency),
             begin: pick(&self.begin, &over.begin),
             hold: self.hold || over.hold,
+            exclusive: self.exclusive || over.exclusive,
             array: pick(&self.array, &over.array),
             signal: pick(&self.signal, &over.signal),
             script_or_command: if over.script_or_command.is_empty() {
@@ -462,6 +468,7 @@ fn finish_spec(
         launch: Default::default(),
         submit_host: None,
         first_step: None,
+        exclusive: merged.exclusive,
     };
     if let (Some(sig), Some(limit)) = (&spec.signal, spec.time_limit_secs) {
         if sig.secs_before >= limit {

@@ -461,6 +461,7 @@ pub fn trivial_spec(name: &str) -> gpuq::model::JobSpec {
         launch: Default::default(),
         submit_host: None,
         first_step: None,
+        exclusive: false,
     }
 }
 

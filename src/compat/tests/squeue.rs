@@ -33,6 +33,7 @@ fn job(id: u64, name: &str, state: JobState) -> Job {
         launch: Default::default(),
         submit_host: None,
         first_step: None,
+        exclusive: false,
     };
     let mut j = Job::pending(JobId(id), "alice", spec, 0);
     j.state = state;

@@ -53,6 +53,7 @@ fn spec(name: &str) -> JobSpec {
         launch: Default::default(),
         submit_host: None,
         first_step: None,
+        exclusive: false,
     }
 }
 

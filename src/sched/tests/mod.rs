@@ -245,6 +245,7 @@ pub fn job(id: u64) -> JobBuilder {
             qos: Default::default(),
             partition: Default::default(),
             nice: 0,
+            exclusive: false,
         },
     }
 }
@@ -317,6 +318,11 @@ impl JobBuilder {
         self.job.user = u.into();
         self
     }
+    pub fn exclusive(mut self) -> Self {
+        self.job.exclusive = true;
+        self
+    }
+
     pub fn nice(mut self, n: i32) -> Self {
         self.job.nice = n;
         self

@@ -41,6 +41,25 @@ fn cases() -> Vec<Case> {
             expect: vec![(1, On(&[("c", ALL8)]))],
         },
         Case {
+            name: "--exclusive takes an idle node whole; the next job goes elsewhere",
+            scenario: Scenario::new([dgx("a"), dgx("b"), dgx("c")])
+                .running(held(90, "a", &[0]))
+                .pending([job(1).gpus(1).exclusive(), job(2).gpus(1), job(3).cpus(1)]),
+            expect: vec![
+                (1, On(&[("b", ALL8)])),
+                (2, On(&[("a", &[1])])),
+                (3, Nodes(&["a"])),
+            ],
+        },
+        Case {
+            name: "--exclusive waits for a node running nothing",
+            scenario: Scenario::new([dgx("a"), dgx("b")])
+                .running(held(90, "a", &[0]))
+                .running(held(91, "b", &[7]))
+                .pending([job(1).gpus(1).exclusive()]),
+            expect: vec![(1, Waits(Resources))],
+        },
+        Case {
             name: "--gpus 16 is two whole nodes",
             scenario: Scenario::new([dgx("a"), dgx("b"), dgx("c"), dgx("d")])
                 .running(held(90, "a", &[0, 1, 2, 3]))

@@ -48,6 +48,7 @@ fn spec(name: &str) -> JobSpec {
         launch: Default::default(),
         submit_host: None,
         first_step: None,
+        exclusive: false,
     }
 }
 

@@ -38,6 +38,7 @@ fn spec(name: &str, queue: QueueSpec) -> JobSpec {
         launch: Default::default(),
         submit_host: None,
         first_step: None,
+        exclusive: false,
     }
 }
 

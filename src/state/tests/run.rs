@@ -77,6 +77,7 @@ pub(super) fn spec(nodes: u32, gpus: u32) -> JobSpec {
         launch: Default::default(),
         submit_host: None,
         first_step: None,
+        exclusive: false,
     }
 }
 
