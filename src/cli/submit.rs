@@ -58,6 +58,9 @@ pub(super) async fn run(
     let jobs = parse_lines(&text, &shown, args, &env, &cwd)?;
     let lines: Vec<usize> = jobs.iter().map(|(line, _)| *line).collect();
     let specs: Vec<JobSpec> = jobs.into_iter().map(|(_, spec)| spec).collect();
+    if let Some(why) = crate::net::proto::bulk_too_big(&specs) {
+        return Err(CliError::input(format!("{shown}: {why}")));
+    }
     match call_answer(ApiRequest::SubmitMany { specs }).await? {
         ApiResponse::SubmittedMany { ids } => print_ids(&ids, parsable, json),
         ApiResponse::Error {
@@ -233,6 +236,27 @@ mod tests {
         d.script_or_command.clear();
         let env = vec![("PATH".to_string(), "/usr/bin:/bin".to_string())];
         parse_lines(text, "jobs.txt", &d, &env, Path::new("/tmp")).map_err(|e| e.message)
+    }
+
+    #[test]
+    fn a_batch_over_the_bulk_limit_is_refused_before_it_is_sent() {
+        let env = vec![("BIG".to_string(), "x".repeat(3000))];
+        let text = "-- true\n".repeat(2000);
+        let jobs = parse_lines(
+            &text,
+            "jobs.txt",
+            &SubmitArgs::default(),
+            &env,
+            Path::new("/tmp"),
+        )
+        .unwrap();
+        let specs: Vec<JobSpec> = jobs.into_iter().map(|(_, s)| s).collect();
+        let why = crate::net::proto::bulk_too_big(&specs).expect("6 MB of specs");
+        assert!(
+            why.contains("2000 jobs") && why.contains("--export=NONE"),
+            "{why}"
+        );
+        assert!(crate::net::proto::bulk_too_big(&specs[..100]).is_none());
     }
 
     #[test]

@@ -468,3 +468,20 @@ pub const MAX_SUBMIT_MANY: usize = 10_000;
 /// batch is one Raft log entry, which must fit a replication frame with room
 /// to spare.
 pub const MAX_SUBMIT_MANY_BYTES: usize = 4 << 20;
+
+/// Why `specs` are too many bytes for one `SubmitMany`, if they are: the
+/// server's check, and the client's before it sends (a batch over a frame's
+/// 16 MiB would only break the connection).
+pub fn bulk_too_big(specs: &[JobSpec]) -> Option<String> {
+    let bytes = rmp_serde::to_vec_named(specs).map_or(usize::MAX, |b| b.len());
+    (bytes > MAX_SUBMIT_MANY_BYTES).then(|| {
+        format!(
+            "the {} jobs take {} KiB, more than the {} KiB one bulk submit may carry: \
+             split the input, or submit with --export=NONE (an exported environment is \
+             copied into every job)",
+            specs.len(),
+            bytes >> 10,
+            MAX_SUBMIT_MANY_BYTES >> 10
+        )
+    })
+}

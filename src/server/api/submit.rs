@@ -5,7 +5,7 @@
 
 use crate::clock::now_ms;
 use crate::model::{BatchEntryError, JobSpec, NodeInventory};
-use crate::net::proto::{ApiResponse, Caller, ErrorKind, MAX_SUBMIT_MANY, MAX_SUBMIT_MANY_BYTES};
+use crate::net::proto::{ApiResponse, Caller, ErrorKind, MAX_SUBMIT_MANY};
 use crate::state::{Command, CommandResult};
 
 use super::Api;
@@ -48,18 +48,8 @@ impl Api {
                 ),
             );
         }
-        let bytes = rmp_serde::to_vec_named(&specs).map_or(usize::MAX, |b| b.len());
-        if bytes > MAX_SUBMIT_MANY_BYTES {
-            return ApiResponse::error(
-                ErrorKind::BadInput,
-                format!(
-                    "the {} jobs take {} KiB, more than the {} KiB one bulk submit may carry: \
-                     split the input (an exported environment is copied into every job)",
-                    specs.len(),
-                    bytes >> 10,
-                    MAX_SUBMIT_MANY_BYTES >> 10
-                ),
-            );
+        if let Some(why) = crate::net::proto::bulk_too_big(&specs) {
+            return ApiResponse::error(ErrorKind::BadInput, why);
         }
         // A copy, checked outside the lock: a bulk submit checks up to
         // 10,000 specs, and apply must not wait for them.
