@@ -104,7 +104,14 @@ fn main() {
         } else {
             let out = run(
                 &socket,
-                &["submit", "--hold", "--from", sweep.to_str().unwrap()],
+                &[
+                    "submit",
+                    "--hold",
+                    "--export",
+                    "NONE",
+                    "--from",
+                    sweep.to_str().unwrap(),
+                ],
             );
             let ids: Vec<String> = String::from_utf8_lossy(&out.stdout)
                 .lines()
