@@ -37,7 +37,9 @@ fn run(socket: &Path, args: &[&str]) -> Output {
         .expect("run gpuq");
     assert!(
         out.status.success(),
-        "gpuq {args:?}: {}",
+        "gpuq {:?} ({} words): {}",
+        &args[..args.len().min(4)],
+        args.len(),
         String::from_utf8_lossy(&out.stderr)
     );
     out
