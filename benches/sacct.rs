@@ -108,6 +108,7 @@ fn main() {
                 &socket,
                 &[
                     "submit",
+                    "--parsable",
                     "--hold",
                     "--export",
                     "NONE",
