@@ -329,15 +329,7 @@ async fn show_nodes_or_partitions(
     oneliner: bool,
 ) -> Result<String, CliError> {
     use super::scontrol_update::{show_node, show_partition};
-    let nodes = match call(ApiRequest::Nodes).await? {
-        ApiResponse::Nodes { nodes } => nodes,
-        other => return Err(unexpected(other)),
-    };
-    let policy = match call(ApiRequest::PolicyShow).await? {
-        ApiResponse::Policy { policy, .. } => policy,
-        other => return Err(unexpected(other)),
-    };
-    let partitions: Vec<crate::model::Partition> = policy.all_partitions().into_values().collect();
+    let (nodes, partitions) = super::sinfo::nodes_and_partitions().await?;
     let mut texts = Vec::new();
     if nodes_wanted {
         for n in nodes.iter().filter(|n| name.is_none_or(|w| w == n.name)) {

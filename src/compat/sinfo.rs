@@ -344,14 +344,8 @@ pub fn render(args: &SinfoArgs, partitions: &[Partition], nodes: &[NodeInfo]) ->
     }
 }
 
-/// `sinfo ARGS`.
-pub async fn run(args: Vec<String>) -> Result<ExitCode, CliError> {
-    let Some(m) = super::parse_with(<SinfoArgs as clap::CommandFactory>::command(), &args)? else {
-        return Ok(ExitCode::SUCCESS);
-    };
-    let args =
-        SinfoArgs::from_arg_matches(&m).map_err(|e| CliError::input(super::clap_line(&e)))?;
-    let fmt = chosen_format(&args).map_err(CliError::input)?;
+/// The nodes and the partitions, as `sinfo` and `scontrol show` read them.
+pub(crate) async fn nodes_and_partitions() -> Result<(Vec<NodeInfo>, Vec<Partition>), CliError> {
     let nodes = match call(ApiRequest::Nodes).await? {
         ApiResponse::Nodes { nodes } => nodes,
         other => return Err(unexpected(other)),
@@ -360,7 +354,18 @@ pub async fn run(args: Vec<String>) -> Result<ExitCode, CliError> {
         ApiResponse::Policy { policy, .. } => policy,
         other => return Err(unexpected(other)),
     };
-    let partitions: Vec<Partition> = policy.all_partitions().into_values().collect();
+    Ok((nodes, policy.all_partitions().into_values().collect()))
+}
+
+/// `sinfo ARGS`.
+pub async fn run(args: Vec<String>) -> Result<ExitCode, CliError> {
+    let Some(m) = super::parse_with(<SinfoArgs as clap::CommandFactory>::command(), &args)? else {
+        return Ok(ExitCode::SUCCESS);
+    };
+    let args =
+        SinfoArgs::from_arg_matches(&m).map_err(|e| CliError::input(super::clap_line(&e)))?;
+    let fmt = chosen_format(&args).map_err(CliError::input)?;
+    let (nodes, partitions) = nodes_and_partitions().await?;
     if let Some(p) = args
         .partitions
         .iter()
