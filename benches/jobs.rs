@@ -161,11 +161,14 @@ async fn main() {
                     all: false,
                     user: None,
                     states: vec![],
+                    after: None,
                 })
                 .await
                 .unwrap()
             {
-                ApiResponse::Jobs { jobs } => jobs.iter().filter(|j| ids.contains(&j.id)).count(),
+                ApiResponse::Jobs { jobs, .. } => {
+                    jobs.iter().filter(|j| ids.contains(&j.id)).count()
+                }
                 other => panic!("{other:?}"),
             };
             if open == 0 {

@@ -66,11 +66,12 @@ async fn all_jobs(socket: &std::path::Path) -> Vec<Job> {
             all: true,
             user: None,
             states: vec![],
+            after: None,
         })
         .await
         .expect("queue")
     {
-        ApiResponse::Jobs { jobs } => jobs,
+        ApiResponse::Jobs { jobs, .. } => jobs,
         other => panic!("unexpected {other:?}"),
     }
 }

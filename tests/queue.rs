@@ -176,3 +176,29 @@ fn signal_before_the_time_limit_reaches_the_script() {
     // It ended on the signal, well before the limit.
     assert!(ms(&j, "end_time") - ms(&j, "start_time") < 20_000, "{j}");
 }
+
+#[test]
+fn a_queue_bigger_than_one_frame_is_listed_whole_in_pages() {
+    // Six held jobs with 3 MiB scripts: 18 MiB of queue, more than the
+    // 16 MiB one answer may carry. Every listing still shows all six.
+    let dir = tempfile::tempdir().unwrap();
+    let c = Cluster::start(dir.path(), 1, 2);
+    let script = dir.path().join("big.sh");
+    let filler = format!("# {}\n", "x".repeat(1022)).repeat(3 << 10);
+    std::fs::write(&script, format!("#!/bin/sh\n{filler}true\n")).unwrap();
+    let ids: Vec<String> = (0..6)
+        .map(|_| c.submit(&["--hold", script.to_str().unwrap()]))
+        .collect();
+    let out = c.server.ok(&["queue", "--json"]);
+    let listed: Vec<serde_json::Value> = serde_json::from_str(&out).unwrap();
+    let got: Vec<String> = listed.iter().map(|j| j["id"].to_string()).collect();
+    assert_eq!(got, ids, "gpuq queue --json");
+    let out = c.server.ok(&["slurm", "squeue", "-h", "-o", "%i"]);
+    let got: Vec<&str> = out.lines().map(str::trim).collect();
+    assert_eq!(got, ids, "squeue");
+    let out = c.server.ok(&["slurm", "scancel", "-u", "root"]);
+    assert!(out.is_empty(), "{out}");
+    for id in &ids {
+        c.wait_state(id, "CANCELLED", LONG);
+    }
+}

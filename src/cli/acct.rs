@@ -61,7 +61,7 @@ pub async fn run(args: AcctArgs) -> Result<(), CliError> {
     })
     .await?
     {
-        ApiResponse::Acct { records } => {
+        ApiResponse::Acct { records, .. } => {
             if args.json.json {
                 return print_json(&records);
             }
@@ -85,26 +85,29 @@ pub async fn fetch_records(mut filter: AcctFilter) -> Result<Vec<AcctRecord>, Cl
     filter.limit = Some(ACCT_PAGE);
     let mut all: Vec<AcctRecord> = Vec::new();
     loop {
-        let page = match call(ApiRequest::Acct {
+        let (page, next) = match call(ApiRequest::Acct {
             filter: filter.clone(),
             summary: false,
         })
         .await?
         {
-            ApiResponse::Acct { records } => records,
+            ApiResponse::Acct { records, next } => (records, next),
             other => return Err(unexpected(other)),
         };
+        // A server from before `next` pages by count only: a full page may
+        // have more after it.
         let full = page.len() >= ACCT_PAGE as usize;
         let last = page.last().map(|r| r.id);
+        let next = next.or(last.filter(|_| full));
         // A server from before pages answers everything at once, every time.
         let paged = filter.after.is_none_or(|a| last.is_some_and(|l| l > a));
         if !paged {
             break;
         }
         all.extend(page);
-        match last {
-            Some(id) if full => filter.after = Some(id),
-            _ => break,
+        match next {
+            Some(id) => filter.after = Some(id),
+            None => break,
         }
     }
     Ok(all)

@@ -346,26 +346,18 @@ pub async fn run(cmd: ClientCommand) -> Result<(), CliError> {
             start,
             json,
             ..
-        } => match call(ApiRequest::Queue {
-            all,
-            user,
-            states: state,
-        })
-        .await?
-        {
-            ApiResponse::Jobs { jobs } => {
-                if json.json {
-                    return print_json(&jobs);
-                }
-                if start {
-                    print!("{}", queue::start_table(&jobs));
-                } else {
-                    print!("{}", queue::queue_table(&jobs));
-                }
-                Ok(())
+        } => {
+            let jobs = queue::fetch_jobs(all, user, state).await?;
+            if json.json {
+                return print_json(&jobs);
             }
-            other => Err(unexpected(other)),
-        },
+            if start {
+                print!("{}", queue::start_table(&jobs));
+            } else {
+                print!("{}", queue::queue_table(&jobs));
+            }
+            Ok(())
+        }
         ClientCommand::Acct(args) => acct::run(args).await,
         ClientCommand::Show { id, json } => match call(ApiRequest::Show {
             id: id.id,

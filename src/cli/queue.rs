@@ -2,9 +2,41 @@
 //! expected start times, both with array tasks shown compactly
 //! (`12_[4-99%8]`, as squeue does).
 
-use crate::model::{Job, JobState};
+use crate::model::{Job, JobId, JobState};
+use crate::net::proto::{ApiRequest, ApiResponse};
 
 use super::table::{fmt_duration, fmt_time, Table};
+use super::{call, unexpected, CliError};
+
+/// Every job the query selects (`all`: finished ones too; `user`; `states`),
+/// fetched a page at a time: a frame holds 16 MiB, a queue of 100,000 jobs
+/// with their scripts is more.
+pub(crate) async fn fetch_jobs(
+    all: bool,
+    user: Option<String>,
+    states: Vec<JobState>,
+) -> Result<Vec<Job>, CliError> {
+    let mut jobs = Vec::new();
+    let mut after = Some(JobId(0));
+    while let Some(from) = after {
+        match call(ApiRequest::Queue {
+            all,
+            user: user.clone(),
+            states: states.clone(),
+            after: Some(from),
+        })
+        .await?
+        {
+            ApiResponse::Jobs { jobs: page, next } => {
+                // A server from before pages answers everything, no `next`.
+                jobs.extend(page);
+                after = next.filter(|n| *n > from);
+            }
+            other => return Err(unexpected(other)),
+        }
+    }
+    Ok(jobs)
+}
 
 /// One line of the queue: a job, or pending tasks of one array folded
 /// together (same reason) with the id shown as `12_[4-7,9%2]`.

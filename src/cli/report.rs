@@ -106,16 +106,7 @@ pub fn factors_line(f: &PriorityFactors) -> String {
 
 /// `gpuq queue --priority`: pending jobs in priority order with their factors.
 pub async fn queue_priority(user: Option<String>, json: bool) -> Result<(), CliError> {
-    let jobs = match call(ApiRequest::Queue {
-        all: false,
-        user,
-        states: vec![crate::model::JobState::Pending],
-    })
-    .await?
-    {
-        ApiResponse::Jobs { jobs } => jobs,
-        other => return Err(unexpected(other)),
-    };
+    let jobs = super::queue::fetch_jobs(false, user, vec![crate::model::JobState::Pending]).await?;
     let mut prios = priorities(vec![]).await?;
     prios.retain(|(id, _)| jobs.iter().any(|j| j.id == *id));
     if json {

@@ -18,6 +18,7 @@ use std::time::Duration;
 
 use clap::{value_parser, CommandFactory, FromArgMatches, Parser};
 
+use crate::cli::queue::fetch_jobs;
 use crate::cli::{call, unexpected, CliError};
 use crate::model::{Job, JobId, JobSpec, JobState};
 use crate::net::proto::{ApiRequest, ApiResponse};
@@ -447,19 +448,11 @@ async fn wait(id: JobId, is_array: bool) -> Result<u8, CliError> {
     let mut unsettled = 0;
     loop {
         let jobs: Vec<Job> = if is_array {
-            match call(ApiRequest::Queue {
-                all: true,
-                user: None,
-                states: Vec::new(),
-            })
-            .await?
-            {
-                ApiResponse::Jobs { jobs } => jobs
-                    .into_iter()
-                    .filter(|j| j.array.is_some_and(|a| a.array_job == id))
-                    .collect(),
-                other => return Err(unexpected(other)),
-            }
+            fetch_jobs(true, None, Vec::new())
+                .await?
+                .into_iter()
+                .filter(|j| j.array.is_some_and(|a| a.array_job == id))
+                .collect()
         } else {
             match call(ApiRequest::Show { id, task: None }).await? {
                 ApiResponse::Job { job, .. } => vec![*job],

@@ -8,6 +8,7 @@ use std::process::ExitCode;
 
 use clap::{ArgAction, FromArgMatches, Parser};
 
+use crate::cli::queue::fetch_jobs;
 use crate::cli::{call, unexpected, CliError};
 use crate::model::{JobId, JobRef};
 use crate::net::proto::{ApiRequest, ApiResponse, SignalScope};
@@ -133,16 +134,7 @@ pub async fn run(args: Vec<String>) -> Result<ExitCode, CliError> {
         ));
     }
     let refs: Vec<JobRef> = if filtered {
-        let jobs = match call(ApiRequest::Queue {
-            all: false,
-            user: args.user.clone(),
-            states: Vec::new(),
-        })
-        .await?
-        {
-            ApiResponse::Jobs { jobs } => jobs,
-            other => return Err(unexpected(other)),
-        };
+        let jobs = fetch_jobs(false, args.user.clone(), Vec::new()).await?;
         jobs.iter()
             .filter(|j| !j.state.is_final())
             .filter(|j| args.name.as_ref().is_none_or(|n| &j.spec.name == n))

@@ -8,6 +8,7 @@
 use std::process::ExitCode;
 
 use super::format;
+use crate::cli::queue::fetch_jobs;
 use crate::cli::{call, unexpected, CliError};
 use crate::model::{expand_hostlist, Job, JobRef, JobState};
 use crate::net::proto::{ApiRequest, ApiResponse};
@@ -83,16 +84,7 @@ pub async fn run(args: Vec<String>) -> Result<ExitCode, CliError> {
         }
         ["show", "job" | "jobs" | "jobid", rest @ ..] => {
             let jobs = match rest {
-                [] => match call(ApiRequest::Queue {
-                    all: true,
-                    user: None,
-                    states: Vec::new(),
-                })
-                .await?
-                {
-                    ApiResponse::Jobs { jobs } => jobs,
-                    other => return Err(unexpected(other)),
-                },
+                [] => fetch_jobs(true, None, Vec::new()).await?,
                 [_] => {
                     let r = parse_ref(&words[2])?;
                     match call(ApiRequest::Show {

@@ -8,10 +8,10 @@ use std::process::ExitCode;
 use clap::{ArgAction, FromArgMatches, Parser};
 
 use super::format::{self, Format};
-use crate::cli::{call, unexpected, CliError};
+use crate::cli::queue::fetch_jobs;
+use crate::cli::CliError;
 use crate::model::hostlist::compress_hostlist;
 use crate::model::{Job, JobState};
-use crate::net::proto::{ApiRequest, ApiResponse};
 
 /// Slurm's default squeue format.
 pub const DEFAULT_FORMAT: &str = "%.18i %.9P %.8j %.8u %.2t %.10M %.6D %R";
@@ -483,16 +483,7 @@ pub async fn run(args: Vec<String>) -> Result<ExitCode, CliError> {
         1 => users.first().map(|u| u.to_string()),
         _ => None,
     };
-    let jobs = match call(ApiRequest::Queue {
-        all,
-        user,
-        states: Vec::new(),
-    })
-    .await?
-    {
-        ApiResponse::Jobs { jobs } => jobs,
-        other => return Err(unexpected(other)),
-    };
+    let jobs = fetch_jobs(all, user, Vec::new()).await?;
     let text = render(&args, &states, &jobs, crate::clock::now_ms()).map_err(CliError::input)?;
     print!("{text}");
     Ok(ExitCode::SUCCESS)

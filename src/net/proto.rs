@@ -23,13 +23,18 @@ pub enum ApiRequest {
     },
     /// Hold (`hold: true`) or release pending jobs, all or none.
     Hold { jobs: Vec<JobRef>, hold: bool },
-    /// List jobs. Without `all`, finished jobs are left out.
+    /// List jobs. Without `all`, finished jobs are left out. With `after`,
+    /// one page: jobs with higher ids, as many as fit [`PAGE_BYTES`], and
+    /// `next` in the answer when more follow (without it, every job at once,
+    /// as servers before pages answered).
     Queue {
         all: bool,
         #[serde(default)]
         user: Option<String>,
         #[serde(default)]
         states: Vec<JobState>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        after: Option<JobId>,
     },
     /// One job in full (`task`: the array task `id_task`).
     Show {
@@ -334,6 +339,9 @@ pub enum ApiResponse {
     },
     Jobs {
         jobs: Vec<Job>,
+        /// Ask again with `after: next` for the rest (paged asks only).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        next: Option<JobId>,
     },
     Job {
         job: Box<Job>,
@@ -372,6 +380,9 @@ pub enum ApiResponse {
     },
     Acct {
         records: Vec<crate::model::acct::AcctRecord>,
+        /// Ask again with the filter's `after: next` for the rest.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        next: Option<JobId>,
     },
     AcctSummary {
         rows: Vec<crate::model::acct::AcctSummary>,
@@ -473,7 +484,7 @@ pub const MAX_SUBMIT_MANY_BYTES: usize = 4 << 20;
 /// server's check, and the client's before it sends (a batch over a frame's
 /// 16 MiB would only break the connection).
 pub fn bulk_too_big(specs: &[JobSpec]) -> Option<String> {
-    let bytes = rmp_serde::to_vec_named(specs).map_or(usize::MAX, |b| b.len());
+    let bytes = encoded_len(&specs);
     (bytes > MAX_SUBMIT_MANY_BYTES).then(|| {
         format!(
             "the {} jobs take {} KiB, more than the {} KiB one bulk submit may carry: \
@@ -484,4 +495,33 @@ pub fn bulk_too_big(specs: &[JobSpec]) -> Option<String> {
             MAX_SUBMIT_MANY_BYTES >> 10
         )
     })
+}
+
+/// The most bytes (MessagePack) one page of a paged answer (`Queue`, `Acct`)
+/// fills: half a frame, so a page with one more large job still fits.
+pub const PAGE_BYTES: usize = 8 << 20;
+
+/// How many bytes `v` takes on the wire (MessagePack, named fields).
+pub fn encoded_len<T: Serialize>(v: &T) -> usize {
+    rmp_serde::to_vec_named(v).map_or(usize::MAX, |b| b.len())
+}
+
+/// One page of `items` (in id order): as many as fit [`PAGE_BYTES`], at
+/// least one, and the id to ask after for the rest when some did not fit.
+/// Lazy: items after the page are never made.
+pub fn take_page<T: Serialize>(
+    items: impl IntoIterator<Item = T>,
+    id: impl Fn(&T) -> JobId,
+) -> (Vec<T>, Option<JobId>) {
+    let mut page = Vec::new();
+    let mut bytes = 0;
+    for item in items {
+        bytes += encoded_len(&item);
+        if bytes > PAGE_BYTES && !page.is_empty() {
+            let next = page.last().map(id);
+            return (page, next);
+        }
+        page.push(item);
+    }
+    (page, None)
 }

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 
 use crate::model::acct::{summarize, AcctFilter, AcctRecord};
 use crate::model::{Job, JobId, JobState};
-use crate::net::proto::{ApiResponse, Caller, ErrorKind};
+use crate::net::proto::{take_page, ApiResponse, Caller, ErrorKind};
 use crate::state::history;
 
 use super::Api;
@@ -94,10 +94,12 @@ impl Api {
             Ok(Err(e)) => return ApiResponse::error(ErrorKind::Internal, e),
             Err(e) => return ApiResponse::error(ErrorKind::Internal, e.to_string()),
         }
-        // A page: the lowest ids of both sources together.
+        // A page: the lowest ids of both sources together, as many as the
+        // filter's limit and a page's bytes allow.
+        let mut more = false;
         if let Some(limit) = filter.limit.filter(|_| !summary) {
             if let Some(&cut) = jobs.keys().nth(limit as usize) {
-                jobs.split_off(&cut);
+                more = !jobs.split_off(&cut).is_empty();
             }
         }
         if summary {
@@ -105,8 +107,11 @@ impl Api {
                 rows: summarize(jobs.values()),
             }
         } else {
+            let last = jobs.keys().next_back().copied();
+            let (records, next) = take_page(jobs.into_values(), |r| r.id);
             ApiResponse::Acct {
-                records: jobs.into_values().collect(),
+                records,
+                next: next.or(last.filter(|_| more)),
             }
         }
     }

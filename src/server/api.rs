@@ -3,6 +3,7 @@
 //! caller they vouch for. Reads are answered from this server's applied state;
 //! writes go through the Raft log on the leader, so an answer means committed.
 
+use std::ops::Bound;
 use std::sync::Arc;
 
 use crate::clock::now_ms;
@@ -10,7 +11,7 @@ use crate::config::ServerConfig;
 use crate::model::{BatchEntryError, JobRef, JobState, Role};
 use crate::net::endpoint::{Endpoint, ALPN_API};
 use crate::net::pki::NodeIdentity;
-use crate::net::proto::{ApiRequest, ApiResponse, Caller, ErrorKind, Vouched};
+use crate::net::proto::{take_page, ApiRequest, ApiResponse, Caller, ErrorKind, Vouched};
 use crate::net::{rpc, DEFAULT_MAX_FRAME};
 use crate::raft::RaftNode;
 use crate::state::{Command, CommandResult, Rejection, State};
@@ -335,18 +336,36 @@ impl Api {
                     Err(resp) => resp,
                 }
             }
-            ApiRequest::Queue { all, user, states } => {
+            ApiRequest::Queue {
+                all,
+                user,
+                states,
+                after,
+            } => {
                 let s = self.state();
-                let jobs = s
+                let from = match after {
+                    Some(a) => Bound::Excluded(a),
+                    None => Bound::Unbounded,
+                };
+                let seen = s
                     .jobs
-                    .values()
+                    .range((from, Bound::Unbounded))
+                    .map(|(_, j)| j)
                     .filter(|j| all || !states.is_empty() || !j.state.is_final())
                     .filter(|j| user.as_ref().is_none_or(|u| &j.user == u))
                     .filter(|j| states.is_empty() || states.contains(&j.state))
                     .filter(|j| self.may_see(&caller, j))
-                    .map(|j| self.as_seen_by(&caller, self.with_reason(j.clone())))
-                    .collect();
-                ApiResponse::Jobs { jobs }
+                    .map(|j| self.as_seen_by(&caller, self.with_reason(j.clone())));
+                match after {
+                    Some(_) => {
+                        let (jobs, next) = take_page(seen, |j| j.id);
+                        ApiResponse::Jobs { jobs, next }
+                    }
+                    None => ApiResponse::Jobs {
+                        jobs: seen.collect(),
+                        next: None,
+                    },
+                }
             }
             ApiRequest::Hold { jobs, hold } => {
                 let ids = match self.resolve(jobs, |j| j.state == JobState::Pending) {
@@ -381,6 +400,7 @@ impl Api {
                     if filter.user.as_ref().is_some_and(|u| *u != caller.user) {
                         return ApiResponse::Acct {
                             records: Vec::new(),
+                            next: None,
                         };
                     }
                     filter.user = Some(caller.user.clone());

@@ -344,11 +344,12 @@ pub async fn drive(
                 all: false,
                 user: None,
                 states: vec![],
+                after: None,
             },
         )
         .await?
         {
-            ApiResponse::Jobs { jobs } => jobs.iter().filter(|j| ids.contains(&j.id)).count(),
+            ApiResponse::Jobs { jobs, .. } => jobs.iter().filter(|j| ids.contains(&j.id)).count(),
             other => bail!("unexpected answer to Queue: {other:?}"),
         };
         if active == 0 {

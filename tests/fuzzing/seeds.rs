@@ -169,6 +169,7 @@ pub fn api_requests() -> Vec<ApiRequest> {
             all: true,
             user: Some("alice".into()),
             states: vec![JobState::Pending, JobState::Running],
+            after: None,
         },
         ApiRequest::Show {
             id: JobId(1),

@@ -175,6 +175,7 @@ pub fn samples(store: &Store, _dir: &Path) -> Vec<Sample> {
             all: true,
             user: Some("root".into()),
             states: vec![JobState::Pending, JobState::Running],
+            after: None,
         },
         ApiRequest::Show {
             id: running.id,
@@ -242,6 +243,7 @@ pub fn samples(store: &Store, _dir: &Path) -> Vec<Sample> {
         ApiResponse::Submitted { id: running.id },
         ApiResponse::Jobs {
             jobs: jobs.iter().take(4).map(|j| (*j).clone()).collect(),
+            next: None,
         },
         ApiResponse::Job {
             job: Box::new((*running).clone()),

@@ -53,3 +53,26 @@ fn a_batch_refusal_names_its_job_and_still_reads_to_an_earlier_client() {
         }
     );
 }
+
+#[test]
+fn a_page_stops_before_its_bytes_pass_the_limit_and_names_where_to_go_on() {
+    use crate::model::JobId;
+    use crate::net::proto::{encoded_len, take_page, PAGE_BYTES};
+    // Items of about a tenth of a page each, ids 1..=25.
+    let big = "x".repeat(PAGE_BYTES / 10);
+    let items: Vec<(u64, String)> = (1..=25).map(|i| (i, big.clone())).collect();
+    let (page, next) = take_page(items.clone(), |(i, _)| JobId(*i));
+    assert_eq!(page.len(), 9, "ten would pass the limit");
+    assert_eq!(next, Some(JobId(9)));
+    assert!(page.iter().map(encoded_len).sum::<usize>() <= PAGE_BYTES);
+    // What is left fits, or goes on again; nothing is lost or repeated.
+    let (rest, next) = take_page(items.into_iter().skip(9), |(i, _)| JobId(*i));
+    assert_eq!((rest.len(), next), (9, Some(JobId(18))));
+    // One item bigger than a page is still answered, alone.
+    let huge = vec![(1, "y".repeat(PAGE_BYTES + 1)), (2, String::new())];
+    let (page, next) = take_page(huge, |(i, _)| JobId(*i));
+    assert_eq!((page.len(), next), (1, Some(JobId(1))));
+    // A short list is answered whole, with nowhere to go on.
+    let (page, next) = take_page(vec![(1u64, String::new())], |(i, _)| JobId(*i));
+    assert_eq!((page.len(), next), (1, None));
+}
