@@ -621,12 +621,24 @@ fn scontrol_updates_a_jobs_limit_drains_a_node_and_shows_nodes_and_partitions() 
     );
     let node = s.ok("scontrol", &["show", "node", "n1"], None);
     assert!(
-        node.contains("State=DRAIN") && node.contains("Reason=bad fan"),
+        node.contains("State=DRAIN") && node.contains("Reason=bad fan [root@20"),
         "{node}"
     );
     assert_eq!(
-        s.ok("sinfo", &["-h", "-o", "%N|%t|%E"], None),
-        "n1|drain|bad fan (by root)\n"
+        s.ok("sinfo", &["-h", "-o", "%N|%t|%E|%u"], None),
+        "n1|drain|bad fan|root\n"
+    );
+    // sinfo -R: why, who, when, which nodes; the up one is not listed.
+    let reasons = s.ok("sinfo", &["-R", "-h"], None);
+    let words: Vec<&str> = reasons.split_whitespace().collect();
+    assert_eq!(words.len(), 5, "{reasons}");
+    assert_eq!(
+        [words[0], words[1], words[2], words[4]],
+        ["bad", "fan", "root", "n1"]
+    );
+    assert!(
+        words[3].starts_with("20") && words[3].contains('T'),
+        "{reasons}"
     );
     s.ok("scontrol", &["update", "NodeName=n1", "State=RESUME"], None);
     assert!(s.ok("sinfo", &["-N", "-h"], None).contains("idle"));

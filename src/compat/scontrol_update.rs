@@ -194,7 +194,17 @@ pub fn show_node(n: &NodeInfo, partitions: &[&str], oneliner: bool) -> String {
         lines.push(vec![format!("Topology={}", inv.topology)]);
     }
     if let Some(r) = &n.reason {
-        lines.push(vec![format!("Reason={r}")]);
+        // Slurm's form: who set it and when, in brackets.
+        let user = n.reason_user.as_deref();
+        let when = n
+            .reason_since
+            .map(|at| format!("@{}", super::format::time(Some(at))))
+            .unwrap_or_default();
+        lines.push(vec![format!(
+            "Reason={} [{}{when}]",
+            super::sinfo::shown_reason(r, user),
+            user.unwrap_or("gpuq")
+        )]);
     }
     layout(lines, oneliner)
 }

@@ -29,8 +29,8 @@ use crate::net::proto::{ApiRequest, ApiResponse, NodeInfo};
                   allocated/idle/other/total, %F nodes A/I/O/T. Nodes with the same values are \
                   one line. -O fields: PartitionName, Partition, Available, Time, Nodes, \
                   StateCompact, StateLong, NodeList, NodeHost, CPUs, Memory, Gres, Features, \
-                  Reason, CPUsState, NodeAIOT (Field:N sets a width, 20 by default). \
-                  Not yet: -R, -s."
+                  Reason, CPUsState, NodeAIOT (Field:N sets a width, 20 by default); %u \
+                  and %H (who set the reason, and when) as -O User and Timestamp."
 )]
 pub struct SinfoArgs {
     /// Print no header line
@@ -58,6 +58,12 @@ pub struct SinfoArgs {
     /// Output fields, e.g. "NodeList:20,StateLong,Gres" (see below)
     #[arg(short = 'O', long = "Format", value_name = "FIELD[:[.]N][,...]")]
     pub field_format: Option<String>,
+    /// Why nodes are down or drained: reason, who set it, when, nodes
+    #[arg(short = 'R', long = "list-reasons", conflicts_with = "summarize")]
+    pub list_reasons: bool,
+    /// One line a partition, nodes counted allocated/idle/other/total
+    #[arg(short = 's', long = "summarize", conflicts_with = "node_oriented")]
+    pub summarize: bool,
     /// Print help
     #[arg(long, action = ArgAction::Help)]
     pub help: Option<bool>,
@@ -109,10 +115,15 @@ pub(crate) fn members<'n>(p: &Partition, nodes: &'n [NodeInfo]) -> Vec<&'n NodeI
 }
 
 /// The `%` codes sinfo fills in.
-pub const CODES: &str = "PRalDtTNncmGfECF";
+pub const CODES: &str = "PRalDtTNncmGfECFuH";
+
+/// `-R`'s lines, as Slurm prints them.
+const REASONS_FORMAT: &str = "%50E %9u %19H %N";
+/// `-s`'s lines, as Slurm prints them.
+const SUMMARY_FORMAT: &str = "%9P %.5a %.10l %.16F  %N";
 
 /// `-O` field names and the code each is.
-const FIELD_NAMES: [(&str, char); 16] = [
+const FIELD_NAMES: [(&str, char); 18] = [
     ("partitionname", 'R'),
     ("partition", 'P'),
     ("available", 'a'),
@@ -129,6 +140,8 @@ const FIELD_NAMES: [(&str, char); 16] = [
     ("reason", 'E'),
     ("cpusstate", 'C'),
     ("nodeaiot", 'F'),
+    ("user", 'u'),
+    ("timestamp", 'H'),
 ];
 
 fn title(code: char) -> &'static str {
@@ -147,19 +160,26 @@ fn title(code: char) -> &'static str {
         'E' => "REASON",
         'C' => "CPUS(A/I/O/T)",
         'F' => "NODES(A/I/O/T)",
+        'u' => "USER",
+        'H' => "TIMESTAMP",
         _ => "?",
     }
 }
 
-/// The format `-o` or `-O` asks for, if one does.
+/// The format `-o` or `-O` asks for, or `-R`'s or `-s`'s, if any.
 pub fn chosen_format(args: &SinfoArgs) -> Result<Option<Format>, String> {
     if let Some(f) = &args.format {
         return Format::parse(f, CODES).map(Some);
     }
-    args.field_format
-        .as_deref()
-        .map(|fields| Format::parse_fields(fields, &FIELD_NAMES))
-        .transpose()
+    if let Some(fields) = &args.field_format {
+        return Format::parse_fields(fields, &FIELD_NAMES).map(Some);
+    }
+    let fixed = match (args.list_reasons, args.summarize) {
+        (true, _) => REASONS_FORMAT,
+        (_, true) => SUMMARY_FORMAT,
+        _ => return Ok(None),
+    };
+    Format::parse(fixed, CODES).map(Some)
 }
 
 /// The value of `code` for a group of `nodes` (all alike in the codes
@@ -202,8 +222,16 @@ fn field(code: char, p: &Partition, nodes: &[&NodeInfo]) -> String {
             f => f,
         }),
         'E' => first
-            .and_then(|n| n.reason.clone())
+            .and_then(|n| n.reason.as_deref())
+            .map(|r| shown_reason(r, first.and_then(|n| n.reason_user.as_deref())))
             .unwrap_or_else(|| "none".into()),
+        // Who set the reason: the admin, or gpuq itself (a health check, a
+        // GPU fault, a lost agent), as Slurm shows `slurm`.
+        'u' => match first {
+            Some(n) if n.reason.is_some() => n.reason_user.clone().unwrap_or_else(|| "gpuq".into()),
+            _ => "Unknown".into(),
+        },
+        'H' => super::format::time(first.and_then(|n| n.reason_since)),
         'C' => {
             let total: u32 = nodes.iter().map(|n| n.inventory.cpus).sum();
             let used: u32 = nodes
@@ -227,8 +255,18 @@ fn field(code: char, p: &Partition, nodes: &[&NodeInfo]) -> String {
     }
 }
 
-/// sinfo with `-o`/`-O`: per partition, nodes alike in every field that is
-/// not a count or list share a line (`-N`: a line per node).
+/// A reason as the admin gave it: the server adds `(by NAME)` for tools
+/// that show only the reason; sinfo has a USER column for it.
+pub(crate) fn shown_reason(reason: &str, user: Option<&str>) -> String {
+    user.and_then(|u| reason.strip_suffix(&format!(" (by {u})")))
+        .unwrap_or(reason)
+        .to_string()
+}
+
+/// sinfo with `-o`/`-O` (or `-R`, `-s`): per partition, nodes alike in
+/// every field that is not a count or list share a line (`-N`: a line per
+/// node). `-R` lists each node that is down or drained once, whatever its
+/// partitions.
 pub fn render_format(
     args: &SinfoArgs,
     fmt: &Format,
@@ -248,12 +286,24 @@ pub fn render_format(
             _ => None,
         })
         .collect();
-    for p in partitions
+    let chosen: Vec<&Partition> = partitions
         .iter()
         .filter(|p| args.partitions.is_empty() || args.partitions.contains(&p.name))
-    {
+        .collect();
+    let sections: Vec<(&Partition, Vec<&NodeInfo>)> = if args.list_reasons {
+        let listed =
+            |n: &&NodeInfo| n.state != "up" && chosen.iter().any(|p| members(p, nodes).contains(n));
+        let with_reasons: Vec<&NodeInfo> = nodes.iter().filter(listed).collect();
+        match chosen.first() {
+            Some(p) if !with_reasons.is_empty() => vec![(*p, with_reasons)],
+            _ => Vec::new(),
+        }
+    } else {
+        chosen.iter().map(|p| (*p, members(p, nodes))).collect()
+    };
+    for (p, listed) in sections {
         let mut groups: Vec<(Vec<String>, Vec<&NodeInfo>)> = Vec::new();
-        for n in members(p, nodes) {
+        for n in listed {
             let key: Vec<String> = if args.node_oriented {
                 vec![n.name.clone()]
             } else {
@@ -392,6 +442,8 @@ mod tests {
             name: name.into(),
             state: state.into(),
             reason: None,
+            reason_user: None,
+            reason_since: None,
             addr: String::new(),
             connected,
             gpus_used: 0,
@@ -505,5 +557,72 @@ mod tests {
         assert!(bad.contains("%Q"), "{bad}");
         let bad = chosen_format(&args(&["-O", "Nodelst"])).unwrap_err();
         assert!(bad.contains("Nodelst") && bad.contains("nodelist"), "{bad}");
+    }
+
+    #[test]
+    fn r_lists_down_and_drained_nodes_once_by_reason_and_s_one_line_a_partition() {
+        let p = Partition::new("gpu");
+        let mut short = Partition::new("short");
+        short.nodes = Some("n[1-2]".into());
+        let mut nodes = vec![
+            node("n1", "drained", 0, true),
+            node("n2", "drained", 2, true),
+            node("n3", "down", 0, false),
+            node("n4", "up", 0, true),
+        ];
+        for n in &mut nodes[..2] {
+            n.reason = Some("replace PSU (by alice)".into());
+            n.reason_user = Some("alice".into());
+            n.reason_since = Some(1_767_225_600_000); // 2026-01-01T00:00:00Z
+        }
+        nodes[2].reason = Some("no heartbeat for 30 s".into());
+        let parts = [p, short];
+        let args = |words: &[&str]| SinfoArgs::try_parse_from(words).unwrap();
+        let out = |a: &SinfoArgs| {
+            let fmt = chosen_format(a).unwrap().unwrap();
+            render_format(a, &fmt, &parts, &nodes)
+        };
+        let text = out(&args(&["-R"]));
+        let rows: Vec<Vec<&str>> = text
+            .lines()
+            .map(|l| l.split_whitespace().collect())
+            .collect();
+        assert_eq!(
+            rows.len(),
+            3,
+            "a header and two reasons, each node once:\n{text}"
+        );
+        assert_eq!(rows[0], ["REASON", "USER", "TIMESTAMP", "NODELIST"]);
+        assert_eq!(
+            rows[1],
+            ["replace", "PSU", "alice", "2026-01-01T00:00:00", "n[1-2]"]
+        );
+        assert_eq!(
+            rows[2],
+            ["no", "heartbeat", "for", "30", "s", "gpuq", "Unknown", "n3"]
+        );
+        // -p narrows -R to that partition's nodes.
+        let text = out(&args(&["-R", "-h", "-p", "short"]));
+        assert_eq!(text.lines().count(), 1, "{text}");
+        let text = out(&args(&["-s"]));
+        let rows: Vec<Vec<&str>> = text
+            .lines()
+            .map(|l| l.split_whitespace().collect())
+            .collect();
+        assert_eq!(
+            rows,
+            [
+                vec![
+                    "PARTITION",
+                    "AVAIL",
+                    "TIMELIMIT",
+                    "NODES(A/I/O/T)",
+                    "NODELIST"
+                ],
+                vec!["gpu", "up", "infinite", "0/1/3/4", "n[1-4]"],
+                vec!["short", "up", "infinite", "0/0/2/2", "n[1-2]"],
+            ]
+        );
+        assert!(SinfoArgs::try_parse_from(["-R", "-s"]).is_err());
     }
 }

@@ -256,6 +256,12 @@ pub struct NodeInfo {
     pub state: String,
     #[serde(default)]
     pub reason: Option<String>,
+    /// The admin who drained it, when one did (the reason ends `(by NAME)`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason_user: Option<String>,
+    /// When the reason was set, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason_since: Option<Millis>,
     pub addr: String,
     /// Whether its agent is connected to the leader now.
     pub connected: bool,

@@ -309,6 +309,7 @@ pub async fn serve(api: Arc<Api>, hub: Arc<AgentHub>, peer: Peer) {
                                 node: node.clone(),
                                 drain,
                                 by: crate::state::DrainSource::HealthCheck,
+                                user: None,
                                 requeue_now: false,
                                 now: now_ms(),
                             };

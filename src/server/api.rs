@@ -480,8 +480,7 @@ impl Api {
                         "--reason must say why, e.g. --reason \"replace PSU\"",
                     );
                 }
-                self.set_drain(node, Some(format!("{reason} (by {})", caller.user)), now)
-                    .await
+                self.set_drain(node, Some((reason, caller.user)), now).await
             }
             ApiRequest::NodeResume { node } => {
                 if !caller.admin {
@@ -674,13 +673,15 @@ impl Api {
     async fn set_drain(
         &self,
         node: String,
-        drain: Option<String>,
+        drain: Option<(String, String)>,
         requeue_now: bool,
     ) -> ApiResponse {
+        let (drain, user) = drain.unzip();
         let cmd = Command::SetDrain {
             node: node.clone(),
             drain,
             by: crate::state::DrainSource::Admin,
+            user,
             requeue_now,
             now: now_ms(),
         };

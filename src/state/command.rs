@@ -81,6 +81,9 @@ pub enum Command {
         node: String,
         drain: Option<String>,
         by: crate::state::DrainSource,
+        /// The admin draining it (`by: Admin`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        user: Option<String>,
         /// Also requeue the node's jobs now (`gpuq node drain --now`).
         requeue_now: bool,
         now: Millis,

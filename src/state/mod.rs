@@ -77,14 +77,42 @@ pub enum NodeStatus {
         reason: String,
         #[serde(default)]
         by: DrainSource,
+        /// The admin who drained it (`by: Admin`; none for older records).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        user: Option<String>,
+        /// When it was drained (0: before this was kept).
+        #[serde(default, skip_serializing_if = "is_zero")]
+        since: Millis,
     },
     /// Not heard from; its tasks are lost.
     Down {
         reason: String,
+        /// When it went down (0: before this was kept).
+        #[serde(default, skip_serializing_if = "is_zero")]
+        since: Millis,
     },
 }
 
+fn is_zero(ms: &Millis) -> bool {
+    *ms == 0
+}
+
 impl NodeStatus {
+    /// Why it takes no work, who said so (an admin's name) and since when
+    /// (0: unknown); `None` while up.
+    pub fn reason(&self) -> Option<(&str, Option<&str>, Millis)> {
+        match self {
+            NodeStatus::Up => None,
+            NodeStatus::Drained {
+                reason,
+                user,
+                since,
+                ..
+            } => Some((reason, user.as_deref(), *since)),
+            NodeStatus::Down { reason, since } => Some((reason, None, *since)),
+        }
+    }
+
     pub fn word(&self) -> &'static str {
         match self {
             NodeStatus::Up => "up",

@@ -40,6 +40,8 @@ impl State {
             None if preflight => NodeStatus::Drained {
                 reason: "preflight: waiting for the first health check to pass".into(),
                 by: DrainSource::HealthCheck,
+                user: None,
+                since: now,
             },
             _ => NodeStatus::Up,
         };
@@ -125,6 +127,7 @@ impl State {
         };
         rec.status = NodeStatus::Down {
             reason: reason.to_string(),
+            since: now,
         };
         dirty.nodes.insert(node.to_string());
         self.lose_ranks_on(node, None, reason, now, dirty);
@@ -136,7 +139,7 @@ impl State {
     pub(super) fn set_drain(
         &mut self,
         node: &str,
-        drain: Option<&str>,
+        drain: Option<(&str, Option<&str>)>,
         by: DrainSource,
         requeue_now: bool,
         now: Millis,
@@ -146,13 +149,15 @@ impl State {
             return CommandResult::Rejected(Rejection::NoSuchNode(node.to_string()));
         };
         match drain {
-            Some(reason) => {
+            Some((reason, user)) => {
                 if matches!(rec.status, NodeStatus::Down { .. }) {
                     return CommandResult::Rejected(Rejection::NodeIsDown(node.to_string()));
                 }
                 rec.status = NodeStatus::Drained {
                     reason: reason.to_string(),
                     by,
+                    user: user.map(str::to_string),
+                    since: now,
                 };
                 dirty.nodes.insert(node.to_string());
                 if requeue_now {
@@ -217,6 +222,8 @@ impl State {
                 rec.status = NodeStatus::Drained {
                     reason: reason.clone(),
                     by: DrainSource::Gpu,
+                    user: None,
+                    since: now,
                 };
             }
             self.lose_ranks_on(node, Some(&bad), &reason, now, dirty);

@@ -289,6 +289,7 @@ fn check_session(input: &[u8]) {
                     node: node.clone(),
                     drain,
                     by: DrainSource::HealthCheck,
+                    user: None,
                     requeue_now: false,
                     now: NOW,
                 }

@@ -519,6 +519,7 @@ pub fn commands() -> Vec<Command> {
             node: "n2".into(),
             drain: Some("maintenance".into()),
             by: gpuq::state::DrainSource::default(),
+            user: Some("root".into()),
             requeue_now: true,
             now: now + 4,
         },

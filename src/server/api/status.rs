@@ -17,15 +17,18 @@ impl Api {
             .iter()
             .map(|(name, n)| {
                 let v = s.node_view(name);
-                let reason = match &n.status {
-                    crate::state::NodeStatus::Up => None,
-                    crate::state::NodeStatus::Drained { reason, .. }
-                    | crate::state::NodeStatus::Down { reason } => Some(reason.clone()),
-                };
+                let why = n.status.reason();
+                // Shown with who set it, as before the name was kept apart.
+                let reason = why.map(|(reason, user, _)| match user {
+                    Some(u) => format!("{reason} (by {u})"),
+                    None => reason.to_string(),
+                });
                 crate::net::proto::NodeInfo {
                     name: n.inventory.name.clone(),
                     state: n.status.word().to_string(),
                     reason,
+                    reason_user: why.and_then(|(_, user, _)| user.map(str::to_string)),
+                    reason_since: why.map(|(_, _, since)| since).filter(|&s| s > 0),
                     addr: n.addr.clone(),
                     connected: alive.contains(&n.inventory.name),
                     gpus_used: v.map(|v| v.used.gpus.len() as u32).unwrap_or(0),

@@ -577,7 +577,7 @@ fn an_unhealthy_gpu_drains_the_node_and_requeues_only_the_job_on_it() {
         &mut d,
     );
     match &s.nodes["n1"].status {
-        NodeStatus::Drained { reason, by } => {
+        NodeStatus::Drained { reason, by, .. } => {
             assert!(
                 reason.contains("GPU 3") && reason.contains("XID 79"),
                 "{reason}"
@@ -611,6 +611,7 @@ fn a_health_check_resumes_only_its_own_drain() {
         node: "n1".into(),
         drain: reason.map(str::to_string),
         by,
+        user: None,
         requeue_now: false,
         now: 9,
     };
@@ -630,6 +631,7 @@ fn a_health_check_resumes_only_its_own_drain() {
             node: "n9".into(),
             drain: None,
             by: DrainSource::Admin,
+            user: None,
             requeue_now: false,
             now: 9,
         },
