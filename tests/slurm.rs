@@ -595,6 +595,28 @@ fn scontrol_updates_a_jobs_limit_drains_a_node_and_shows_nodes_and_partitions() 
     );
     c.wait_state(&id, "TIMEOUT", LONG);
 
+    // An admin raises a running job's limit: its shim keeps the new one, so
+    // it runs on past the old one.
+    let raised = s
+        .ok(
+            "sbatch",
+            &["--parsable", "--time=0:06", "--wrap", "sleep 300"],
+            None,
+        )
+        .trim()
+        .to_string();
+    c.wait_state(&raised, "RUNNING", LONG);
+    let seen_running = std::time::Instant::now();
+    s.ok(
+        "scontrol",
+        &["update", &format!("JobId={raised}"), "TimeLimit=5:00"],
+        None,
+    );
+    std::thread::sleep(Duration::from_secs(9).saturating_sub(seen_running.elapsed()));
+    assert_eq!(c.job(&raised)["state"], "RUNNING", "past its old 6 s limit");
+    s.ok("scancel", &[&raised], None);
+    c.wait_state(&raised, "CANCELLED", LONG);
+
     let node = s.ok("scontrol", &["show", "node", "n1"], None);
     for key in [
         "NodeName=n1",

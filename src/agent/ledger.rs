@@ -55,6 +55,10 @@ pub(super) struct Ledger {
     ended_reported: BTreeSet<TaskKey>,
     /// Ends the leader has committed.
     ended_committed: BTreeSet<TaskKey>,
+    /// The time limit each running task was given (at its start, or since:
+    /// `scontrol update TimeLimit=`); a task adopted from an earlier agent
+    /// process is told the desired one once.
+    limits: HashMap<TaskKey, Option<u64>>,
     /// Event batches not yet acknowledged, by sequence number.
     pub(super) unacked: BTreeMap<u64, Vec<TaskEvent>>,
     next_seq: u64,
@@ -84,6 +88,12 @@ impl Ledger {
                             kind: TaskEventKind::Started,
                         });
                     }
+                    let wanted = self.desired.as_ref().and_then(|d| d.get(&key));
+                    if let Some(limit) = wanted.map(|t| t.time_limit_secs) {
+                        if self.limits.insert(key, limit) != Some(limit) {
+                            runner.set_time_limit(key, limit);
+                        }
+                    }
                     if desired == Some(false) {
                         if self.preempted.contains(&key.job) {
                             runner.stop_preempted(key);
@@ -107,6 +117,7 @@ impl Ledger {
                             kind: TaskEventKind::Ended(end),
                         });
                     }
+                    self.limits.remove(&key);
                     if self.ended_committed.contains(&key) && desired == Some(false) {
                         runner.forget(key);
                         self.started_reported.remove(&key);
@@ -162,10 +173,15 @@ impl Ledger {
                 .collect(),
             _ => Vec::new(),
         };
-        for (key, started) in start_all(runner, to_start) {
+        let limits: Vec<(TaskKey, Option<u64>)> = to_start
+            .iter()
+            .map(|(k, t)| (*k, t.time_limit_secs))
+            .collect();
+        for ((key, started), (_, limit)) in start_all(runner, to_start).into_iter().zip(limits) {
             match started {
                 // Launched: report it now rather than at the next scan.
                 Ok(()) => {
+                    self.limits.insert(key, limit);
                     if self.started_reported.insert(key) {
                         events.push(TaskEvent {
                             key,
@@ -231,6 +247,7 @@ mod tests {
         tasks: Mutex<BTreeMap<TaskKey, Observed>>,
         started: Mutex<Vec<TaskKey>>,
         stopped: Mutex<Vec<TaskKey>>,
+        limits: Mutex<Vec<(TaskKey, Option<u64>)>>,
         refuse: Mutex<bool>,
         parallel: usize,
     }
@@ -252,6 +269,9 @@ mod tests {
         }
         fn stop(&self, key: TaskKey) {
             self.stopped.lock().unwrap().push(key);
+        }
+        fn set_time_limit(&self, key: TaskKey, secs: Option<u64>) {
+            self.limits.lock().unwrap().push((key, secs));
         }
         fn scan(&self) -> Vec<(TaskKey, Observed)> {
             self.tasks
@@ -299,6 +319,33 @@ mod tests {
 
     fn desire(ledger: &mut Ledger, tasks: &[DesiredTask]) {
         ledger.desired = Some(tasks.iter().map(|t| (t.key, t.clone())).collect());
+    }
+
+    #[test]
+    fn a_running_task_is_told_its_changed_time_limit_once() {
+        let runner = FakeRunner::default();
+        let mut ledger = Ledger::default();
+        let mut t = task(1, 0);
+        t.time_limit_secs = Some(60);
+        desire(&mut ledger, std::slice::from_ref(&t));
+        ledger.reconcile(&runner);
+        ledger.reconcile(&runner);
+        assert!(
+            runner.limits.lock().unwrap().is_empty(),
+            "it started with its limit"
+        );
+        t.time_limit_secs = Some(600);
+        desire(&mut ledger, std::slice::from_ref(&t));
+        ledger.reconcile(&runner);
+        ledger.reconcile(&runner);
+        assert_eq!(*runner.limits.lock().unwrap(), vec![(key(1, 0), Some(600))]);
+        // A task adopted from an earlier agent process is told once.
+        let mut fresh = Ledger::default();
+        desire(&mut fresh, std::slice::from_ref(&t));
+        fresh.reconcile(&runner);
+        fresh.reconcile(&runner);
+        assert_eq!(runner.limits.lock().unwrap().len(), 2);
+        assert_eq!(runner.started.lock().unwrap().len(), 1, "not started again");
     }
 
     #[test]

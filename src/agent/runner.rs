@@ -41,6 +41,12 @@ pub trait TaskRunner: Send + Sync + 'static {
     }
     /// Sends `signal` to a running task's processes (`scancel --signal`).
     fn signal(&self, _key: TaskKey, _signal: i32) {}
+    /// Gives a running task a new time limit (seconds from its start;
+    /// `None`: none), as `scontrol update TimeLimit=` changed it. A runner
+    /// that cannot keeps the one the task started with (the simulated one:
+    /// a task's fate is fixed at its start), and the leader still ends a
+    /// job past a lowered limit itself.
+    fn set_time_limit(&self, _key: TaskKey, _secs: Option<u64>) {}
     /// Every task the runner knows of, running or ended, including tasks
     /// started by an earlier agent process (re-adoption).
     fn scan(&self) -> Vec<(TaskKey, Observed)>;
@@ -199,6 +205,12 @@ impl TaskRunner for ExecRunner {
     fn stop_preempted(&self, key: TaskKey) {
         if let Err(e) = self.executor.stop(key, StopReason::Preempt) {
             tracing::debug!(task = %key, "stop: {e}");
+        }
+    }
+
+    fn set_time_limit(&self, key: TaskKey, secs: Option<u64>) {
+        if let Err(e) = self.executor.set_time_limit(key, secs) {
+            tracing::debug!(task = %key, ?secs, "time limit: {e}");
         }
     }
 

@@ -2,6 +2,9 @@
 //! over the jobs named. Its owner may lower a time limit, rename it and
 //! raise its nice; admins may do anything. Partition, QoS and account
 //! change only while it is pending, checked by the policy as at submit.
+//! A running job's new time limit goes to its tasks with the desired set
+//! (the agents pass it to the shims); the leader also ends the job at a
+//! changed limit itself, for agents from before they passed it on.
 
 use super::{CommandResult, Dirty, Rejection, State};
 use crate::model::{JobId, JobState, JobUpdate, Launch, Millis};
@@ -57,14 +60,6 @@ impl State {
                         "only an admin may raise a time limit; a lower one is yours to set".into(),
                     ));
                 }
-                if longer && job.state == JobState::Running {
-                    return Err(refuse(
-                        id,
-                        "its tasks run under the old limit; a running job's limit can only be \
-                         lowered (requeue it to run under a longer one)"
-                            .into(),
-                    ));
-                }
                 if limit == Some(0) {
                     return Err(Rejection::InvalidSpec(
                         "a time limit of 0 is no time at all; give e.g. TimeLimit=10:00".into(),
@@ -105,10 +100,23 @@ impl State {
             let Some(job) = self.jobs.get_mut(&id) else {
                 continue;
             };
-            let lowered = spec.time_limit_secs != job.spec.time_limit_secs;
+            let changed = spec.time_limit_secs != job.spec.time_limit_secs;
             job.spec = spec;
+            let started = job.start_time.unwrap_or(0);
             if let Some(run) = job.run.as_mut().filter(|_| job.state == JobState::Running) {
-                run.limit_changed |= lowered;
+                // The agents pass the new limit to the shims; the leader
+                // keeps it too, for agents from before that did not.
+                run.limit_changed |= changed;
+                if changed {
+                    // A step's limit is what was left of the job's at its start.
+                    for step in run.steps.iter_mut().filter(|s| s.end_time.is_none()) {
+                        let used = step.start_time.saturating_sub(started) / 1000;
+                        step.time_limit_secs = job
+                            .spec
+                            .time_limit_secs
+                            .map(|limit| limit.saturating_sub(used).max(1));
+                    }
+                }
             }
             dirty.jobs.insert(id);
         }
@@ -117,8 +125,8 @@ impl State {
 }
 
 /// Whether the leader ends `job` at `now` for its time limit: no shim
-/// keeps it (an allocation runs none; a changed limit is newer than the
-/// shims'), and it has passed.
+/// surely keeps it (an allocation runs none; a changed limit may be newer
+/// than an older agent's shims), and it has passed.
 pub fn past_limit_unwatched(job: &crate::model::Job, now: Millis) -> bool {
     let unwatched =
         job.spec.launch == Launch::Allocation || job.run.as_ref().is_some_and(|r| r.limit_changed);

@@ -43,8 +43,8 @@ pub use task::{
 use crate::model::TaskKey;
 use cgroup::TaskCgroup;
 use task::{
-    read_json, write_atomic, write_json, Durability, PID_FILE, SHIM_LOG_FILE, SHIM_PID_FILE,
-    STATUS_FILE, STOP_FILE, TASK_FILE,
+    read_json, write_atomic, write_json, Durability, LIMIT_FILE, PID_FILE, SHIM_LOG_FILE,
+    SHIM_PID_FILE, STATUS_FILE, STOP_FILE, TASK_FILE,
 };
 
 /// What the executor can see of a task.
@@ -215,6 +215,18 @@ impl Executor {
 
     /// Sends `signal` to a running task's process group (the task leads
     /// its own session, so this reaches what it started too).
+    /// Changes a running task's time limit (seconds from its start; `None`:
+    /// none): its shim reads the new one within a tick.
+    pub fn set_time_limit(&self, key: TaskKey, secs: Option<u64>) -> Result<(), ExecError> {
+        let dir = self.task_dir(key);
+        if !dir.is_dir() {
+            return Err(ExecError::NoSuchTask { key });
+        }
+        let text = secs.map_or_else(|| "none".to_string(), |s| s.to_string());
+        let file = dir.join(LIMIT_FILE);
+        write_atomic(&file, text.as_bytes(), Durability::Crash).map_err(io_err("write", &file))
+    }
+
     pub fn signal(&self, key: TaskKey, signal: i32) -> Result<(), ExecError> {
         let TaskObserved::Running { pid: Some(pid), .. } = self.observe(key) else {
             return Err(ExecError::NoSuchTask { key });

@@ -28,8 +28,8 @@ use super::launch::Prepared;
 use super::process::{self, Snapshot};
 use super::task::{
     now_ms, read_json, write_json, Durability, Identity, ProcessId, StopReason, TaskOutcome,
-    TaskPid, TaskSpec, TaskStatus, PID_FILE, SCRIPT_FILE, SHIM_PID_FILE, STATUS_FILE, STOP_FILE,
-    TASK_FILE,
+    TaskPid, TaskSpec, TaskStatus, LIMIT_FILE, PID_FILE, SCRIPT_FILE, SHIM_PID_FILE, STATUS_FILE,
+    STOP_FILE, TASK_FILE,
 };
 use crate::model::{Millis, Program};
 
@@ -165,6 +165,39 @@ pub(super) fn init_logging() {
 fn launch_failed(reason: String) -> (TaskOutcome, Option<Millis>) {
     tracing::warn!("launch failed: {reason}");
     (TaskOutcome::LaunchFailed { reason }, None)
+}
+
+/// The time limit the agent has set since the start, if it has: `Some(None)`
+/// for none at all. An unreadable file is no change.
+fn limit_changed(dir: &Path) -> Option<Option<u64>> {
+    let text = fs::read_to_string(dir.join(LIMIT_FILE)).ok()?;
+    match text.trim() {
+        "none" => Some(None),
+        secs => secs.parse().ok().map(Some),
+    }
+}
+
+/// When a task that started at `started` must end, and when it gets its
+/// `--signal` warning first (the signal, batch script only).
+struct Deadline {
+    secs: Option<u64>,
+    at: Option<Instant>,
+    warning: Option<(Instant, Signal, bool)>,
+}
+
+impl Deadline {
+    fn new(spec: &TaskSpec, started: Instant, secs: Option<u64>) -> Deadline {
+        let at = secs.map(|secs| started + Duration::from_secs(secs));
+        let warning = spec.signal_before_limit.as_ref().and_then(|w| {
+            let when = at?.checked_sub(Duration::from_secs(w.secs_before))?;
+            Some((
+                when.max(started),
+                Signal::try_from(w.signal).ok()?,
+                w.batch_only,
+            ))
+        });
+        Deadline { secs, at, warning }
+    }
 }
 
 /// Reads the stop file's reason, if a stop was requested.
@@ -494,17 +527,7 @@ fn supervise(
     signals: &SigSet,
 ) -> (Exit, Option<Ending>) {
     let started = Instant::now();
-    let deadline = spec
-        .time_limit_secs
-        .map(|secs| started + Duration::from_secs(secs));
-    let warning = spec.signal_before_limit.as_ref().and_then(|w| {
-        let at = deadline?.checked_sub(Duration::from_secs(w.secs_before))?;
-        Some((
-            at.max(started),
-            Signal::try_from(w.signal).ok()?,
-            w.batch_only,
-        ))
-    });
+    let mut deadline = Deadline::new(spec, started, spec.time_limit_secs);
     let grace = Duration::from_secs(spec.kill_grace_secs);
     // A preempted task first gets its `--signal` signal and the grace to
     // checkpoint, then SIGTERM and the grace again (as Slurm's
@@ -533,6 +556,13 @@ fn supervise(
             }
             continue;
         }
+        // A limit raised or lowered while it runs: the warning comes again
+        // if the new one is still ahead.
+        if let Some(secs) = limit_changed(dir).filter(|&s| s != deadline.secs) {
+            tracing::info!(?secs, "the time limit changed");
+            deadline = Deadline::new(spec, started, secs);
+            warned = deadline.warning.is_none_or(|(at, _, _)| now >= at) && warned;
+        }
         let stop = match signal {
             Some(Signal::SIGTERM | Signal::SIGINT) => {
                 Some(stop_requested(dir).unwrap_or(StopReason::Cancel))
@@ -554,7 +584,7 @@ fn supervise(
             }
             Some(StopReason::Preempt) if preempt_warned.is_some_and(|at| now < at + grace) => None,
             Some(reason) => Some(Ending::Stop(reason)),
-            None if deadline.is_some_and(|d| now >= d) => Some(Ending::Timeout),
+            None if deadline.at.is_some_and(|d| now >= d) => Some(Ending::Timeout),
             None => None,
         };
         if let Some(end) = end {
@@ -564,7 +594,7 @@ fn supervise(
             // A process stopped by SIGSTOP would not see SIGTERM until resumed.
             tree.signal(Signal::SIGCONT);
         } else if let Some((_, sig, batch_only)) =
-            warning.filter(|&(at, _, _)| !warned && now >= at)
+            deadline.warning.filter(|&(at, _, _)| !warned && now >= at)
         {
             tracing::info!(signal = %sig, batch_only, "time limit is near; signalling the task");
             if batch_only {

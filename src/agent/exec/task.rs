@@ -29,6 +29,10 @@ pub const SHIM_PID_FILE: &str = "shim.pid";
 pub const PID_FILE: &str = "pid";
 /// A stop request and its reason (written by the agent).
 pub const STOP_FILE: &str = "stop";
+/// A time limit changed since the task started (`scontrol update
+/// TimeLimit=`): seconds from the task's start, or `none`. The shim reads
+/// it every tick; absent, the task's spec says.
+pub const LIMIT_FILE: &str = "limit";
 /// How the task ended (written once, atomically, by the shim).
 pub const STATUS_FILE: &str = "status.json";
 /// A script job's content, run directly so its `#!` line applies.

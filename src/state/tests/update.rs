@@ -1,6 +1,6 @@
 //! `scontrol update`: who may change what, pending-only fields checked by
-//! the policy, all or none, and a running job's lowered limit ended by the
-//! leader (its shims keep the old one).
+//! the policy, all or none, and a running job's changed limit kept by the
+//! leader too (older agents' shims keep the old one).
 
 use super::run::{cluster, start, submit};
 use crate::model::JobUpdate;
@@ -113,7 +113,7 @@ fn pending_only_fields_are_checked_all_or_none() {
 }
 
 #[test]
-fn a_running_jobs_lowered_limit_is_kept_by_the_leader() {
+fn a_running_jobs_changed_limit_is_kept_by_the_leader_and_an_admin_may_raise_it() {
     let (mut s, mut d) = cluster();
     let id = submit(&mut s, &mut d, 1, 1);
     start(&mut s, &mut d, id, &[("n1", &[0])]);
@@ -122,9 +122,12 @@ fn a_running_jobs_lowered_limit_is_kept_by_the_leader() {
         !past_limit_unwatched(job, u64::MAX),
         "no limit, nothing to keep"
     );
-    update(&mut s, "alice", false, vec![id], limit(Some(60)));
-    let why = refused(&update(&mut s, "root", true, vec![id], limit(Some(120))));
-    assert!(why.contains("old limit"), "{why}");
+    update(&mut s, "alice", false, vec![id], limit(Some(30)));
+    let why = refused(&update(&mut s, "alice", false, vec![id], limit(Some(90))));
+    assert!(why.contains("only an admin may raise"), "{why}");
+    // An admin raises it while it runs: the leader's deadline moves too.
+    let r = update(&mut s, "root", true, vec![id], limit(Some(60)));
+    assert_eq!(r, CommandResult::Updated { ids: vec![id] });
     let job = &s.jobs[&id];
     assert!(job.run.as_ref().unwrap().limit_changed);
     let start_ms = job.start_time.unwrap();
