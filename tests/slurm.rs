@@ -609,7 +609,7 @@ fn scontrol_updates_a_jobs_limit_drains_a_node_and_shows_nodes_and_partitions() 
     let seen_running = std::time::Instant::now();
     s.ok(
         "scontrol",
-        &["update", &format!("JobId={raised}"), "TimeLimit=5:00"],
+        &["update", &format!("JobId={raised}"), "TimeLimit=+5"],
         None,
     );
     std::thread::sleep(Duration::from_secs(9).saturating_sub(seen_running.elapsed()));

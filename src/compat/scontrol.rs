@@ -29,8 +29,9 @@ Commands:
   show node [NAME]       a node, or every node, as key=value
   show partition [NAME]  a partition, or every one
   update JobId=ID[,ID] KEY=VALUE...
-                         change TimeLimit (owners lower it; admins also raise
-                         a pending job's), JobName, Nice (negative: admins),
+                         change TimeLimit (or +N/-N more or less; owners
+                         lower it, admins also raise it, while it runs too),
+                         JobName, Nice (negative: admins),
                          and while pending Partition, QOS, Account
   update NodeName=NODE State=DRAIN Reason=TEXT | State=RESUME   (admins)
 

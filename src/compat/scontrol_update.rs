@@ -39,15 +39,26 @@ pub fn parse_update(words: &[String]) -> Result<ApiRequest, String> {
         match k.as_str() {
             "jobid" | "job" => {}
             "timelimit" => {
-                if v.starts_with('+') || (v.starts_with('-') && !v[1..].contains(':')) {
-                    return Err(format!(
-                        "TimeLimit={v}: gpuq takes an absolute limit (e.g. TimeLimit=2:00:00), \
-                         not a change to the current one"
-                    ));
+                let (sign, amount) = match v.as_bytes().first() {
+                    Some(b'+') => (1, &v[1..]),
+                    Some(b'-') => (-1, &v[1..]),
+                    _ => (0, v.as_str()),
+                };
+                let limit = crate::spec::time::parse_time(amount)
+                    .map_err(|e| format!("TimeLimit={v}: {e}"))?;
+                match (sign, limit) {
+                    (0, limit) => change.time_limit_secs = Some(limit),
+                    (_, None) => {
+                        return Err(format!(
+                            "TimeLimit={v}: add or take a time (e.g. TimeLimit=+30 for 30 \
+                             minutes more), or give TimeLimit=UNLIMITED"
+                        ))
+                    }
+                    (sign, Some(secs)) => {
+                        change.time_limit_change_secs =
+                            Some(sign * secs.min(i64::MAX as u64) as i64)
+                    }
                 }
-                let limit =
-                    crate::spec::time::parse_time(v).map_err(|e| format!("TimeLimit={v}: {e}"))?;
-                change.time_limit_secs = Some(limit);
             }
             "jobname" | "name" if !v.trim().is_empty() => change.name = Some(v.clone()),
             "jobname" | "name" => return Err("JobName= is empty; give a name".into()),
@@ -288,6 +299,15 @@ mod tests {
         };
         assert_eq!(change.time_limit_secs, Some(None));
         assert!(change.needs_pending());
+        // +N / -N: Slurm's minutes (and its other time forms), added or taken.
+        let delta = |v: &str| match parse_update(&words(&["JobId=7", v])).unwrap() {
+            ApiRequest::Update { change, .. } => {
+                (change.time_limit_secs, change.time_limit_change_secs)
+            }
+            r => panic!("{r:?}"),
+        };
+        assert_eq!(delta("TimeLimit=+30"), (None, Some(1800)));
+        assert_eq!(delta("TimeLimit=-1:00:00"), (None, Some(-3600)));
     }
 
     #[test]
@@ -308,7 +328,8 @@ mod tests {
         assert!(e(&["JobId=x", "TimeLimit=10"]).contains("Invalid job id"));
         let m = e(&["JobId=1", "TimeLimit=soon"]);
         assert!(m.contains("TimeLimit=soon"), "{m}");
-        assert!(e(&["JobId=1", "TimeLimit=+30"]).contains("absolute"));
+        assert!(e(&["JobId=1", "TimeLimit=+UNLIMITED"]).contains("TimeLimit=+30"));
+        assert!(e(&["JobId=1", "TimeLimit=+x"]).contains("TimeLimit=+x"));
         let m = e(&["JobId=1", "Features=ib"]);
         assert!(m.contains("features") && m.contains("TimeLimit"), "{m}");
         assert!(e(&["JobId=1"]).contains("nothing to change"));

@@ -10,6 +10,10 @@ pub struct JobUpdate {
     /// only lower it; a running job is ended when it is past the new one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub time_limit_secs: Option<Option<u64>>,
+    /// Seconds added to (negative: taken from) each job's current limit
+    /// (`TimeLimit=+30`, `-10`); the same rules as for a new limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time_limit_change_secs: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
     /// Negative values (a higher priority) are for admins.

@@ -48,7 +48,23 @@ impl State {
                 ));
             }
             let mut spec = job.spec.clone();
-            if let Some(limit) = change.time_limit_secs {
+            let wanted = match (change.time_limit_secs, change.time_limit_change_secs) {
+                (Some(limit), _) => Some(limit),
+                (None, Some(delta)) => match spec.time_limit_secs {
+                    None => {
+                        return Err(refuse(
+                            id,
+                            "it has no time limit to add to or take from; give one, e.g. \
+                             TimeLimit=2:00:00"
+                                .into(),
+                        ))
+                    }
+                    Some(old) if delta >= 0 => Some(Some(old.saturating_add(delta as u64))),
+                    Some(old) => Some(Some(old.saturating_sub(delta.unsigned_abs()))),
+                },
+                (None, None) => None,
+            };
+            if let Some(limit) = wanted {
                 let longer = match (limit, spec.time_limit_secs) {
                     (None, Some(_)) => true,
                     (Some(new), Some(old)) => new > old,

@@ -55,6 +55,23 @@ fn owners_lower_limits_and_rename_admins_also_raise() {
         "UNLIMITED, by an admin"
     );
 
+    // Added to and taken from the current limit, under the same rules.
+    let by = |secs: i64| JobUpdate {
+        time_limit_change_secs: Some(secs),
+        ..JobUpdate::default()
+    };
+    let why = refused(&update(&mut s, "root", true, vec![id], by(60)));
+    assert!(why.contains("no time limit to add to"), "{why}");
+    update(&mut s, "root", true, vec![id], limit(Some(600)));
+    update(&mut s, "alice", false, vec![id], by(-60));
+    assert_eq!(s.jobs[&id].spec.time_limit_secs, Some(540));
+    let why = refused(&update(&mut s, "alice", false, vec![id], by(60)));
+    assert!(why.contains("only an admin may raise"), "{why}");
+    update(&mut s, "root", true, vec![id], by(1800));
+    assert_eq!(s.jobs[&id].spec.time_limit_secs, Some(2340));
+    let why = refused(&update(&mut s, "alice", false, vec![id], by(-9999)));
+    assert!(why.contains("no time at all"), "{why}");
+
     let rename = JobUpdate {
         name: Some("better".into()),
         nice: Some(50),
