@@ -469,7 +469,7 @@ fn main() -> ExitCode {
         },
         Cmd::Slurm { args } => slurm(&args),
         Cmd::Client(c) => match runtime.block_on(cli::run(c)) {
-            Ok(()) => ExitCode::SUCCESS,
+            Ok(code) => code,
             Err(e) => e.exit(),
         },
         daemon_cmd => {

@@ -8,7 +8,9 @@
 pub(crate) mod acct;
 pub mod admin;
 pub mod cluster;
+mod exec;
 mod hold;
+pub mod interactive;
 mod policy_change;
 mod ports;
 pub(crate) mod queue;
@@ -198,6 +200,37 @@ pub enum ClientCommand {
         #[arg(short, long)]
         follow: bool,
     },
+    /// Run a command beside a running job's rank: on its node, in its cgroup,
+    /// with its GPUs and environment, as its user (as `srun --overlap
+    /// --jobid` or `kubectl exec`; py-spy, nvidia-smi, gdb). The job's owner
+    /// and admins only. Exits with the command's status.
+    Exec {
+        /// The job id.
+        id: u64,
+        /// Which rank's node and task to join.
+        #[arg(long, default_value_t = 0)]
+        rank: u32,
+        /// Run the command on a terminal (a shell, top, gdb); this one is put
+        /// in raw mode until it ends. Needs a terminal on stdin.
+        #[arg(short = 't', long)]
+        pty: bool,
+        /// The command and its arguments (after `--` when they have flags).
+        #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
+        command: Vec<String>,
+    },
+    /// Follow a running task: with --step, the terminal of a step started with
+    /// `srun --pty` (its output from the start, and your keys); without, the
+    /// rank's output as it comes, as `gpuq logs -f`.
+    Attach {
+        /// The job id.
+        id: u64,
+        /// Which rank (of the job, or of the step).
+        #[arg(long, default_value_t = 0)]
+        rank: u32,
+        /// The job step (`sacct` shows them as JOB.STEP).
+        #[arg(long)]
+        step: Option<u32>,
+    },
     /// Create, list and revoke join tokens (admins).
     Token {
         #[command(subcommand)]
@@ -324,9 +357,26 @@ pub(crate) fn unexpected(r: ApiResponse) -> CliError {
     CliError::internal(format!("unexpected answer from the daemon: {r:?}"))
 }
 
-/// Runs a client command.
-pub async fn run(cmd: ClientCommand) -> Result<(), CliError> {
+/// Runs a client command; its exit status.
+pub async fn run(cmd: ClientCommand) -> Result<ExitCode, CliError> {
     match cmd {
+        ClientCommand::Exec {
+            id,
+            rank,
+            pty,
+            command,
+        } => exec::exec(JobId(id), rank, pty, command).await,
+        ClientCommand::Attach { id, rank, step } => exec::attach(JobId(id), rank, step).await,
+        other => run_command(other).await.map(|()| ExitCode::SUCCESS),
+    }
+}
+
+/// Runs a client command that exits 0 when it succeeds.
+async fn run_command(cmd: ClientCommand) -> Result<(), CliError> {
+    match cmd {
+        ClientCommand::Exec { .. } | ClientCommand::Attach { .. } => Err(CliError::internal(
+            "an interactive command has its own runner",
+        )),
         ClientCommand::Submit {
             args,
             from,
@@ -437,7 +487,7 @@ pub async fn run(cmd: ClientCommand) -> Result<(), CliError> {
     }
 }
 
-async fn logs(id: JobId, rank: u32, follow: bool) -> Result<(), CliError> {
+pub(crate) async fn logs(id: JobId, rank: u32, follow: bool) -> Result<(), CliError> {
     use std::io::Write;
     let mut offset = 0;
     loop {

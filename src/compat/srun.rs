@@ -371,6 +371,7 @@ fn step_spec(
         output: cli.alloc.job.output.clone(),
         error: cli.alloc.job.error.clone(),
         kill_on_bad_exit: cli.kill_on_bad_exit == Some(1),
+        io: crate::model::TaskIo::Files,
     };
     for (flag, pattern) in [("--output", &spec.output), ("--error", &spec.error)] {
         if let Some(p) = pattern {

@@ -22,6 +22,7 @@ fn step_spec(nodes: &[u32], tasks: &[u32]) -> StepSpec {
         output: None,
         error: None,
         kill_on_bad_exit: false,
+        io: Default::default(),
     }
 }
 

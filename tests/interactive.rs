@@ -1,0 +1,250 @@
+//! Interactive work as a user meets it: `gpuq exec` beside a running job's
+//! rank, `srun --pty`/`gpuq run --pty` on a real terminal (a pty opened by
+//! the test, as a terminal emulator would), `gpuq attach`, and the keepalive
+//! that releases an allocation whose client vanished. Real servers, agents,
+//! shims and QUIC on loopback.
+
+mod common;
+
+use std::io::Write;
+use std::path::Path;
+use std::process::{Output, Stdio};
+use std::time::Duration;
+
+use common::{cli, gpuq_command, stderr, Cluster};
+
+const LONG: Duration = Duration::from_secs(60);
+
+/// Runs `gpuq ARGS` against `socket` with `input` on its stdin.
+fn cli_with_input(socket: &Path, args: &[&str], input: &str) -> Output {
+    let mut child = gpuq_command()
+        .args(args)
+        .env("GPUQ_SOCKET", socket)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run gpuq");
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(input.as_bytes()).unwrap();
+    drop(stdin);
+    child.wait_with_output().unwrap()
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// A value `NAME=...` from lines of `env` output.
+fn var<'a>(env: &'a str, name: &str) -> Option<&'a str> {
+    env.lines()
+        .find_map(|l| l.strip_prefix(name).and_then(|r| r.strip_prefix('=')))
+}
+
+/// A 2-node job whose ranks record their environment and cgroup in `work`
+/// and then sleep; its id, once both ranks run.
+fn two_rank_sleeper(c: &Cluster, work: &Path) -> String {
+    let script = "env > env.$RANK; cat /proc/self/cgroup > cgroup.$RANK; exec sleep 600";
+    let id = c.submit(&[
+        "-N",
+        "2",
+        "--gpus-per-node",
+        "2",
+        "-D",
+        work.to_str().unwrap(),
+        "--",
+        "sh",
+        "-c",
+        script,
+    ]);
+    c.wait_started(&id, LONG);
+    common::wait_for("both ranks to record themselves", LONG, || {
+        (0..2).all(|r| {
+            std::fs::read_to_string(work.join(format!("cgroup.{r}"))).is_ok_and(|s| !s.is_empty())
+        })
+    });
+    id
+}
+
+#[test]
+fn exec_joins_a_ranks_cgroup_gpus_and_environment_and_returns_its_status() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = Cluster::start(dir.path(), 2, 4);
+    let work = dir.path().join("work");
+    std::fs::create_dir_all(&work).unwrap();
+    let id = two_rank_sleeper(&c, &work);
+    let sock = &c.server.socket;
+
+    let out = cli(
+        sock,
+        &[
+            "exec",
+            &id,
+            "--rank",
+            "1",
+            "--",
+            "sh",
+            "-c",
+            "env; echo CGROUP; cat /proc/self/cgroup; echo to-stderr >&2",
+        ],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    let (env, cgroup) = text.split_once("CGROUP\n").expect("both parts");
+    let task_env = std::fs::read_to_string(work.join("env.1")).unwrap();
+    for name in [
+        "CUDA_VISIBLE_DEVICES",
+        "RANK",
+        "GPUQ_NODE_RANK",
+        "GPUQ_JOB_ID",
+    ] {
+        assert_eq!(var(env, name), var(&task_env, name), "{name}\n{env}");
+    }
+    assert_eq!(var(env, "RANK"), Some("1"));
+    assert_ne!(var(env, "CUDA_VISIBLE_DEVICES").unwrap_or(""), "");
+    let task_cgroup = std::fs::read_to_string(work.join("cgroup.1")).unwrap();
+    assert_eq!(cgroup, task_cgroup, "the exec runs in rank 1's cgroup");
+    assert_eq!(stderr(&out), "to-stderr\n");
+
+    // Its status, its stdin, and a command that does not exist.
+    let failed = cli(sock, &["exec", &id, "--", "sh", "-c", "exit 7"]);
+    assert_eq!(failed.status.code(), Some(7), "{}", stderr(&failed));
+    let echoed = cli_with_input(sock, &["exec", &id, "--", "cat"], "typed in\n");
+    assert_eq!(stdout(&echoed), "typed in\n", "{}", stderr(&echoed));
+    let missing = cli(sock, &["exec", &id, "--", "no-such-command-here"]);
+    assert_eq!(missing.status.code(), Some(1));
+    assert!(
+        stderr(&missing).contains("not found"),
+        "{}",
+        stderr(&missing)
+    );
+
+    // Through a compute agent's socket (its forwarder) as through the server's.
+    let via_agent = cli(
+        &c.agents[0].dir.join("agent.sock"),
+        &["exec", &id, "--rank", "1", "--", "printenv", "RANK"],
+    );
+    assert_eq!(stdout(&via_agent), "1\n", "{}", stderr(&via_agent));
+
+    // The job runs on, untouched.
+    assert_eq!(c.job(&id)["state"], "RUNNING");
+    c.server.ok(&["cancel", &id]);
+}
+
+#[test]
+fn exec_is_refused_with_a_reason_for_bad_ranks_and_jobs_not_running() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = Cluster::start(dir.path(), 1, 1);
+    let sock = &c.server.socket;
+    let w = dir.path().to_str().unwrap();
+    let running = c.submit(&["-D", w, "--gpus-per-node", "1", "--", "sleep", "600"]);
+    c.wait_started(&running, LONG);
+    let cases: Vec<(Vec<String>, &str)> = vec![
+        (
+            vec![
+                "exec".into(),
+                running.clone(),
+                "--rank".into(),
+                "3".into(),
+                "true".into(),
+            ],
+            "--rank 3 does not exist",
+        ),
+        (
+            vec!["exec".into(), "999".into(), "true".into()],
+            "does not exist",
+        ),
+        (
+            vec![
+                "exec".into(),
+                running.clone(),
+                "--pty".into(),
+                "true".into(),
+            ],
+            "needs a terminal",
+        ),
+    ];
+    for (args, why) in cases {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let out = cli(sock, &args);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {}", stderr(&out));
+        assert!(stderr(&out).contains(why), "{args:?}: {}", stderr(&out));
+    }
+    // A job waiting behind the running one, and one that has finished.
+    let pending = c.submit(&["-D", w, "--gpus-per-node", "1", "--", "true"]);
+    let out = cli(sock, &["exec", &pending, "true"]);
+    assert!(stderr(&out).contains("has not started"), "{}", stderr(&out));
+    c.server.ok(&["cancel", &running]);
+    c.wait_state(&running, "CANCELLED", LONG);
+    let out = cli(sock, &["exec", &running, "true"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("is CANCELLED"), "{}", stderr(&out));
+}
+
+#[test]
+fn another_user_may_not_exec_into_a_job() {
+    if !common::require_root("another_user_may_not_exec_into_a_job") {
+        return;
+    }
+    let dir = common::shared_tempdir();
+    let c = Cluster::start(dir.path(), 1, 1);
+    let w = dir.path().to_str().unwrap();
+    let id = c.submit(&["-D", w, "--", "sleep", "600"]);
+    c.wait_started(&id, LONG);
+    let mallory = common::ensure_user("gpuqexecother");
+    let out = common::cli_as(&mallory, &c.server.socket, &["exec", &id, "--", "id"]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("only its owner or an admin"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(out.stdout.is_empty());
+}
+
+/// `gpuq ARGS` on a terminal of its own, against `socket`.
+fn on_terminal(socket: &Path, args: &[&str], rows: u16, cols: u16) -> common::pty::Terminal {
+    let mut cmd = gpuq_command();
+    cmd.args(args)
+        .env("GPUQ_SOCKET", socket)
+        .env("TERM", "xterm")
+        .env("PS1", "gpuq-prompt$ ");
+    common::pty::Terminal::spawn(cmd, rows, cols)
+}
+
+#[test]
+fn exec_with_a_pty_is_a_shell_on_the_ranks_node() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = Cluster::start(dir.path(), 2, 4);
+    let work = dir.path().join("work");
+    std::fs::create_dir_all(&work).unwrap();
+    let id = two_rank_sleeper(&c, &work);
+    let mut t = on_terminal(
+        &c.server.socket,
+        &["exec", &id, "--rank", "1", "--pty", "--", "sh", "-i"],
+        30,
+        100,
+    );
+    t.send("tty; stty size; echo rank=$((RANK+10))\n");
+    let shown = t.expect("rank=11", LONG);
+    assert!(shown.contains("/dev/pts/"), "{shown}");
+    assert!(shown.contains("30 100"), "{shown}");
+    t.resize(40, 120);
+    // The shell reads the new size once the resize has gone through.
+    common::wait_for("the resize to reach the task", LONG, || {
+        t.send("stty size\n");
+        std::thread::sleep(Duration::from_millis(200));
+        t.screen().contains("40 120")
+    });
+    // Ctrl-C is a byte the task's terminal turns into SIGINT for its
+    // foreground job; the shell and the session live on.
+    t.send("sleep 600\n");
+    std::thread::sleep(Duration::from_millis(300));
+    t.send("\x03");
+    // (The typed line is echoed at once; only its output proves the shell.)
+    t.send("echo interrupted-$((40+2))\n");
+    t.expect("interrupted-42", LONG);
+    t.send("exit 3\n");
+    assert_eq!(t.wait(LONG).code(), Some(3), "{}", t.screen());
+    assert!(t.is_cooked(), "the terminal was left in raw mode");
+}
