@@ -248,3 +248,198 @@ fn exec_with_a_pty_is_a_shell_on_the_ranks_node() {
     assert_eq!(t.wait(LONG).code(), Some(3), "{}", t.screen());
     assert!(t.is_cooked(), "the terminal was left in raw mode");
 }
+
+/// A directory of Slurm links (srun, salloc, ...) to the binary under test.
+fn slurm_links(dir: &Path) -> std::path::PathBuf {
+    let bin = dir.join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    for name in gpuq::compat::COMMANDS {
+        std::os::unix::fs::symlink(common::gpuq_bin(), bin.join(name)).unwrap();
+    }
+    bin
+}
+
+/// A Slurm command on a terminal of its own, its links first on PATH.
+fn slurm_on_terminal(
+    bin: &Path,
+    socket: &Path,
+    command: &str,
+    args: &[&str],
+) -> common::pty::Terminal {
+    let mut cmd = common::clean_command(bin.join(command));
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    cmd.args(args)
+        .env("GPUQ_SOCKET", socket)
+        .env("PATH", path)
+        .env("TERM", "xterm")
+        .env("PS1", "gpuq-prompt$ ")
+        .current_dir(socket.parent().unwrap());
+    common::pty::Terminal::spawn(cmd, 30, 100)
+}
+
+/// The GPU indices the job holds on its first node, as CUDA_VISIBLE_DEVICES
+/// names them.
+fn first_node_gpus(c: &Cluster, id: &str) -> String {
+    let job = c.job(id);
+    let gpus: Vec<String> = job["placement"][0]["gpus"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| g["index"].to_string())
+        .collect();
+    gpus.join(",")
+}
+
+#[test]
+fn srun_pty_bash_is_a_shell_on_a_terminal_of_the_node() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = Cluster::start(dir.path(), 1, 4);
+    let bin = slurm_links(dir.path());
+    let mut t = slurm_on_terminal(
+        &bin,
+        &c.server.socket,
+        "srun",
+        &[
+            "--gpus-per-node",
+            "2",
+            "--pty",
+            "bash",
+            "--norc",
+            "--noprofile",
+            "-i",
+        ],
+    );
+    t.expect("gpuq-prompt$ ", LONG);
+    t.send("tty; stty size; echo done-$((1+1))\n");
+    let shown = t.expect("done-2", LONG);
+    assert!(shown.contains("/dev/pts/"), "{shown}");
+    assert!(shown.contains("30 100"), "{shown}");
+    t.resize(40, 120);
+    common::wait_for("the resize to reach the shell", LONG, || {
+        t.send("stty size\n");
+        std::thread::sleep(Duration::from_millis(200));
+        t.screen().contains("40 120")
+    });
+    t.send("echo job=$SLURM_JOB_ID gpus=$CUDA_VISIBLE_DEVICES end-$((1+2))\n");
+    let shown = t.expect(" end-3", LONG);
+    let job = shown
+        .rsplit("job=")
+        .next()
+        .and_then(|s| s.split_whitespace().next())
+        .unwrap()
+        .to_string();
+    let gpus = first_node_gpus(&c, &job);
+    assert_eq!(gpus.split(',').count(), 2, "{gpus}");
+    assert!(
+        shown.contains(&format!("gpus={gpus} end-3")),
+        "{shown} vs {gpus}"
+    );
+    // Ctrl-Z and Ctrl-C act on the shell's terminal there.
+    t.send("sleep 600\n");
+    std::thread::sleep(Duration::from_millis(300));
+    t.send("\x1a");
+    t.expect("Stopped", LONG);
+    t.send("kill %1; echo killed-$((6*7))\n");
+    t.expect("killed-42", LONG);
+    t.send("exit 3\n");
+    assert_eq!(t.wait(LONG).code(), Some(3), "{}", t.screen());
+    assert!(t.is_cooked(), "the terminal was left in raw mode");
+    // The allocation was released: its GPUs are free again.
+    c.wait_state(&job, "COMPLETED", LONG);
+}
+
+#[test]
+fn gpuq_run_pty_and_srun_pty_inside_salloc_return_the_tasks_status() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = Cluster::start(dir.path(), 2, 2);
+    let bin = slurm_links(dir.path());
+    // A command that ends at once may end before the first attach: its
+    // output and status still come back.
+    let mut t = on_terminal(
+        &c.server.socket,
+        &[
+            "run",
+            "--pty",
+            "--",
+            "sh",
+            "-c",
+            "echo quick-$((2+2)); exit 4",
+        ],
+        24,
+        80,
+    );
+    t.expect("quick-4", LONG);
+    assert_eq!(t.wait(LONG).code(), Some(4), "{}", t.screen());
+    assert!(t.is_cooked());
+
+    // salloc's command owns the terminal; srun --pty inside runs on a node
+    // of the allocation, one task on its first node.
+    let script = "srun --pty sh -c 'echo on-$SLURM_STEP_ID-$SLURM_NTASKS; tty; exit 5'";
+    let mut t = slurm_on_terminal(
+        &bin,
+        &c.server.socket,
+        "salloc",
+        &["-N", "2", "sh", "-c", script],
+    );
+    let shown = t.expect("/dev/pts/", LONG);
+    assert!(shown.contains("on-0-1"), "{shown}");
+    assert_eq!(t.wait(LONG).code(), Some(5), "{}", t.screen());
+
+    // Without a terminal, --pty is refused and nothing is queued.
+    let before = c.server.ok(&["queue", "--all", "--json"]);
+    let out = cli(&c.server.socket, &["run", "--pty", "--", "bash"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr(&out).contains("needs a terminal"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(c.server.ok(&["queue", "--all", "--json"]), before);
+}
+
+#[test]
+fn gpuq_run_without_a_pty_streams_stdin_stdout_and_stderr() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = Cluster::start(dir.path(), 1, 1);
+    let out = cli_with_input(
+        &c.server.socket,
+        &["run", "--", "sh", "-c", "cat; echo to-err >&2; exit 2"],
+        "line one\nline two\n",
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert_eq!(stdout(&out), "line one\nline two\n");
+    assert!(stderr(&out).contains("to-err"), "{}", stderr(&out));
+}
+
+#[test]
+fn a_session_outlives_its_server_and_reconnects_with_nothing_lost_or_repeated() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = Cluster::start(dir.path(), 1, 1);
+    let mut t = on_terminal(
+        &c.server.socket,
+        &["run", "--pty", "--", "sh", "-i"],
+        24,
+        80,
+    );
+    t.send("echo before-$((1+1))\n");
+    t.expect("before-2", LONG);
+    // The only server dies and comes back: no leader for a while, every
+    // stream cut. The shell on the node is the shim's, not the stream's.
+    c.server.kill();
+    std::thread::sleep(Duration::from_millis(500));
+    c.server.start();
+    t.send("echo after-$((2+2))\n");
+    t.expect("after-4", LONG);
+    t.send("exit 6\n");
+    assert_eq!(t.wait(LONG).code(), Some(6), "{}", t.screen());
+    let screen = t.screen();
+    assert_eq!(
+        screen.matches("before-2").count(),
+        1,
+        "replayed twice:\n{screen}"
+    );
+}

@@ -294,7 +294,7 @@ fn show(msg: &StdioMsg, mode: Mode, seen: &mut OutputSeen) -> Option<Ended> {
     }
 }
 
-fn emit(stderr: bool, bytes: &[u8]) {
+pub(crate) fn emit(stderr: bool, bytes: &[u8]) {
     if stderr {
         let mut e = std::io::stderr().lock();
         let _ = e.write_all(bytes).and_then(|()| e.flush());

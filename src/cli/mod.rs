@@ -15,6 +15,8 @@ mod policy_change;
 mod ports;
 pub(crate) mod queue;
 mod report;
+mod run;
+pub mod session;
 mod show;
 pub(crate) mod submit;
 pub mod table;
@@ -200,6 +202,18 @@ pub enum ClientCommand {
         #[arg(short, long)]
         follow: bool,
     },
+    /// Run a command as an interactive job: an allocation of what the flags ask
+    /// for (those of `gpuq submit`), the command one task on its first node,
+    /// its output (a terminal with --pty) here, released when it ends (as
+    /// Slurm's `srun --pty`). Exits with the command's status.
+    Run {
+        #[command(flatten)]
+        args: Box<SubmitArgs>,
+        /// Run the command on a terminal (a shell, a debugger); this one is
+        /// put in raw mode until it ends. Needs a terminal on stdin.
+        #[arg(long)]
+        pty: bool,
+    },
     /// Run a command beside a running job's rank: on its node, in its cgroup,
     /// with its GPUs and environment, as its user (as `srun --overlap
     /// --jobid` or `kubectl exec`; py-spy, nvidia-smi, gdb). The job's owner
@@ -367,6 +381,7 @@ pub async fn run(cmd: ClientCommand) -> Result<ExitCode, CliError> {
             command,
         } => exec::exec(JobId(id), rank, pty, command).await,
         ClientCommand::Attach { id, rank, step } => exec::attach(JobId(id), rank, step).await,
+        ClientCommand::Run { args, pty } => run::run(&args, pty).await,
         other => run_command(other).await.map(|()| ExitCode::SUCCESS),
     }
 }
@@ -374,9 +389,11 @@ pub async fn run(cmd: ClientCommand) -> Result<ExitCode, CliError> {
 /// Runs a client command that exits 0 when it succeeds.
 async fn run_command(cmd: ClientCommand) -> Result<(), CliError> {
     match cmd {
-        ClientCommand::Exec { .. } | ClientCommand::Attach { .. } => Err(CliError::internal(
-            "an interactive command has its own runner",
-        )),
+        ClientCommand::Exec { .. } | ClientCommand::Attach { .. } | ClientCommand::Run { .. } => {
+            Err(CliError::internal(
+                "an interactive command has its own runner",
+            ))
+        }
         ClientCommand::Submit {
             args,
             from,

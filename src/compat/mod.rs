@@ -23,6 +23,7 @@ pub mod scontrol_update;
 pub mod sinfo;
 pub mod squeue;
 pub mod srun;
+pub(crate) mod srun_output;
 
 use std::ffi::{OsStr, OsString};
 use std::process::ExitCode;
@@ -59,7 +60,7 @@ Commands:
 
 `gpuq dev` makes the links in its state dir and prints the PATH line;
 packaging/install.sh makes them next to the binary (--no-slurm-links skips).
-Not yet: srun --pty.
+srun --pty runs a task on a terminal of its node; `gpuq exec` and `gpuq attach` reach running ones.
 Each command's --help lists the flags it takes.
 ";
 

@@ -118,9 +118,9 @@ pub async fn run(args: Vec<String>) -> Result<ExitCode, CliError> {
         return Ok(ExitCode::from(1));
     };
     eprintln!("salloc: Granted job allocation {id}");
-    let job = super::srun::show(id).await?;
+    let job = super::srun_output::show(id).await?;
     // The command owns the terminal: Ctrl-C is its, not ours.
-    let _quiet = super::srun::Interrupts::new()?;
+    let _quiet = super::srun_output::Interrupts::new()?;
     let status = tokio::process::Command::new(&argv[0])
         .args(&argv[1..])
         .envs(allocation_env(&job, &cwd))

@@ -1,0 +1,141 @@
+//! A job step's task on a terminal or pipes (`srun --pty`, `gpuq run`),
+//! followed to its end from here: attach, relay, and when the stream is
+//! lost (a server failover, a node's agent restarting) attach again with
+//! what was already shown, for as long as the task runs. The task belongs
+//! to its node's shim, so a lost stream costs a moment, never the task.
+//! When the stream cannot say how the task ended (it ended before the
+//! first attach, or between two), the step's end is read from the cluster
+//! and whatever output was not shown yet from the node's spool.
+
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use super::interactive::{self, Ended, Input, Mode, RawMode};
+use super::{call, unexpected, CliError};
+use crate::model::{JobId, JobState, Step};
+use crate::net::proto::{ApiRequest, ApiResponse};
+use crate::net::stdio::OutputSeen;
+
+/// How long the task may stay out of reach (no leader, its node's agent
+/// away) before the client gives up on it; the task runs on regardless.
+const OUT_OF_REACH: Duration = Duration::from_secs(120);
+
+/// What `follow` ended with.
+pub enum Followed {
+    /// The task's exit status.
+    Exit(ExitCode),
+    /// This process was asked to stop (SIGTERM, SIGHUP): the caller stops
+    /// the step.
+    Interrupted,
+}
+
+/// Follows task `rank` of step `step` of job `id` until it ends. With
+/// `pty`, this terminal is in raw mode meanwhile (restored on every way
+/// out); without, stdin is sent and signals are passed on.
+pub async fn follow(id: JobId, step: u32, rank: u32, pty: bool) -> Result<Followed, CliError> {
+    let raw = if pty { Some(RawMode::enter()?) } else { None };
+    let result = follow_in_mode(id, step, rank, pty).await;
+    drop(raw);
+    result
+}
+
+async fn follow_in_mode(id: JobId, step: u32, rank: u32, pty: bool) -> Result<Followed, CliError> {
+    let mut input = Input::start();
+    let mut seen = OutputSeen::default();
+    let mode = Mode { pty, input: true };
+    let mut reached = Instant::now();
+    let mut said_lost = false;
+    loop {
+        let req = ApiRequest::Attach {
+            job: id,
+            rank,
+            step: Some(step),
+            seen,
+        };
+        let why = match interactive::open(&req).await {
+            Ok((_, stream)) => {
+                reached = Instant::now();
+                match interactive::pump(stream, mode, &mut input, &mut seen).await {
+                    Ended::Exit(exit) => return interactive::exit_code(&exit).map(Followed::Exit),
+                    Ended::Interrupted => return Ok(Followed::Interrupted),
+                    Ended::Refused(why) | Ended::Lost(why) => why,
+                }
+            }
+            Err(e) => e.message,
+        };
+        // The stream says no more: the step's record says whether it ended.
+        if let Some(s) = current_step(id, step).await? {
+            if s.is_over() {
+                drain(id, step, rank, &mut seen).await;
+                let code = s.exit_code().clamp(0, 255) as u8;
+                return Ok(Followed::Exit(ExitCode::from(code)));
+            }
+        }
+        if reached.elapsed() > OUT_OF_REACH {
+            return Err(CliError::unreachable(format!(
+                "step {id}.{step} has been out of reach for {} s ({why}); it runs on: attach \
+                 again with gpuq attach {id} --step {step}",
+                OUT_OF_REACH.as_secs()
+            )));
+        }
+        if !said_lost && reached.elapsed() > Duration::from_secs(2) {
+            let nl = if pty { "\r\n" } else { "\n" };
+            eprint!("{nl}gpuq: lost the stream to step {id}.{step} ({why}); reconnecting{nl}");
+            said_lost = true;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Step `step` of job `id`'s current run, if the cluster can say; an error
+/// when the job has no such step any more.
+async fn current_step(id: JobId, step: u32) -> Result<Option<Step>, CliError> {
+    let job = match call(ApiRequest::Show { id, task: None }).await {
+        Ok(ApiResponse::Job { job, .. }) => job,
+        Ok(other) => return Err(unexpected(other)),
+        // No leader now: try again later.
+        Err(e) if e.code == 2 => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    match job.run.as_ref().and_then(|r| r.steps.get(step as usize)) {
+        Some(s) => Ok(Some(s.clone())),
+        None if job.state == JobState::Pending => Err(CliError::input(format!(
+            "job {id} went back to the queue: step {id}.{step} is gone"
+        ))),
+        None => Err(CliError::input(format!(
+            "step {id}.{step} is gone: job {id} is {}",
+            job.state
+        ))),
+    }
+}
+
+/// Shows the task's output that the stream did not, from its spool.
+async fn drain(id: JobId, step: u32, rank: u32, seen: &mut OutputSeen) {
+    for stderr in [false, true] {
+        loop {
+            let offset = if stderr { seen.stderr } else { seen.stdout };
+            let req = ApiRequest::StepLogs {
+                job: id,
+                step,
+                rank,
+                stderr,
+                offset,
+            };
+            let Ok(ApiResponse::Logs {
+                data, next_offset, ..
+            }) = call(req).await
+            else {
+                break;
+            };
+            if data.is_empty() {
+                break;
+            }
+            interactive::emit(stderr, &data);
+            if stderr {
+                seen.stderr = next_offset;
+            } else {
+                seen.stdout = next_offset;
+            }
+        }
+    }
+}
