@@ -7,6 +7,7 @@
 mod common;
 
 use std::io::Write;
+use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Output, Stdio};
 use std::time::Duration;
@@ -442,4 +443,55 @@ fn a_session_outlives_its_server_and_reconnects_with_nothing_lost_or_repeated() 
         1,
         "replayed twice:\n{screen}"
     );
+}
+
+#[test]
+fn killing_the_salloc_client_releases_its_allocation_after_the_inactive_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = Cluster::start_with_config(dir.path(), 1, 2, 10, "inactive_limit_secs = 2");
+    let bin = slurm_links(dir.path());
+    let mut salloc = common::clean_command(bin.join("salloc"))
+        .args(["--gpus-per-node", "2", "sleep", "600"])
+        .env("GPUQ_SOCKET", &c.server.socket)
+        .current_dir(dir.path())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .process_group(0)
+        .spawn()
+        .unwrap();
+    let mut id = String::new();
+    common::wait_for("the allocation to run", LONG, || {
+        let jobs: serde_json::Value =
+            serde_json::from_str(&c.server.ok(&["queue", "--json"])).unwrap();
+        match jobs.as_array().and_then(|a| a.first()) {
+            Some(j) if j["state"] == "RUNNING" => {
+                id = j["id"].to_string();
+                true
+            }
+            _ => false,
+        }
+    });
+    // A live client keeps it past the limit, renewal after renewal.
+    std::thread::sleep(Duration::from_secs(5));
+    assert_eq!(
+        c.job(&id)["state"],
+        "RUNNING",
+        "released while salloc lived"
+    );
+    // salloc and its command vanish without a word (SIGKILL).
+    let group = nix::unistd::Pid::from_raw(-(salloc.id() as i32));
+    nix::sys::signal::kill(group, nix::sys::signal::Signal::SIGKILL).unwrap();
+    let _ = salloc.wait();
+    let j = c.wait_state(&id, "TIMEOUT", LONG);
+    assert!(
+        j["reason"]
+            .as_str()
+            .unwrap_or("")
+            .contains("stopped renewing"),
+        "{j}"
+    );
+    let nodes: serde_json::Value =
+        serde_json::from_str(&c.server.ok(&["nodes", "--json"])).unwrap();
+    assert_eq!(nodes[0]["gpus_used"], 0, "{nodes}");
 }

@@ -59,7 +59,9 @@ pub async fn run(args: &SubmitArgs, pty: bool) -> Result<ExitCode, CliError> {
         other => return Err(unexpected(other)),
     };
     wait_running(id).await?;
+    let held = session::KeepAlive::start(id);
     let followed = session::follow(id, 0, 0, pty).await;
+    drop(held);
     let _ = call(ApiRequest::Release { job: id }).await;
     match followed? {
         Followed::Exit(code) => Ok(code),

@@ -20,6 +20,43 @@ use crate::net::stdio::OutputSeen;
 /// away) before the client gives up on it; the task runs on regardless.
 const OUT_OF_REACH: Duration = Duration::from_secs(120);
 
+/// Renews allocation `id` for as long as it is held (see
+/// `ApiRequest::Keepalive`): at once, then every third of the servers'
+/// limit; a failed renewal is retried each second. Dropped, it stops, and
+/// the servers release the allocation when their limit passes (unless the
+/// caller released it first).
+pub struct KeepAlive {
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl KeepAlive {
+    pub fn start(id: JobId) -> KeepAlive {
+        let task = tokio::spawn(async move {
+            loop {
+                let pause = match call(ApiRequest::Keepalive { job: id }).await {
+                    // 0: the servers release nothing for silence.
+                    Ok(ApiResponse::KeptAlive { limit_secs: 0 }) => return,
+                    Ok(ApiResponse::KeptAlive { limit_secs }) => {
+                        Duration::from_millis((limit_secs * 1000 / 3).max(500))
+                    }
+                    // The allocation has ended, or the servers are older.
+                    Ok(_) => return,
+                    Err(e) if e.code == 2 => Duration::from_secs(1),
+                    Err(_) => return,
+                };
+                tokio::time::sleep(pause).await;
+            }
+        });
+        KeepAlive { task }
+    }
+}
+
+impl Drop for KeepAlive {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
 /// What `follow` ended with.
 pub enum Followed {
     /// The task's exit status.

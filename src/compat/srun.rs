@@ -292,10 +292,12 @@ async fn run_in_new_allocation(cli: &SrunArgs, cwd: &Path) -> Result<ExitCode, C
     let Some((id, attempt)) = allocate("srun", spec).await? else {
         return Ok(ExitCode::from(1));
     };
+    let held = crate::cli::session::KeepAlive::start(id);
     let code = match cli.pty {
         true => on_terminal(id, 0).await,
         false => super::srun_output::follow(cli.label, id, attempt, 0, ntasks, streamed).await,
     };
+    drop(held);
     let _ = call(ApiRequest::Release { job: id }).await;
     code
 }

@@ -168,6 +168,10 @@ pub enum ApiRequest {
         rank: u32,
         exec: crate::net::stdio::ExecSpec,
     },
+    /// The interactive client holding allocation `job` is still there
+    /// (`salloc`, `srun`, `gpuq run` send it every third of the answer's
+    /// limit): its owner or an admin. Answered with `KeptAlive`.
+    Keepalive { job: JobId },
     /// Connect to the standard streams of rank `rank` of a running job, or
     /// of its step `step` (`srun --pty`, `gpuq attach`): its owner or an
     /// admin. Output the client has `seen` is not sent again. Answered with
@@ -479,6 +483,11 @@ pub enum ApiResponse {
     },
     StepCancelled,
     Released,
+    /// The allocation is held; renew it again within `limit_secs` (0: the
+    /// servers release no allocation for its client's silence).
+    KeptAlive {
+        limit_secs: u64,
+    },
     /// An interactive stream is open to the task on `node`: `StdioMsg`
     /// frames follow on the same connection.
     Attached {

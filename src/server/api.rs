@@ -302,6 +302,7 @@ impl Api {
                 | ApiRequest::StepStart { .. }
                 | ApiRequest::StepCancel { .. }
                 | ApiRequest::Release { .. }
+                | ApiRequest::Keepalive { .. }
                 | ApiRequest::StepLogs { .. }
                 | ApiRequest::Signal { .. }
                 | ApiRequest::Requeue { .. }
@@ -470,7 +471,8 @@ impl Api {
             }
             req @ (ApiRequest::StepStart { .. }
             | ApiRequest::StepCancel { .. }
-            | ApiRequest::Release { .. }) => self.step_request(caller, req).await,
+            | ApiRequest::Release { .. }
+            | ApiRequest::Keepalive { .. }) => self.step_request(caller, req).await,
             ApiRequest::Exec { .. } | ApiRequest::Attach { .. } => ApiResponse::error(
                 ErrorKind::BadInput,
                 "this request opens an interactive stream; send it where one can follow",

@@ -127,6 +127,7 @@ fn request_name(req: &ApiRequest) -> &'static str {
         ApiRequest::Signal { .. } => "signal",
         ApiRequest::Requeue { .. } => "requeue",
         ApiRequest::Update { .. } => "update",
+        ApiRequest::Keepalive { .. } => "keepalive",
         ApiRequest::Exec { .. } => "exec",
         ApiRequest::Attach { .. } => "attach",
     }
