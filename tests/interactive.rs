@@ -201,6 +201,13 @@ fn another_user_may_not_exec_into_a_job() {
         stderr(&out)
     );
     assert!(out.stdout.is_empty());
+    let out = common::cli_as(&mallory, &c.server.socket, &["attach", &id]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("only its owner or an admin"),
+        "{}",
+        stderr(&out)
+    );
 }
 
 /// `gpuq ARGS` on a terminal of its own, against `socket`.
@@ -494,4 +501,100 @@ fn killing_the_salloc_client_releases_its_allocation_after_the_inactive_limit() 
     let nodes: serde_json::Value =
         serde_json::from_str(&c.server.ok(&["nodes", "--json"])).unwrap();
     assert_eq!(nodes[0]["gpus_used"], 0, "{nodes}");
+}
+
+#[test]
+fn attach_joins_a_running_terminal_session_and_detaches_leaving_it_running() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = Cluster::start(dir.path(), 1, 1);
+    let bin = slurm_links(dir.path());
+    let sock = &c.server.socket;
+    let mut a = on_terminal(sock, &["run", "--pty", "--", "sh", "-i"], 24, 80);
+    a.send("echo one-$((0+1))\n");
+    a.expect("one-1", LONG);
+    let jobs: serde_json::Value = serde_json::from_str(&c.server.ok(&["queue", "--json"])).unwrap();
+    let id = jobs[0]["id"].to_string();
+
+    // A second terminal sees what was shown so far, then both see and type.
+    let mut b = on_terminal(sock, &["attach", &id], 24, 80);
+    b.expect("one-1", LONG);
+    b.send("echo from-b-$((3+4))\n");
+    b.expect("from-b-7", LONG);
+    a.expect("from-b-7", LONG);
+    // A watcher without a terminal follows the output (sattach JOB.STEP).
+    let watcher = common::clean_command(bin.join("sattach"))
+        .arg(format!("{id}.0"))
+        .env("GPUQ_SOCKET", sock)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Ctrl-] detaches the second terminal; the session goes on.
+    b.send("\x1d");
+    assert_eq!(b.wait(LONG).code(), Some(0), "{}", b.screen());
+    assert!(b.is_cooked());
+    a.send("echo still-$((2*5))\n");
+    a.expect("still-10", LONG);
+    a.send("exit 9\n");
+    assert_eq!(a.wait(LONG).code(), Some(9), "{}", a.screen());
+    let watched = watcher.wait_with_output().unwrap();
+    assert_eq!(watched.status.code(), Some(9), "{}", stderr(&watched));
+    let seen = stdout(&watched);
+    assert!(
+        seen.contains("one-1") && seen.contains("still-10"),
+        "{seen}"
+    );
+}
+
+#[test]
+fn sattach_follows_a_plain_step_and_refuses_what_it_cannot_follow() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = Cluster::start(dir.path(), 1, 1);
+    let bin = slurm_links(dir.path());
+    let sock = &c.server.socket;
+    let run = |cmd: &str, args: &[&str]| {
+        let path = format!(
+            "{}:{}",
+            bin.display(),
+            std::env::var("PATH").unwrap_or_default()
+        );
+        common::clean_command(bin.join(cmd))
+            .args(args)
+            .env("GPUQ_SOCKET", sock)
+            .env("PATH", path)
+            .current_dir(dir.path())
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    };
+    let script = dir.path().join("ticks.sh");
+    std::fs::write(
+        &script,
+        "#!/bin/sh\nsrun sh -c 'for i in 1 2 3 4 5 6 7 8; do echo tick-$i; sleep 0.3; done'\n",
+    )
+    .unwrap();
+    let out = run("sbatch", &["--parsable", script.to_str().unwrap()]);
+    let id = stdout(&out).trim().to_string();
+    common::wait_for("the step to start", LONG, || {
+        c.job(&id)["run"]["steps"]
+            .as_array()
+            .is_some_and(|s| !s.is_empty())
+    });
+    let watched = run("sattach", &["-l", &format!("{id}.0")]);
+    assert!(watched.status.success(), "{}", stderr(&watched));
+    assert!(
+        stdout(&watched).contains("0: tick-8"),
+        "{}",
+        stdout(&watched)
+    );
+
+    for (args, why) in [
+        (vec!["12"], "JOB.STEP"),
+        (vec![&format!("{id}.5")[..]], "no running step"),
+    ] {
+        let out = run("sattach", &args);
+        assert_eq!(out.status.code(), Some(1), "{args:?}");
+        assert!(stderr(&out).contains(why), "{args:?}: {}", stderr(&out));
+    }
 }

@@ -150,7 +150,12 @@ pub enum Ended {
     Lost(String),
     /// This process was asked to stop (SIGTERM, SIGHUP) while attached.
     Interrupted,
+    /// The person typed the detach key; the task goes on.
+    Detached,
 }
+
+/// The key that detaches `gpuq attach` from a terminal (Ctrl-]), as telnet's.
+pub const DETACH_KEY: u8 = 0x1d;
 
 /// What the relay does with this end's signals and terminal.
 #[derive(Clone, Copy, Debug)]
@@ -159,6 +164,8 @@ pub struct Mode {
     pub pty: bool,
     /// Standard input is sent (else the task's stdin ends at once).
     pub input: bool,
+    /// [`DETACH_KEY`] leaves the stream (and is not sent).
+    pub detach: bool,
 }
 
 /// Relays `stream` until the task exits or the stream ends, counting the
@@ -227,6 +234,13 @@ pub async fn pump(
                 None => break Ended::Lost("the stream ended".into()),
             },
             chunk = input.rx.recv(), if mode.input && !input.ended => match chunk {
+                Some(Some(data)) if mode.detach && data.contains(&DETACH_KEY) => {
+                    let before: Vec<u8> = data.split(|b| *b == DETACH_KEY).next().unwrap_or(&[]).to_vec();
+                    if !before.is_empty() {
+                        let _ = write_frame(&mut to, &StdioMsg::Input { data: before }).await;
+                    }
+                    break Ended::Detached;
+                }
                 Some(Some(data)) => Some(StdioMsg::Input { data }),
                 Some(None) | None => {
                     input.ended = true;
@@ -236,7 +250,11 @@ pub async fn pump(
             Some(()) = async { winch.as_mut()?.recv().await } => {
                 terminal_size().map(|(rows, cols)| StdioMsg::Resize { rows, cols })
             }
-            n = first_signal(&mut passed) => Some(StdioMsg::Signal { signal: n }),
+            // A watcher's Ctrl-C leaves; a runner's reaches the task.
+            n = first_signal(&mut passed) => match mode.detach {
+                true => break Ended::Detached,
+                false => Some(StdioMsg::Signal { signal: n }),
+            },
             () = first_stop(&mut stops) => break Ended::Interrupted,
         };
         if let Some(msg) = send {

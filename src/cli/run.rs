@@ -60,12 +60,17 @@ pub async fn run(args: &SubmitArgs, pty: bool) -> Result<ExitCode, CliError> {
     };
     wait_running(id).await?;
     let held = session::KeepAlive::start(id);
-    let followed = session::follow(id, 0, 0, pty).await;
+    let mode = interactive::Mode {
+        pty,
+        input: true,
+        detach: false,
+    };
+    let followed = session::follow(id, 0, 0, mode).await;
     drop(held);
     let _ = call(ApiRequest::Release { job: id }).await;
     match followed? {
         Followed::Exit(code) => Ok(code),
-        Followed::Interrupted => Err(CliError::input(format!(
+        Followed::Interrupted | Followed::Detached => Err(CliError::input(format!(
             "interrupted: job {id} was released"
         ))),
     }

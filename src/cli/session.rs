@@ -64,22 +64,32 @@ pub enum Followed {
     /// This process was asked to stop (SIGTERM, SIGHUP): the caller stops
     /// the step.
     Interrupted,
+    /// Left with the detach key; the task goes on.
+    Detached,
 }
 
-/// Follows task `rank` of step `step` of job `id` until it ends. With
-/// `pty`, this terminal is in raw mode meanwhile (restored on every way
-/// out); without, stdin is sent and signals are passed on.
-pub async fn follow(id: JobId, step: u32, rank: u32, pty: bool) -> Result<Followed, CliError> {
-    let raw = if pty { Some(RawMode::enter()?) } else { None };
-    let result = follow_in_mode(id, step, rank, pty).await;
+/// Follows task `rank` of step `step` of job `id` until it ends. With a
+/// pty, this terminal is in raw mode meanwhile (restored on every way
+/// out); without, signals are passed on.
+pub async fn follow(id: JobId, step: u32, rank: u32, mode: Mode) -> Result<Followed, CliError> {
+    let raw = if mode.pty {
+        Some(RawMode::enter()?)
+    } else {
+        None
+    };
+    let result = follow_in_mode(id, step, rank, mode).await;
     drop(raw);
     result
 }
 
-async fn follow_in_mode(id: JobId, step: u32, rank: u32, pty: bool) -> Result<Followed, CliError> {
-    let mut input = Input::start();
+async fn follow_in_mode(id: JobId, step: u32, rank: u32, mode: Mode) -> Result<Followed, CliError> {
+    let pty = mode.pty;
+    let mut input = if mode.input {
+        Input::start()
+    } else {
+        Input::none()
+    };
     let mut seen = OutputSeen::default();
-    let mode = Mode { pty, input: true };
     let mut reached = Instant::now();
     let mut said_lost = false;
     loop {
@@ -95,6 +105,7 @@ async fn follow_in_mode(id: JobId, step: u32, rank: u32, pty: bool) -> Result<Fo
                 match interactive::pump(stream, mode, &mut input, &mut seen).await {
                     Ended::Exit(exit) => return interactive::exit_code(&exit).map(Followed::Exit),
                     Ended::Interrupted => return Ok(Followed::Interrupted),
+                    Ended::Detached => return Ok(Followed::Detached),
                     Ended::Refused(why) | Ended::Lost(why) => why,
                 }
             }

@@ -1,4 +1,4 @@
-//! The Slurm front end: `sbatch`, `srun`, `salloc`, `squeue`, `sacct`,
+//! The Slurm front end: `sbatch`, `srun`, `salloc`, `sattach`, `squeue`, `sacct`,
 //! `scancel`, `scontrol` and `sinfo`, spoken by the one `gpuq` binary when it is started under one of
 //! those names (a symlink; argv\[0\]) or as `gpuq slurm COMMAND ...`.
 //!
@@ -16,6 +16,7 @@ pub mod format;
 pub mod sacct;
 mod sacct_fields;
 pub mod salloc;
+pub mod sattach;
 pub mod sbatch;
 pub mod scancel;
 pub mod scontrol;
@@ -31,8 +32,8 @@ use std::process::ExitCode;
 use crate::cli::CliError;
 
 /// The Slurm commands this binary answers to, as link names.
-pub const COMMANDS: [&str; 8] = [
-    "sbatch", "srun", "salloc", "squeue", "sacct", "scancel", "scontrol", "sinfo",
+pub const COMMANDS: [&str; 9] = [
+    "sbatch", "srun", "salloc", "sattach", "squeue", "sacct", "scancel", "scontrol", "sinfo",
 ];
 
 /// The Slurm command named by argv\[0\]'s file name, if it is one.
@@ -52,6 +53,7 @@ Commands:
   sbatch    submit a batch script (file or stdin) with #SBATCH directives
   srun      run a job step: in the allocation (SLURM_JOB_ID) or in a new one
   salloc    get an allocation and run a command (your shell) in it
+  sattach   follow a running step (JOB.STEP); a step on a terminal takes your keys
   squeue    list pending and running jobs (-o/--format %-codes, -h, -u, -j, -t, -n)
   sacct     jobs and their steps, finished or not (-j, -o fields, -P, -X, -S/-E, -s)
   scancel   cancel jobs by id (12, 12_3), by user (-u) or by name (-n)
@@ -94,6 +96,7 @@ pub fn main(command: &str, args: Vec<OsString>) -> ExitCode {
             "sbatch" => sbatch::run(args).await,
             "srun" => srun::run(args).await,
             "salloc" => salloc::run(args).await,
+            "sattach" => sattach::run(args).await,
             "squeue" => squeue::run(args).await,
             "sacct" => sacct::run(args).await,
             "scancel" => scancel::run(args).await,

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use clap::{value_parser, CommandFactory, FromArgMatches, Parser};
 
 use super::sbatch::SbatchArgs;
-use super::srun_output::{show, Interrupts};
+use super::srun_output::{show, Follower::Srun, Interrupts};
 use crate::cli::{call, unexpected, CliError};
 use crate::model::{JobId, JobState, Program, StepSpec};
 use crate::net::proto::{ApiRequest, ApiResponse};
@@ -295,7 +295,9 @@ async fn run_in_new_allocation(cli: &SrunArgs, cwd: &Path) -> Result<ExitCode, C
     let held = crate::cli::session::KeepAlive::start(id);
     let code = match cli.pty {
         true => on_terminal(id, 0).await,
-        false => super::srun_output::follow(cli.label, id, attempt, 0, ntasks, streamed).await,
+        false => {
+            super::srun_output::follow(cli.label, id, attempt, 0, ntasks, streamed, Srun).await
+        }
     };
     drop(held);
     let _ = call(ApiRequest::Release { job: id }).await;
@@ -305,9 +307,14 @@ async fn run_in_new_allocation(cli: &SrunArgs, cwd: &Path) -> Result<ExitCode, C
 /// Follows a step's one task on this terminal to its end (see
 /// `cli::session`); stopping the step when this process is told to stop.
 async fn on_terminal(id: JobId, step: u32) -> Result<ExitCode, CliError> {
-    match crate::cli::session::follow(id, step, 0, true).await? {
+    let mode = crate::cli::interactive::Mode {
+        pty: true,
+        input: true,
+        detach: false,
+    };
+    match crate::cli::session::follow(id, step, 0, mode).await? {
         crate::cli::session::Followed::Exit(code) => Ok(code),
-        crate::cli::session::Followed::Interrupted => {
+        crate::cli::session::Followed::Interrupted | crate::cli::session::Followed::Detached => {
             let _ = call(ApiRequest::StepCancel { job: id, step }).await;
             Err(CliError::input(format!(
                 "interrupted: step {id}.{step} was stopped"
@@ -463,7 +470,7 @@ async fn run_step(cli: &SrunArgs, id: JobId, cwd: &Path) -> Result<ExitCode, Cli
     if cli.pty {
         return on_terminal(id, step).await;
     }
-    super::srun_output::follow(cli.label, id, run.attempt, step, ntasks, streamed).await
+    super::srun_output::follow(cli.label, id, run.attempt, step, ntasks, streamed, Srun).await
 }
 
 fn file_name(path: &str) -> String {

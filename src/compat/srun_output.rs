@@ -22,6 +22,14 @@ struct Stream {
     partial: Vec<u8>,
 }
 
+/// Who follows a step: `srun`, which stops it when interrupted and passes
+/// signals on, or `sattach`, which only leaves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Follower {
+    Srun,
+    Sattach,
+}
+
 /// Streams the step's output until it ends; its exit status.
 pub(super) async fn follow(
     label: bool,
@@ -30,6 +38,7 @@ pub(super) async fn follow(
     step: u32,
     ntasks: u32,
     streamed: bool,
+    by: Follower,
 ) -> Result<ExitCode, CliError> {
     let mut streams: Vec<Stream> = if streamed {
         (0..ntasks)
@@ -76,6 +85,14 @@ pub(super) async fn follow(
             report_bad_tasks(id, &s);
             let code = s.exit_code().clamp(0, 255) as u8;
             return Ok(ExitCode::from(code));
+        }
+        if by == Follower::Sattach {
+            if interrupt.poll() {
+                eprintln!("sattach: detached from step {id}.{step}; it goes on");
+                return Ok(ExitCode::SUCCESS);
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
         }
         if interrupt.poll() && !cancelled {
             eprintln!("srun: interrupted: stopping step {id}.{step}");
