@@ -72,6 +72,11 @@ impl Terminal {
         self.master.write_all(keys.as_bytes()).expect("type");
     }
 
+    /// How many bytes have been shown so far.
+    pub fn shown_len(&self) -> usize {
+        self.seen.lock().unwrap().len()
+    }
+
     /// Everything shown so far.
     pub fn screen(&self) -> String {
         String::from_utf8_lossy(&self.seen.lock().unwrap()).into_owned()
