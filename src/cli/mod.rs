@@ -232,9 +232,10 @@ pub enum ClientCommand {
         #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
         command: Vec<String>,
     },
-    /// Follow a running task: with --step, the terminal of a step started with
-    /// `srun --pty` (its output from the start, and your keys); without, the
-    /// rank's output as it comes, as `gpuq logs -f`.
+    /// Follow a running task: a step on a terminal (`srun --pty`, `gpuq run`;
+    /// an allocation's latest one unless --step names it) shows its output
+    /// from the start and takes your keys, Ctrl-] detaching; a task writing
+    /// files has its output followed as it comes, as `gpuq logs -f`.
     Attach {
         /// The job id.
         id: u64,
