@@ -598,3 +598,21 @@ fn sattach_follows_a_plain_step_and_refuses_what_it_cannot_follow() {
         assert!(stderr(&out).contains(why), "{args:?}: {}", stderr(&out));
     }
 }
+
+#[test]
+fn a_terminal_is_told_of_its_time_limit_before_the_task_is_stopped() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = Cluster::start(dir.path(), 1, 1);
+    // A 3-second limit: the early notice comes at once (a minute before
+    // is before the start), the stop at the limit.
+    let mut t = on_terminal(
+        &c.server.socket,
+        &["run", "--pty", "--time", "0:03", "--", "sleep", "600"],
+        24,
+        80,
+    );
+    t.expect("the time limit is reached in", LONG);
+    t.expect("SIGTERM now", LONG);
+    assert_eq!(t.wait(LONG).code(), Some(128 + 15), "{}", t.screen());
+    assert!(t.is_cooked());
+}

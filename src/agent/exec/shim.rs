@@ -519,17 +519,26 @@ fn supervise(
             }
             None => None,
         };
-        if let (Some(relay), Some(d)) = (relay, deadline) {
-            if end == Some(Ending::Timeout) {
+        if let Some(relay) = relay {
+            let why = match end {
+                Some(Ending::Timeout) => Some("the time limit is reached"),
+                Some(Ending::Stop(StopReason::Preempt)) => Some("the job is preempted"),
+                Some(Ending::Stop(StopReason::Cancel)) => {
+                    Some("the task is stopped (cancelled, or its job ended)")
+                }
+                _ => None,
+            };
+            if let Some(why) = why {
                 relay.notice(format!(
-                    "gpuq: the time limit is reached: the task gets SIGTERM now and SIGKILL \
-                     in {} s",
+                    "gpuq: {why}: the task gets SIGTERM now and SIGKILL in {} s",
                     grace.as_secs()
                 ));
-            } else if !told_early && early.is_some_and(|e| now >= e) {
-                let left = d.saturating_duration_since(now).as_secs();
-                relay.notice(format!("gpuq: the time limit is reached in {left} s"));
-                told_early = true;
+            } else if let Some(d) = deadline.filter(|_| !told_early) {
+                if early.is_some_and(|e| now >= e) {
+                    let left = d.saturating_duration_since(now).as_secs();
+                    relay.notice(format!("gpuq: the time limit is reached in {left} s"));
+                    told_early = true;
+                }
             }
         }
         if let Some(end) = end {
