@@ -397,6 +397,16 @@ fn gpuq_run_pty_and_srun_pty_inside_salloc_return_the_tasks_status() {
     assert!(shown.contains("on-0-1"), "{shown}");
     assert_eq!(t.wait(LONG).code(), Some(5), "{}", t.screen());
 
+    // A command that cannot start says why.
+    let mut t = on_terminal(
+        &c.server.socket,
+        &["run", "--pty", "--", "no-such-command-here"],
+        24,
+        80,
+    );
+    assert_eq!(t.wait(LONG).code(), Some(1), "{}", t.screen());
+    assert!(t.screen().contains("not found"), "{}", t.screen());
+
     // Without a terminal, --pty is refused and nothing is queued.
     let before = c.server.ok(&["queue", "--all", "--json"]);
     let out = cli(&c.server.socket, &["run", "--pty", "--", "bash"]);
@@ -615,4 +625,27 @@ fn a_terminal_is_told_of_its_time_limit_before_the_task_is_stopped() {
     t.expect("SIGTERM now", LONG);
     assert_eq!(t.wait(LONG).code(), Some(128 + 15), "{}", t.screen());
     assert!(t.is_cooked());
+}
+
+#[test]
+fn a_task_that_ends_while_its_stream_is_down_still_shows_its_last_output_and_status() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = Cluster::start(dir.path(), 1, 1);
+    let script = "echo first-$((1+0)); sleep 1; echo late-$((1+1)); exit 4";
+    let mut t = on_terminal(
+        &c.server.socket,
+        &["run", "--pty", "--", "sh", "-c", script],
+        24,
+        80,
+    );
+    t.expect("first-1", LONG);
+    // The task ends while no server is there to carry its stream: its end
+    // and its last words come from the cluster's record and the node's
+    // spool once a server is back.
+    c.server.kill();
+    std::thread::sleep(Duration::from_secs(3));
+    c.server.start();
+    t.expect("late-2", LONG);
+    assert_eq!(t.wait(LONG).code(), Some(4), "{}", t.screen());
+    assert_eq!(t.screen().matches("first-1").count(), 1, "{}", t.screen());
 }

@@ -131,7 +131,13 @@ async fn follow_in_mode(id: JobId, step: u32, rank: u32, mode: Mode) -> Result<F
             eprint!("{nl}gpuq: lost the stream to step {id}.{step} ({why}); reconnecting{nl}");
             said_lost = true;
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        // Quick at first: a task's end is committed within moments.
+        let pause = if reached.elapsed() < Duration::from_secs(1) {
+            20
+        } else {
+            100
+        };
+        tokio::time::sleep(Duration::from_millis(pause)).await;
     }
 }
 

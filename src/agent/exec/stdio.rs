@@ -41,6 +41,10 @@ const CLIENT_SEND_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long the output may keep coming after the task's processes are
 /// gone (a terminal's last bytes) before the exit is sent.
 const DRAIN_LIMIT: Duration = Duration::from_secs(2);
+/// How long a task that ended before anyone attached keeps its exit for
+/// the client that started it (`srun --pty true` ends before its client
+/// is there), which then hears output and exit first-hand.
+const FIRST_CLIENT_LINGER: Duration = Duration::from_secs(3);
 
 /// The task's ends of its streams, given to its process as 0, 1 and 2.
 pub(super) struct ChildEnds {
@@ -251,6 +255,7 @@ impl Streams {
             master: self.master,
             group,
             draining: (Mutex::new(self.outputs.len()), Condvar::new()),
+            joined: Condvar::new(),
         });
         for (stderr, file) in self.outputs {
             let shared = shared.clone();
@@ -321,6 +326,8 @@ struct Shared {
     group: i32,
     /// Output streams still open, and a signal when one closes.
     draining: (Mutex<usize>, Condvar),
+    /// Signalled when a client joins.
+    joined: Condvar,
 }
 
 /// The clients and the output, changed together: a client joins between
@@ -380,6 +387,7 @@ impl Shared {
         hub.next_id += 1;
         hub.clients.push((id, out));
         drop(hub);
+        self.joined.notify_all();
         let shared = self.clone();
         thread::spawn(move || read_input(&shared, stream, id));
     }
@@ -505,6 +513,19 @@ impl Relay {
         }
         drop(open);
         let mut hub = lock(&self.shared.hub);
+        let linger = Instant::now() + FIRST_CLIENT_LINGER;
+        while hub.next_id == 0 {
+            let left = linger.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            hub = self
+                .shared
+                .joined
+                .wait_timeout(hub, left)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+        }
         hub.broadcast(&exit);
         for (_, s) in hub.clients.drain(..) {
             let _ = s.shutdown(std::net::Shutdown::Both);
