@@ -19,6 +19,9 @@ pub struct Terminal {
     seen: Arc<Mutex<Vec<u8>>>,
     /// How much of `seen` `expect` has consumed.
     mark: usize,
+    /// Set once the reader has read the last of it (every holder of the
+    /// slave closed it).
+    closed: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Terminal {
@@ -49,6 +52,8 @@ impl Terminal {
         let seen = Arc::new(Mutex::new(Vec::new()));
         let mut reader = master.try_clone().expect("dup the master");
         let sink = seen.clone();
+        let closed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let done = closed.clone();
         std::thread::spawn(move || {
             let mut buf = [0u8; 4096];
             // EIO once the child and everything it started closed the slave.
@@ -58,12 +63,14 @@ impl Terminal {
                 }
                 sink.lock().unwrap().extend_from_slice(&buf[..n]);
             }
+            done.store(true, std::sync::atomic::Ordering::SeqCst);
         });
         Terminal {
             master,
             child,
             seen,
             mark: 0,
+            closed,
         }
     }
 
@@ -128,6 +135,13 @@ impl Terminal {
         let start = Instant::now();
         loop {
             if let Some(st) = self.child.try_wait().expect("wait") {
+                // What it wrote last may still be on its way to the reader.
+                let drained = Instant::now();
+                while !self.closed.load(std::sync::atomic::Ordering::SeqCst)
+                    && drained.elapsed() < Duration::from_secs(5)
+                {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
                 return st;
             }
             if start.elapsed() > timeout {
