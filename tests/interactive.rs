@@ -351,7 +351,7 @@ fn srun_pty_bash_is_a_shell_on_a_terminal_of_the_node() {
     std::thread::sleep(Duration::from_millis(300));
     t.send("\x1a");
     t.expect("Stopped", LONG);
-    t.send("kill %1; echo killed-$((6*7))\n");
+    t.send("kill -9 %1; wait; echo killed-$((6*7))\n");
     t.expect("killed-42", LONG);
     t.send("exit 3\n");
     assert_eq!(t.wait(LONG).code(), Some(3), "{}", t.screen());
