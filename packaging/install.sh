@@ -48,14 +48,14 @@ Options:
   --root DIR                  install under DIR, every path prefixed (image
                               builds, tests); starts nothing
   --no-start                  install, start nothing, print how to start
-  --no-slurm-links            make no sbatch, srun, salloc, squeue, sacct,
+  --no-slurm-links            make no sbatch, srun, salloc, sattach, squeue, sacct,
                               scancel, scontrol, sinfo links (a real Slurm's
                               are here)
   -h, --help                  show this help
 
 Writes:
   PREFIX/bin/gpuq
-  PREFIX/bin/sbatch srun salloc squeue sacct scancel scontrol sinfo: links to gpuq,
+  PREFIX/bin/sbatch srun salloc sattach squeue sacct scancel scontrol sinfo: links to gpuq,
                               which speaks Slurm under those names (a file there
                               that is not a link is left alone)
   /etc/gpuq/gpuq.toml         from the role's example, only if absent: an
@@ -369,14 +369,14 @@ main() {
     # so an image moved elsewhere keeps them. A real file of that name (a
     # Slurm installed here) is left alone.
     if [ "$slurm_links" = 1 ]; then
-        for cmd in sbatch srun salloc squeue sacct scancel scontrol sinfo; do
+        for cmd in sbatch srun salloc sattach squeue sacct scancel scontrol sinfo; do
             if [ -e "$bindir/$cmd" ] && [ ! -L "$bindir/$cmd" ]; then
                 say "note: $bindir/$cmd exists and is not a link; left as it is"
                 continue
             fi
             ln -sf gpuq "$bindir/$cmd" || die "cannot link $bindir/$cmd to gpuq"
         done
-        say "linked sbatch, srun, salloc, squeue, sacct, scancel, scontrol, sinfo to gpuq in $bindir (--no-slurm-links skips)"
+        say "linked sbatch, srun, salloc, sattach, squeue, sacct, scancel, scontrol, sinfo to gpuq in $bindir (--no-slurm-links skips)"
     fi
 
     no_advertise=0

@@ -59,6 +59,10 @@ pub struct ServerConfig {
     /// Finished jobs move from memory to the on-disk history archive this
     /// long after they end.
     pub history_retention_secs: u64,
+    /// An interactive allocation (salloc, srun, gpuq run) whose client has
+    /// not renewed it for this long is released (Slurm's InactiveLimit);
+    /// 0: never.
+    pub inactive_limit_secs: u64,
     /// Where MASTER_PORT is chosen from; taken into the cluster's state
     /// when this server bootstraps it.
     pub master_port_range: crate::model::PortRange,
@@ -157,6 +161,7 @@ impl Default for ServerConfig {
             max_token_ttl_secs: 7 * 24 * 3600,
             node_ttl_secs: 10,
             history_retention_secs: 300,
+            inactive_limit_secs: 300,
             master_port_range: Default::default(),
             raft: RaftConfig::default(),
             bootstrap: BootstrapConfig::default(),

@@ -93,6 +93,7 @@ pub async fn start(
         max_token_ttl_secs: 7 * 24 * 3600,
         node_ttl_secs: 10,
         history_retention_secs: 300,
+        inactive_limit_secs: ServerConfig::default().inactive_limit_secs,
         master_port_range: Default::default(),
         raft: Default::default(),
         bootstrap: Default::default(),

@@ -37,7 +37,7 @@ enum Cmd {
     Sim(SimCmd),
     #[command(flatten)]
     Client(ClientCommand),
-    /// Slurm's commands: sbatch, srun, salloc, squeue, sacct, scancel,
+    /// Slurm's commands: sbatch, srun, salloc, sattach, squeue, sacct, scancel,
     /// scontrol, sinfo (also as
     /// links of those names to this binary); `gpuq slurm --help` lists them.
     #[command(disable_help_flag = true)]
@@ -469,7 +469,7 @@ fn main() -> ExitCode {
         },
         Cmd::Slurm { args } => slurm(&args),
         Cmd::Client(c) => match runtime.block_on(cli::run(c)) {
-            Ok(()) => ExitCode::SUCCESS,
+            Ok(code) => code,
             Err(e) => e.exit(),
         },
         daemon_cmd => {

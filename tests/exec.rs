@@ -72,6 +72,9 @@ fn command(job: u64, argv: &[&str], workdir: &Path) -> TaskSpec {
         kill_grace_secs: 2,
         signal_before_limit: None,
         identity: None,
+        io: Default::default(),
+        size: None,
+        beside: None,
     }
 }
 

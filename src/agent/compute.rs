@@ -246,7 +246,7 @@ impl ComputeAgent {
                 return Session::Lost("connection lost while replaying".into());
             }
         }
-        let logs = tokio::spawn(super::logs::serve(conn.clone(), self.runner.spool_root()));
+        let logs = tokio::spawn(super::streams::serve(conn.clone(), self.runner.clone()));
         let (tx, mut rx) = mpsc::channel::<ServerMsg>(16);
         let reader = tokio::spawn(async move {
             while let Ok(Some(m)) = read_frame::<_, ServerMsg>(&mut recv, DEFAULT_MAX_FRAME).await {

@@ -14,6 +14,8 @@ use crate::model::Role;
 use crate::net::endpoint::{Endpoint, ALPN_API};
 use crate::net::local;
 use crate::net::proto::{ApiRequest, ApiResponse, Caller, ErrorKind, Vouched};
+use crate::net::rpc::Reply;
+use crate::net::stdio::{quic_stream, MAX_STDIO_FRAME};
 use crate::net::{rpc, DEFAULT_MAX_FRAME};
 
 use super::compute::DIAL_TIMEOUT;
@@ -113,6 +115,48 @@ impl Forwarder {
         })
     }
 
+    /// Forwards a request that opens an interactive stream: the answer,
+    /// and on `Attached` the server's stream to splice the caller's to.
+    /// Trying the next server is always safe: an attach changes nothing,
+    /// and an exec whose stream never reached its node never runs (its
+    /// shim waits for the stream before it starts the command).
+    pub async fn forward_stream(&self, caller: Caller, request: ApiRequest) -> Reply<ApiResponse> {
+        let v = Vouched { caller, request };
+        let mut last = String::from("no servers are configured (set servers in [agent])");
+        let mut refusal = None;
+        for addr in self.servers.in_order() {
+            let dial = self.endpoint.dial(addr, ALPN_API, &[Role::Server]);
+            let peer = match tokio::time::timeout(DIAL_TIMEOUT, dial).await {
+                Ok(Ok(p)) => p,
+                Ok(Err(e)) => {
+                    last = format!("server {addr}: {e}");
+                    continue;
+                }
+                Err(_) => {
+                    last = format!("server {addr}: no answer within {DIAL_TIMEOUT:?}");
+                    continue;
+                }
+            };
+            match rpc::call_keeping::<Vouched, ApiResponse>(&peer.conn, &v, MAX_STDIO_FRAME).await {
+                Ok((resp, _, _)) if try_elsewhere(&resp) => refusal = Some(resp),
+                Ok((resp @ ApiResponse::Attached { .. }, send, recv)) => {
+                    self.servers.answered(addr);
+                    return Reply::Relay(resp, quic_stream(send, recv));
+                }
+                Ok((resp, _, _)) => return resp.into(),
+                Err(e) => last = format!("server {addr}: {e}"),
+            }
+        }
+        refusal
+            .unwrap_or_else(|| {
+                ApiResponse::error(
+                    ErrorKind::Unavailable,
+                    format!("no server answered; last error: {last}"),
+                )
+            })
+            .into()
+    }
+
     /// Refreshes the known servers from the cluster's membership now and then,
     /// until `shutdown`, so a login agent whose configured servers were
     /// replaced still reaches the control plane.
@@ -197,13 +241,14 @@ pub fn serve_local(
     let admin_group = cfg.admin_group.clone();
     tokio::spawn(local::serve(
         listener,
-        Arc::new(move |cred, req| {
+        Arc::new(move |cred, req: ApiRequest| {
             let forwarder = forwarder.clone();
             let admin_group = admin_group.clone();
             async move {
                 match local::resolve_caller(cred, admin_group.as_deref()) {
-                    Ok(caller) => forwarder.forward(caller, req).await,
-                    Err(why) => ApiResponse::error(ErrorKind::Forbidden, why),
+                    Ok(caller) if req.opens_stream() => forwarder.forward_stream(caller, req).await,
+                    Ok(caller) => forwarder.forward(caller, req).await.into(),
+                    Err(why) => ApiResponse::error(ErrorKind::Forbidden, why).into(),
                 }
             }
         }),

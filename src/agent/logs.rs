@@ -1,5 +1,5 @@
 //! Serving task output to `gpuq logs`: the leader opens a stream on this
-//! agent's connection and asks for a byte range of a rank's output file. No
+//! agent's connection (see `streams`) and asks for a byte range of a rank's output file. No
 //! shared filesystem is needed. The agent only serves a regular file that
 //! the job's user owns, so an `--output /etc/shadow` job cannot read other
 //! files, and checks the very file it reads (see `open_output`), so flipping
@@ -9,39 +9,31 @@ use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::Path;
 
 use crate::net::agent_proto::{LogReply, LogRequest};
-use crate::net::frame::{read_frame, write_frame};
+use crate::net::frame::write_frame;
 
 use crate::net::agent_proto::MAX_LOG_CHUNK;
 
-/// Answers log requests on `conn` until it closes; a step task without an
-/// output file is read from its spool under `spool`.
-pub async fn serve(conn: quinn::Connection, spool: std::path::PathBuf) {
-    while let Ok((mut send, mut recv)) = conn.accept_bi().await {
-        let spool = spool.clone();
-        tokio::spawn(async move {
-            let Ok(Some(mut req)) = read_frame::<_, LogRequest>(&mut recv, 64 << 10).await else {
-                return;
-            };
-            if req.step.is_some() && req.output.is_none() {
-                let key = crate::model::TaskKey {
-                    job: req.job,
-                    attempt: req.attempt,
-                    rank: req.rank,
-                    step: req.step,
-                };
-                let path = super::spool::path(&spool, key, req.stderr);
-                // A pattern: any `%` of the path is meant literally.
-                req.output = Some(path.to_string_lossy().replace('%', "%%"));
-            }
-            let reply = tokio::task::spawn_blocking(move || read_log(&req))
-                .await
-                .unwrap_or_else(|e| LogReply::Refused {
-                    reason: format!("reading the log failed: {e}"),
-                });
-            let _ = write_frame(&mut send, &reply).await;
-            let _ = send.finish();
-        });
+/// Answers one log request on its stream; a step task without an output
+/// file is read from its spool under `spool`.
+pub async fn answer(mut send: quinn::SendStream, mut req: LogRequest, spool: std::path::PathBuf) {
+    if req.step.is_some() && req.output.is_none() {
+        let key = crate::model::TaskKey {
+            job: req.job,
+            attempt: req.attempt,
+            rank: req.rank,
+            step: req.step,
+        };
+        let path = super::spool::path(&spool, key, req.stderr);
+        // A pattern: any `%` of the path is meant literally.
+        req.output = Some(path.to_string_lossy().replace('%', "%%"));
     }
+    let reply = tokio::task::spawn_blocking(move || read_log(&req))
+        .await
+        .unwrap_or_else(|e| LogReply::Refused {
+            reason: format!("reading the log failed: {e}"),
+        });
+    let _ = write_frame(&mut send, &reply).await;
+    let _ = send.finish();
 }
 
 /// Reads the requested range of a rank's output file.

@@ -19,7 +19,7 @@ use std::sync::Mutex;
 use super::exec::env::{gpus_for_local_rank, output_paths, task_env, PatternVars, TaskContext};
 use super::exec::{Executor, StopReason, TaskObserved, TaskSpec};
 use crate::model::{TaskEnd, TaskKey};
-use crate::net::agent_proto::DesiredTask;
+use crate::net::agent_proto::{DesiredTask, StdioRequest};
 
 /// What the runner sees of a task.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -66,6 +66,12 @@ pub trait TaskRunner: Send + Sync + 'static {
     /// Where step tasks without an output file write (see `spool`).
     fn spool_root(&self) -> PathBuf {
         PathBuf::from("spool")
+    }
+    /// For an interactive stream (`gpuq attach`, `gpuq exec`): the
+    /// directory whose `io.sock` the task's shim listens on, once it has
+    /// started; for an exec, after starting it beside its task. Blocking.
+    fn stdio_dir(&self, _req: &StdioRequest) -> Result<PathBuf, String> {
+        Err("this node runs no real processes: nothing to attach to".into())
     }
 }
 
@@ -170,6 +176,9 @@ pub fn task_spec(
             batch_only: s.batch_only,
         }),
         identity: None,
+        io: t.facts.as_deref().map(|f| f.io).unwrap_or_default(),
+        size: None,
+        beside: None,
     }
 }
 
@@ -221,6 +230,7 @@ impl TaskRunner for ExecRunner {
     }
 
     fn scan(&self) -> Vec<(TaskKey, Observed)> {
+        self.executor.sweep_execs();
         let mut ended = self.ended.lock().unwrap_or_else(|e| e.into_inner());
         let keys = self.executor.task_keys();
         let live: HashSet<crate::model::JobId> = keys.iter().map(|k| k.job).collect();
@@ -270,6 +280,33 @@ impl TaskRunner for ExecRunner {
 
     fn spool_root(&self) -> PathBuf {
         super::spool::root_beside(&self.executor.root)
+    }
+
+    fn stdio_dir(&self, req: &StdioRequest) -> Result<PathBuf, String> {
+        let dir = self.executor.task_dir(req.task);
+        let task_file = dir.join(super::exec::task::TASK_FILE);
+        // Not there yet: an attach waits for the task to start.
+        if let Ok(Some(spec)) = super::exec::task::read_json::<TaskSpec>(&task_file) {
+            if self.run_as.is_none() && spec.user != req.user {
+                return Err(format!(
+                    "task {} on this node runs as {}, not as the job's user {}",
+                    req.task, spec.user, req.user
+                ));
+            }
+            if req.exec.is_none() && !spec.io.is_interactive() {
+                return Err(format!(
+                    "task {} writes its output to files, not to a terminal or pipes",
+                    req.task
+                ));
+            }
+        }
+        match &req.exec {
+            None => Ok(dir),
+            Some(exec) => self
+                .executor
+                .start_beside(req.task, exec)
+                .map_err(|e| e.to_string()),
+        }
     }
 
     fn output_path(&self, key: TaskKey) -> Option<PathBuf> {

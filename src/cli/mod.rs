@@ -8,11 +8,15 @@
 pub(crate) mod acct;
 pub mod admin;
 pub mod cluster;
+mod exec;
 mod hold;
+pub mod interactive;
 mod policy_change;
 mod ports;
 pub(crate) mod queue;
 mod report;
+mod run;
+pub mod session;
 mod show;
 pub(crate) mod submit;
 pub mod table;
@@ -198,6 +202,50 @@ pub enum ClientCommand {
         #[arg(short, long)]
         follow: bool,
     },
+    /// Run a command as an interactive job: an allocation of what the flags ask
+    /// for (those of `gpuq submit`), the command one task on its first node,
+    /// its output (a terminal with --pty) here, released when it ends (as
+    /// Slurm's `srun --pty`). Exits with the command's status.
+    Run {
+        #[command(flatten)]
+        args: Box<SubmitArgs>,
+        /// Run the command on a terminal (a shell, a debugger); this one is
+        /// put in raw mode until it ends. Needs a terminal on stdin.
+        #[arg(long)]
+        pty: bool,
+    },
+    /// Run a command beside a running job's rank: on its node, in its cgroup,
+    /// with its GPUs and environment, as its user (as `srun --overlap
+    /// --jobid` or `kubectl exec`; py-spy, nvidia-smi, gdb). The job's owner
+    /// and admins only. Exits with the command's status.
+    Exec {
+        /// The job id.
+        id: u64,
+        /// Which rank's node and task to join.
+        #[arg(long, default_value_t = 0)]
+        rank: u32,
+        /// Run the command on a terminal (a shell, top, gdb); this one is put
+        /// in raw mode until it ends. Needs a terminal on stdin.
+        #[arg(short = 't', long)]
+        pty: bool,
+        /// The command and its arguments (after `--` when they have flags).
+        #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
+        command: Vec<String>,
+    },
+    /// Follow a running task: a step on a terminal (`srun --pty`, `gpuq run`;
+    /// an allocation's latest one unless --step names it) shows its output
+    /// from the start and takes your keys, Ctrl-] detaching; a task writing
+    /// files has its output followed as it comes, as `gpuq logs -f`.
+    Attach {
+        /// The job id.
+        id: u64,
+        /// Which rank (of the job, or of the step).
+        #[arg(long, default_value_t = 0)]
+        rank: u32,
+        /// The job step (`sacct` shows them as JOB.STEP).
+        #[arg(long)]
+        step: Option<u32>,
+    },
     /// Create, list and revoke join tokens (admins).
     Token {
         #[command(subcommand)]
@@ -324,9 +372,29 @@ pub(crate) fn unexpected(r: ApiResponse) -> CliError {
     CliError::internal(format!("unexpected answer from the daemon: {r:?}"))
 }
 
-/// Runs a client command.
-pub async fn run(cmd: ClientCommand) -> Result<(), CliError> {
+/// Runs a client command; its exit status.
+pub async fn run(cmd: ClientCommand) -> Result<ExitCode, CliError> {
     match cmd {
+        ClientCommand::Exec {
+            id,
+            rank,
+            pty,
+            command,
+        } => exec::exec(JobId(id), rank, pty, command).await,
+        ClientCommand::Attach { id, rank, step } => exec::attach(JobId(id), rank, step).await,
+        ClientCommand::Run { args, pty } => run::run(&args, pty).await,
+        other => run_command(other).await.map(|()| ExitCode::SUCCESS),
+    }
+}
+
+/// Runs a client command that exits 0 when it succeeds.
+async fn run_command(cmd: ClientCommand) -> Result<(), CliError> {
+    match cmd {
+        ClientCommand::Exec { .. } | ClientCommand::Attach { .. } | ClientCommand::Run { .. } => {
+            Err(CliError::internal(
+                "an interactive command has its own runner",
+            ))
+        }
         ClientCommand::Submit {
             args,
             from,
@@ -437,7 +505,7 @@ pub async fn run(cmd: ClientCommand) -> Result<(), CliError> {
     }
 }
 
-async fn logs(id: JobId, rank: u32, follow: bool) -> Result<(), CliError> {
+pub(crate) async fn logs(id: JobId, rank: u32, follow: bool) -> Result<(), CliError> {
     use std::io::Write;
     let mut offset = 0;
     loop {

@@ -1,4 +1,4 @@
-//! The Slurm front end: `sbatch`, `srun`, `salloc`, `squeue`, `sacct`,
+//! The Slurm front end: `sbatch`, `srun`, `salloc`, `sattach`, `squeue`, `sacct`,
 //! `scancel`, `scontrol` and `sinfo`, spoken by the one `gpuq` binary when it is started under one of
 //! those names (a symlink; argv\[0\]) or as `gpuq slurm COMMAND ...`.
 //!
@@ -16,6 +16,7 @@ pub mod format;
 pub mod sacct;
 mod sacct_fields;
 pub mod salloc;
+pub mod sattach;
 pub mod sbatch;
 pub mod scancel;
 pub mod scontrol;
@@ -23,6 +24,7 @@ pub mod scontrol_update;
 pub mod sinfo;
 pub mod squeue;
 pub mod srun;
+pub(crate) mod srun_output;
 
 use std::ffi::{OsStr, OsString};
 use std::process::ExitCode;
@@ -30,8 +32,8 @@ use std::process::ExitCode;
 use crate::cli::CliError;
 
 /// The Slurm commands this binary answers to, as link names.
-pub const COMMANDS: [&str; 8] = [
-    "sbatch", "srun", "salloc", "squeue", "sacct", "scancel", "scontrol", "sinfo",
+pub const COMMANDS: [&str; 9] = [
+    "sbatch", "srun", "salloc", "sattach", "squeue", "sacct", "scancel", "scontrol", "sinfo",
 ];
 
 /// The Slurm command named by argv\[0\]'s file name, if it is one.
@@ -51,6 +53,7 @@ Commands:
   sbatch    submit a batch script (file or stdin) with #SBATCH directives
   srun      run a job step: in the allocation (SLURM_JOB_ID) or in a new one
   salloc    get an allocation and run a command (your shell) in it
+  sattach   follow a running step (JOB.STEP); a step on a terminal takes your keys
   squeue    list pending and running jobs (-o/--format %-codes, -h, -u, -j, -t, -n)
   sacct     jobs and their steps, finished or not (-j, -o fields, -P, -X, -S/-E, -s)
   scancel   cancel jobs by id (12, 12_3), by user (-u) or by name (-n)
@@ -59,7 +62,7 @@ Commands:
 
 `gpuq dev` makes the links in its state dir and prints the PATH line;
 packaging/install.sh makes them next to the binary (--no-slurm-links skips).
-Not yet: srun --pty.
+srun --pty runs a task on a terminal of its node; `gpuq exec` and `gpuq attach` reach running ones.
 Each command's --help lists the flags it takes.
 ";
 
@@ -93,6 +96,7 @@ pub fn main(command: &str, args: Vec<OsString>) -> ExitCode {
             "sbatch" => sbatch::run(args).await,
             "srun" => srun::run(args).await,
             "salloc" => salloc::run(args).await,
+            "sattach" => sattach::run(args).await,
             "squeue" => squeue::run(args).await,
             "sacct" => sacct::run(args).await,
             "scancel" => scancel::run(args).await,

@@ -2,8 +2,8 @@
 //! user's shell by default) with the allocation's `SLURM_*` variables, so
 //! `srun` inside starts steps on its nodes. Leaving the command releases
 //! the allocation; one left behind ends at its time limit (the leader
-//! expires allocations). A command run on a compute node's terminal and a
-//! keepalive for a vanished client are interactive work's (`srun --pty`).
+//! expires allocations), and one whose salloc vanished after the servers'
+//! `inactive_limit_secs` without a renewal (`cli::session::KeepAlive`).
 
 use std::path::Path;
 use std::process::ExitCode;
@@ -24,7 +24,12 @@ use crate::net::proto::ApiRequest;
     disable_version_flag = true,
     max_term_width = 100,
     about = "Get an allocation and run a command in it (default: your shell), as Slurm's salloc; \
-             srun inside runs on its nodes"
+             srun inside runs on its nodes",
+    after_help = "While the command runs, salloc renews the allocation every third of the \
+                  servers' inactive_limit_secs (5 minutes unless set otherwise). If salloc is \
+                  killed or loses the cluster (a closed laptop, a lost network), the allocation \
+                  is released that long after its last renewal (it ends TIMEOUT), or at its \
+                  time limit if that comes first. Leaving the command releases it at once."
 )]
 pub struct SallocArgs {
     #[command(flatten)]
@@ -118,14 +123,16 @@ pub async fn run(args: Vec<String>) -> Result<ExitCode, CliError> {
         return Ok(ExitCode::from(1));
     };
     eprintln!("salloc: Granted job allocation {id}");
-    let job = super::srun::show(id).await?;
+    let held = crate::cli::session::KeepAlive::start(id);
+    let job = super::srun_output::show(id).await?;
     // The command owns the terminal: Ctrl-C is its, not ours.
-    let _quiet = super::srun::Interrupts::new()?;
+    let _quiet = super::srun_output::Interrupts::new()?;
     let status = tokio::process::Command::new(&argv[0])
         .args(&argv[1..])
         .envs(allocation_env(&job, &cwd))
         .status()
         .await;
+    drop(held);
     eprintln!("salloc: Relinquishing job allocation {id}");
     let _ = call(ApiRequest::Release { job: id }).await;
     match status {

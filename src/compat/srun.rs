@@ -12,7 +12,6 @@
 //! unless `-n` or `--ntasks-per-node` says more), `-w` named nodes, `-n`
 //! spread in blocks (the first nodes get the remainder).
 
-use std::io::Write;
 use std::path::Path;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -20,8 +19,9 @@ use std::time::{Duration, Instant};
 use clap::{value_parser, CommandFactory, FromArgMatches, Parser};
 
 use super::sbatch::SbatchArgs;
+use super::srun_output::{show, Follower::Srun, Interrupts};
 use crate::cli::{call, unexpected, CliError};
-use crate::model::{Job, JobId, JobState, Program, Step, StepSpec};
+use crate::model::{JobId, JobState, Program, StepSpec};
 use crate::net::proto::{ApiRequest, ApiResponse};
 
 /// srun's flags: sbatch's (for an allocation of its own) and srun's.
@@ -35,7 +35,11 @@ use crate::net::proto::{ApiRequest, ApiResponse};
              or in a new one",
     after_help = "Accepted with a note: --mpi (no PMIx server is offered), --cpu-bind, --exact, \
                   --overlap, -u/--unbuffered (output is never buffered here).\n\
-                  Not yet: --pty (interactive), --multi-prog."
+                  --pty: one task, on a pseudo-terminal on its node; Ctrl-C, Ctrl-Z and Ctrl-D \
+                  act there; the exit status is the task's (128+N for signal N). Outside an \
+                  allocation, the allocation is held while this srun renews it (see salloc \
+                  --help) and released when the task ends.\n\
+                  Not yet: --multi-prog."
 )]
 pub struct SrunArgs {
     #[command(flatten)]
@@ -74,7 +78,8 @@ pub struct SrunArgs {
     #[arg(long)]
     pub exact: bool,
 
-    /// An interactive task on a terminal (not yet)
+    /// Run the step's one task on a terminal (a shell: srun --pty bash), this
+    /// one in raw mode until it ends; needs a terminal on stdin
     #[arg(long)]
     pub pty: bool,
 }
@@ -107,7 +112,33 @@ pub fn step_shape(
     job_nodes: &[String],
     job_per_node: u32,
 ) -> Result<(Vec<u32>, Vec<u32>), String> {
+    let (nodes, tasks) = shape(args, job_nodes, job_per_node)?;
+    if args.pty {
+        let n: u32 = tasks.iter().sum();
+        if n != 1 {
+            return Err(format!(
+                "--pty runs one task on a terminal, and this step would run {n}: ask for one \
+                 (-n 1), or leave out --pty"
+            ));
+        }
+    }
+    Ok((nodes, tasks))
+}
+
+fn shape(
+    args: &SrunArgs,
+    job_nodes: &[String],
+    job_per_node: u32,
+) -> Result<(Vec<u32>, Vec<u32>), String> {
     let job = &args.alloc.job;
+    let shaped = job.nodes.is_some()
+        || job.nodelist.is_some()
+        || job.ntasks_per_node.is_some()
+        || args.alloc.ntasks.is_some();
+    if args.pty && !shaped {
+        // A shell on the allocation's first node, as Slurm's `srun --pty bash`.
+        return Ok((vec![0], vec![1]));
+    }
     let named: Option<Vec<u32>> = match &job.nodelist {
         Some(list) => Some(
             list.0
@@ -184,10 +215,13 @@ pub async fn run(args: Vec<String>) -> Result<ExitCode, CliError> {
     let Some(cli) = parse_args(&args)? else {
         return Ok(ExitCode::SUCCESS);
     };
-    if cli.pty {
+    if cli.pty && !crate::cli::interactive::stdin_is_terminal() {
+        return Err(crate::cli::interactive::needs_terminal("srun"));
+    }
+    if cli.pty && (cli.alloc.job.output.is_some() || cli.alloc.job.error.is_some()) {
         return Err(CliError::input(
-            "--pty: interactive steps are not supported yet; run a command (srun CMD ARGS), \
-             or submit a script with sbatch",
+            "--pty shows the task's output on this terminal: leave out -o/-e (the output is \
+             kept on the node too, for sattach)",
         ));
     }
     if cli.alloc.job.script_or_command.is_empty() {
@@ -212,14 +246,6 @@ pub async fn run(args: Vec<String>) -> Result<ExitCode, CliError> {
     match in_job {
         Some(job) => run_step(&cli, job, &cwd).await,
         None => run_in_new_allocation(&cli, &cwd).await,
-    }
-}
-
-/// The job `id` as the cluster has it now.
-pub(crate) async fn show(id: JobId) -> Result<Job, CliError> {
-    match call(ApiRequest::Show { id, task: None }).await? {
-        ApiResponse::Job { job, .. } => Ok(*job),
-        other => Err(unexpected(other)),
     }
 }
 
@@ -266,9 +292,35 @@ async fn run_in_new_allocation(cli: &SrunArgs, cwd: &Path) -> Result<ExitCode, C
     let Some((id, attempt)) = allocate("srun", spec).await? else {
         return Ok(ExitCode::from(1));
     };
-    let code = follow(cli, id, attempt, 0, ntasks, streamed).await;
+    let held = crate::cli::session::KeepAlive::start(id);
+    let code = match cli.pty {
+        true => on_terminal(id, 0).await,
+        false => {
+            super::srun_output::follow(cli.label, id, attempt, 0, ntasks, streamed, Srun).await
+        }
+    };
+    drop(held);
     let _ = call(ApiRequest::Release { job: id }).await;
     code
+}
+
+/// Follows a step's one task on this terminal to its end (see
+/// `cli::session`); stopping the step when this process is told to stop.
+async fn on_terminal(id: JobId, step: u32) -> Result<ExitCode, CliError> {
+    let mode = crate::cli::interactive::Mode {
+        pty: true,
+        input: true,
+        detach: false,
+    };
+    match crate::cli::session::follow(id, step, 0, mode).await? {
+        crate::cli::session::Followed::Exit(code) => Ok(code),
+        crate::cli::session::Followed::Interrupted | crate::cli::session::Followed::Detached => {
+            let _ = call(ApiRequest::StepCancel { job: id, step }).await;
+            Err(CliError::input(format!(
+                "interrupted: step {id}.{step} was stopped"
+            )))
+        }
+    }
 }
 
 /// Queues the allocation `spec` and waits until it runs, saying so on
@@ -371,6 +423,10 @@ fn step_spec(
         output: cli.alloc.job.output.clone(),
         error: cli.alloc.job.error.clone(),
         kill_on_bad_exit: cli.kill_on_bad_exit == Some(1),
+        io: match cli.pty {
+            true => crate::model::TaskIo::Pty,
+            false => crate::model::TaskIo::Files,
+        },
     };
     for (flag, pattern) in [("--output", &spec.output), ("--error", &spec.error)] {
         if let Some(p) = pattern {
@@ -411,171 +467,10 @@ async fn run_step(cli: &SrunArgs, id: JobId, cwd: &Path) -> Result<ExitCode, Cli
         ApiResponse::StepStarted { step } => step,
         other => return Err(unexpected(other)),
     };
-    follow(cli, id, run.attempt, step, ntasks, streamed).await
-}
-
-/// One task's stream of output being copied here.
-struct Stream {
-    rank: u32,
-    stderr: bool,
-    offset: u64,
-    /// A line not yet ended (for `-l` labels).
-    partial: Vec<u8>,
-}
-
-/// Streams the step's output until it ends; its exit status.
-async fn follow(
-    cli: &SrunArgs,
-    id: JobId,
-    attempt: u32,
-    step: u32,
-    ntasks: u32,
-    streamed: bool,
-) -> Result<ExitCode, CliError> {
-    let mut streams: Vec<Stream> = if streamed {
-        (0..ntasks)
-            .flat_map(|rank| {
-                [false, true].map(|stderr| Stream {
-                    rank,
-                    stderr,
-                    offset: 0,
-                    partial: Vec::new(),
-                })
-            })
-            .collect()
-    } else {
-        Vec::new()
-    };
-    let mut interrupt = Interrupts::new()?;
-    let mut cancelled = false;
-    loop {
-        let job = show(id).await?;
-        let current = job
-            .run
-            .as_ref()
-            .filter(|r| r.attempt == attempt)
-            .and_then(|r| r.steps.get(step as usize))
-            .cloned();
-        let Some(s) = current else {
-            return Err(CliError::input(format!(
-                "step {id}.{step} is gone: job {id} is {} (requeued or ended)",
-                job.state
-            )));
-        };
-        let over = s.is_over();
-        for st in streams.iter_mut() {
-            if s.started.contains(&st.rank) || s.ended.contains_key(&st.rank) {
-                copy_new(cli, id, step, st).await?;
-            }
-        }
-        if over {
-            // Whatever was written before the end.
-            for st in streams.iter_mut() {
-                copy_new(cli, id, step, st).await?;
-                flush_partial(cli, st);
-            }
-            report_bad_tasks(id, &s);
-            let code = s.exit_code().clamp(0, 255) as u8;
-            return Ok(ExitCode::from(code));
-        }
-        if interrupt.poll() && !cancelled {
-            eprintln!("srun: interrupted: stopping step {id}.{step}");
-            let _ = call(ApiRequest::StepCancel { job: id, step }).await;
-            cancelled = true;
-        }
-        for signal in interrupt.passed_on_since() {
-            let _ = call(ApiRequest::Signal {
-                jobs: vec![crate::model::JobRef { id, task: None }],
-                signal,
-                scope: crate::net::proto::SignalScope::Steps,
-                step: Some(step),
-            })
-            .await;
-        }
-        tokio::time::sleep(Duration::from_millis(if streamed { 100 } else { 50 })).await;
+    if cli.pty {
+        return on_terminal(id, step).await;
     }
-}
-
-/// Copies what task `st` wrote since the last call.
-async fn copy_new(cli: &SrunArgs, id: JobId, step: u32, st: &mut Stream) -> Result<(), CliError> {
-    loop {
-        let reply = call(ApiRequest::StepLogs {
-            job: id,
-            step,
-            rank: st.rank,
-            stderr: st.stderr,
-            offset: st.offset,
-        })
-        .await?;
-        let data = match reply {
-            ApiResponse::Logs {
-                data, next_offset, ..
-            } => {
-                st.offset = next_offset;
-                data
-            }
-            other => return Err(unexpected(other)),
-        };
-        if data.is_empty() {
-            return Ok(());
-        }
-        write_out(cli, st, &data);
-        if data.len() < crate::net::agent_proto::MAX_LOG_CHUNK as usize {
-            return Ok(());
-        }
-    }
-}
-
-fn write_out(cli: &SrunArgs, st: &mut Stream, data: &[u8]) {
-    let mut out: Vec<u8> = Vec::with_capacity(data.len() + 16);
-    if cli.label {
-        st.partial.extend_from_slice(data);
-        while let Some(end) = st.partial.iter().position(|b| *b == b'\n') {
-            let line: Vec<u8> = st.partial.drain(..=end).collect();
-            out.extend_from_slice(format!("{}: ", st.rank).as_bytes());
-            out.extend_from_slice(&line);
-        }
-    } else {
-        out.extend_from_slice(data);
-    }
-    emit(st.stderr, &out);
-}
-
-fn flush_partial(cli: &SrunArgs, st: &mut Stream) {
-    if cli.label && !st.partial.is_empty() {
-        let mut out = format!("{}: ", st.rank).into_bytes();
-        out.append(&mut st.partial);
-        out.push(b'\n');
-        emit(st.stderr, &out);
-    }
-}
-
-fn emit(stderr: bool, bytes: &[u8]) {
-    if bytes.is_empty() {
-        return;
-    }
-    if stderr {
-        let mut e = std::io::stderr().lock();
-        let _ = e.write_all(bytes);
-        let _ = e.flush();
-    } else {
-        let mut o = std::io::stdout().lock();
-        let _ = o.write_all(bytes);
-        let _ = o.flush();
-    }
-}
-
-/// Slurm's one line per task that did not exit 0.
-fn report_bad_tasks(id: JobId, step: &Step) {
-    for (rank, end) in &step.ended {
-        if *end != crate::model::TaskEnd::Completed && *end != crate::model::TaskEnd::Cancelled {
-            eprintln!(
-                "srun: error: step {id}.{}: task {rank}: {}",
-                step.id,
-                end.describe()
-            );
-        }
-    }
+    super::srun_output::follow(cli.label, id, run.attempt, step, ntasks, streamed, Srun).await
 }
 
 fn file_name(path: &str) -> String {
@@ -583,53 +478,6 @@ fn file_name(path: &str) -> String {
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_else(|| path.to_string())
-}
-
-/// SIGINT and SIGTERM (which stop the step), and the signals srun passes
-/// on to its tasks as Slurm's does (USR1, USR2, HUP, ALRM: submitit and
-/// Lightning checkpoint on USR1/USR2), seen without stopping the process.
-pub(crate) struct Interrupts {
-    int: tokio::signal::unix::Signal,
-    term: tokio::signal::unix::Signal,
-    passed_on: Vec<(i32, tokio::signal::unix::Signal)>,
-}
-
-impl Interrupts {
-    pub(crate) fn new() -> Result<Interrupts, CliError> {
-        use tokio::signal::unix::{signal, SignalKind};
-        let err = |e: std::io::Error| CliError::internal(format!("cannot watch signals: {e}"));
-        let mut passed_on = Vec::new();
-        for n in [libc::SIGUSR1, libc::SIGUSR2, libc::SIGHUP, libc::SIGALRM] {
-            passed_on.push((n, signal(SignalKind::from_raw(n)).map_err(err)?));
-        }
-        Ok(Interrupts {
-            int: signal(SignalKind::interrupt()).map_err(err)?,
-            term: signal(SignalKind::terminate()).map_err(err)?,
-            passed_on,
-        })
-    }
-
-    /// The signals to pass on to the step that came since the last call.
-    fn passed_on_since(&mut self) -> Vec<i32> {
-        use std::task::{Context, Poll};
-        let mut cx = Context::from_waker(std::task::Waker::noop());
-        let mut came = Vec::new();
-        for (n, s) in &mut self.passed_on {
-            if matches!(s.poll_recv(&mut cx), Poll::Ready(Some(()))) {
-                came.push(*n);
-            }
-        }
-        came
-    }
-
-    /// Whether a signal came since the last call.
-    fn poll(&mut self) -> bool {
-        use std::task::{Context, Poll};
-        let mut cx = Context::from_waker(std::task::Waker::noop());
-        let int = matches!(self.int.poll_recv(&mut cx), Poll::Ready(Some(())));
-        let term = matches!(self.term.poll_recv(&mut cx), Poll::Ready(Some(())));
-        int || term
-    }
 }
 
 #[cfg(test)]

@@ -632,6 +632,11 @@ pub struct JobRun {
     /// new one.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub limit_changed: bool,
+    /// When the client holding this allocation (`salloc`, `srun`, `gpuq
+    /// run`) last renewed it; the leader releases it once that (or its
+    /// start) is `inactive_limit_secs` ago.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub renewed_at: Option<super::Millis>,
 }
 
 impl JobRun {

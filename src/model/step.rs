@@ -84,6 +84,10 @@ pub struct StepSpec {
     /// Stop the other tasks when one fails (`srun -K`).
     #[serde(default)]
     pub kill_on_bad_exit: bool,
+    /// How its tasks' standard streams are connected: a terminal for
+    /// `srun --pty` (its one task), whose output still lands in the spool.
+    #[serde(default, skip_serializing_if = "super::TaskIo::is_files")]
+    pub io: super::TaskIo,
 }
 
 impl StepSpec {
@@ -101,6 +105,18 @@ impl StepSpec {
             first += n;
         }
         None
+    }
+
+    /// The step's ranks on the job's node `node_rank` (none when it does
+    /// not run there).
+    pub fn ranks_on(&self, node_rank: u32) -> std::ops::Range<u32> {
+        match self.nodes.iter().position(|&n| n == node_rank) {
+            Some(i) => {
+                let first = self.first_rank(i);
+                first..first + self.tasks[i]
+            }
+            None => 0..0,
+        }
     }
 
     /// The step's first rank on its `i`th node.
@@ -207,6 +223,7 @@ mod tests {
             output: None,
             error: None,
             kill_on_bad_exit: false,
+            io: Default::default(),
         }
     }
 

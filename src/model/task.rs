@@ -79,6 +79,34 @@ impl FromStr for TaskKey {
     }
 }
 
+/// How a task's standard streams are connected, from the step that asks
+/// for it to the shim that sets it up.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TaskIo {
+    /// stdin from /dev/null, stdout and stderr to files (batch work).
+    #[default]
+    Files,
+    /// stdin, stdout and stderr on pipes the shim relays to whoever attaches
+    /// (`gpuq exec` without `--pty`); the output is kept in files too.
+    Pipes,
+    /// A pseudo-terminal the shim relays (`srun --pty`, `gpuq run --pty`,
+    /// `gpuq exec --pty`); its output is kept in a file too.
+    Pty,
+}
+
+impl TaskIo {
+    /// Whether a client can attach to the task's streams.
+    pub fn is_interactive(self) -> bool {
+        self != TaskIo::Files
+    }
+
+    /// For `skip_serializing_if`: older peers never see the field.
+    pub fn is_files(&self) -> bool {
+        *self == TaskIo::Files
+    }
+}
+
 /// A start or end of one task.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TaskEvent {

@@ -131,6 +131,22 @@ pub enum LogReply {
     Refused { reason: String },
 }
 
+/// Leader -> agent, on a new stream of the agent's connection: connect to
+/// the standard streams of the running task `task` (attach), or start
+/// `exec` beside it and connect to that. The stream then carries
+/// `stdio::StdioMsg` frames (the agent's first may be an `Error`). An
+/// agent tells it from a `LogRequest` by its fields.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct StdioRequest {
+    pub task: TaskKey,
+    /// The job's user: the task on the node must be theirs.
+    pub user: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exec: Option<crate::net::stdio::ExecSpec>,
+    #[serde(default)]
+    pub seen: crate::net::stdio::OutputSeen,
+}
+
 /// One task (rank) a node should run, with everything needed to start it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct DesiredTask {
@@ -205,4 +221,8 @@ pub struct TaskFacts {
     /// An array task's array: task count, lowest and highest index.
     #[serde(default)]
     pub array_span: Option<(u32, u32, u32)>,
+    /// How the task's standard streams are connected (a terminal for `srun
+    /// --pty`); absent (files) from leaders before interactive work.
+    #[serde(default, skip_serializing_if = "crate::model::TaskIo::is_files")]
+    pub io: crate::model::TaskIo,
 }

@@ -69,20 +69,83 @@ pub enum FrameError {
     },
 }
 
+/// `value` as one frame: its length prefix and body.
+pub fn encode_frame<T: Serialize + ?Sized>(value: &T) -> Result<Vec<u8>, FrameError> {
+    let mut buf = vec![0u8; 4];
+    rmp_serde::encode::write_named(&mut buf, value)?;
+    let len = buf.len() - 4;
+    let prefix = u32::try_from(len).map_err(|_| FrameError::EncodeTooLarge { len })?;
+    buf[..4].copy_from_slice(&prefix.to_be_bytes());
+    Ok(buf)
+}
+
 /// Encodes `value` as one frame and writes it to `w` (one write, then a flush).
 pub async fn write_frame<W, T>(w: &mut W, value: &T) -> Result<(), FrameError>
 where
     W: AsyncWrite + Unpin,
     T: Serialize + ?Sized,
 {
-    let mut buf = vec![0u8; 4];
-    rmp_serde::encode::write_named(&mut buf, value)?;
-    let len = buf.len() - 4;
-    let prefix = u32::try_from(len).map_err(|_| FrameError::EncodeTooLarge { len })?;
-    buf[..4].copy_from_slice(&prefix.to_be_bytes());
+    let buf = encode_frame(value)?;
     w.write_all(&buf).await?;
     w.flush().await?;
     Ok(())
+}
+
+/// [`write_frame`] on a blocking writer (the shim has no runtime).
+pub fn write_frame_blocking<W, T>(w: &mut W, value: &T) -> Result<(), FrameError>
+where
+    W: std::io::Write,
+    T: Serialize + ?Sized,
+{
+    let buf = encode_frame(value)?;
+    w.write_all(&buf)?;
+    w.flush()?;
+    Ok(())
+}
+
+/// [`read_frame`] on a blocking reader (the shim has no runtime). The body
+/// is read whole, so keep `max_len` small: its peers are local.
+pub fn read_frame_blocking<R, T>(r: &mut R, max_len: usize) -> Result<Option<T>, FrameError>
+where
+    R: std::io::Read,
+    T: DeserializeOwned,
+{
+    let mut prefix = [0u8; 4];
+    let mut got = 0;
+    while got < prefix.len() {
+        match r.read(&mut prefix[got..]) {
+            Ok(0) if got == 0 => return Ok(None),
+            Ok(0) => return Err(FrameError::Truncated { expected: 4, got }),
+            Ok(n) => got += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    let len = u32::from_be_bytes(prefix) as usize;
+    if len > max_len {
+        return Err(FrameError::TooLarge { len, max: max_len });
+    }
+    let mut body = vec![0u8; len];
+    r.read_exact(&mut body).map_err(|e| match e.kind() {
+        io::ErrorKind::UnexpectedEof => FrameError::Truncated {
+            expected: len,
+            got: 0,
+        },
+        _ => FrameError::Io(e),
+    })?;
+    Ok(Some(rmp_serde::from_slice(&body)?))
+}
+
+/// Reads one frame's body undecoded, for a reader that tells message types
+/// apart by trying them in turn; `Ok(None)` at a clean end of stream.
+pub async fn read_frame_body<R>(r: &mut R, max_len: usize) -> Result<Option<Vec<u8>>, FrameError>
+where
+    R: AsyncRead + Unpin,
+{
+    match read_len(r, max_len).await? {
+        Some(len) => read_body(r, len, &mut |_| Ok(())).await.map(Some),
+        None => Ok(None),
+    }
 }
 
 /// Reads one frame from `r` and decodes it.
@@ -108,6 +171,19 @@ where
     R: AsyncRead + Unpin,
     T: DeserializeOwned,
 {
+    let Some(len) = read_len(r, max_len).await? else {
+        return Ok(None);
+    };
+    let body = read_body(r, len, charge).await?;
+    Ok(Some(rmp_serde::from_slice(&body)?))
+}
+
+/// Reads a length prefix and checks it against `max_len`; `Ok(None)` at a
+/// clean end of stream.
+async fn read_len<R: AsyncRead + Unpin>(
+    r: &mut R,
+    max_len: usize,
+) -> Result<Option<usize>, FrameError> {
     let mut prefix = [0u8; 4];
     let got = read_full(r, &mut prefix).await?;
     if got == 0 {
@@ -121,8 +197,7 @@ where
     if len > max_len {
         return Err(FrameError::TooLarge { len, max: max_len });
     }
-    let body = read_body(r, len, charge).await?;
-    Ok(Some(rmp_serde::from_slice(&body)?))
+    Ok(Some(len))
 }
 
 /// The first buffer a body gets; it doubles from there as bytes arrive.

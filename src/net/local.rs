@@ -20,6 +20,7 @@ use tokio::sync::watch;
 use super::frame::{read_frame, read_frame_charged, write_frame, FrameError, DEFAULT_MAX_FRAME};
 use super::hello::PROTOCOL_VERSION;
 use super::proto::{ApiRequest, ApiResponse, ErrorKind};
+use super::rpc::Reply;
 
 /// The first frame on a local connection, each way.
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
@@ -111,6 +112,19 @@ impl LocalClient {
         read_frame(&mut self.stream, DEFAULT_MAX_FRAME)
             .await?
             .ok_or(LocalError::Closed)
+    }
+}
+
+impl LocalClient {
+    /// Sends a request that opens an interactive stream (`Exec`,
+    /// `Attach`): the answer, and on `Attached` the connection, which
+    /// carries `StdioMsg` frames from then on.
+    pub async fn open_stream(
+        mut self,
+        req: &ApiRequest,
+    ) -> Result<(ApiResponse, UnixStream), LocalError> {
+        let resp = self.call(req).await?;
+        Ok((resp, self.stream))
     }
 }
 
@@ -252,23 +266,28 @@ impl Budget {
 
 /// Serves the local API until `shutdown` turns true. `handler` answers each
 /// request for the kernel-attested caller.
-pub async fn serve<H, F>(listener: UnixListener, handler: Arc<H>, shutdown: watch::Receiver<bool>)
-where
+pub async fn serve<H, F, R>(
+    listener: UnixListener,
+    handler: Arc<H>,
+    shutdown: watch::Receiver<bool>,
+) where
     H: Fn(PeerCred, ApiRequest) -> F + Send + Sync + 'static,
-    F: Future<Output = ApiResponse> + Send + 'static,
+    F: Future<Output = R> + Send + 'static,
+    R: Into<Reply<ApiResponse>>,
 {
     serve_with(listener, handler, shutdown, Limits::default()).await
 }
 
 /// [`serve`] within `limits`.
-pub async fn serve_with<H, F>(
+pub async fn serve_with<H, F, R>(
     listener: UnixListener,
     handler: Arc<H>,
     mut shutdown: watch::Receiver<bool>,
     limits: Limits,
 ) where
     H: Fn(PeerCred, ApiRequest) -> F + Send + Sync + 'static,
-    F: Future<Output = ApiResponse> + Send + 'static,
+    F: Future<Output = R> + Send + 'static,
+    R: Into<Reply<ApiResponse>>,
 {
     let budget = Arc::new(Budget {
         limits,
@@ -367,7 +386,7 @@ async fn read_limited<T: serde::de::DeserializeOwned>(
     }
 }
 
-async fn serve_one<H, F>(
+async fn serve_one<H, F, R>(
     stream: &mut UnixStream,
     cred: PeerCred,
     handler: Arc<H>,
@@ -375,7 +394,8 @@ async fn serve_one<H, F>(
 ) -> Result<(), LocalError>
 where
     H: Fn(PeerCred, ApiRequest) -> F + Send + Sync + 'static,
-    F: Future<Output = ApiResponse> + Send + 'static,
+    F: Future<Output = R> + Send + 'static,
+    R: Into<Reply<ApiResponse>>,
 {
     let hello: LocalHello = match read_limited(stream, cred.uid, budget).await {
         Read::Frame(h) => h,
@@ -406,8 +426,17 @@ where
                 return Err(LocalError::Refused(why));
             }
         };
-        let resp = handler(cred, req).await;
-        write_frame(stream, &resp).await?;
+        match handler(cred, req).await.into() {
+            Reply::Answer(resp) => write_frame(stream, &resp).await?,
+            // An interactive stream: the connection is its from now on.
+            Reply::Relay(resp, mut upstream) => {
+                write_frame(stream, &resp).await?;
+                if let Err(e) = super::stdio::splice(stream, &mut upstream).await {
+                    tracing::debug!(error = %e, "interactive stream ended");
+                }
+                return Ok(());
+            }
+        }
     }
 }
 

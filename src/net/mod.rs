@@ -8,7 +8,7 @@
 //! per-ALPN admission, connection cache; [`hello`] checks protocol versions)
 //! -> [`rpc`] (one stream per request) -> [`mod@join`] (getting a certificate
 //! with a [`token::JoinToken`]). [`local`] is the daemon's unix-socket API for
-//! the CLI; [`proto`] and [`agent_proto`] are the client API and agent sync messages. The message types of each protocol belong to the
+//! the CLI; [`proto`] and [`agent_proto`] are the client API and agent sync messages; [`stdio`] is what interactive streams carry once a request opens one. The message types of each protocol belong to the
 //! modules that speak them; this room only carries them.
 
 pub mod agent_proto;
@@ -21,6 +21,7 @@ pub mod local;
 pub mod pki;
 pub mod proto;
 pub mod rpc;
+pub mod stdio;
 pub mod tls;
 pub mod token;
 

@@ -159,6 +159,39 @@ pub enum ApiRequest {
         jobs: Vec<JobRef>,
         change: crate::model::JobUpdate,
     },
+    /// Start a process beside rank `rank` of a running job, on its node, in
+    /// its cgroup, with its GPUs and environment, as its user (`gpuq
+    /// exec`): its owner or an admin. Answered with `Attached`; the stream
+    /// then carries `stdio::StdioMsg` frames both ways until it exits.
+    Exec {
+        job: JobId,
+        rank: u32,
+        exec: crate::net::stdio::ExecSpec,
+    },
+    /// The interactive client holding allocation `job` is still there
+    /// (`salloc`, `srun`, `gpuq run` send it every third of the answer's
+    /// limit): its owner or an admin. Answered with `KeptAlive`.
+    Keepalive { job: JobId },
+    /// Connect to the standard streams of rank `rank` of a running job, or
+    /// of its step `step` (`srun --pty`, `gpuq attach`): its owner or an
+    /// admin. Output the client has `seen` is not sent again. Answered with
+    /// `Attached`, then as `Exec`.
+    Attach {
+        job: JobId,
+        rank: u32,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        step: Option<u32>,
+        #[serde(default)]
+        seen: crate::net::stdio::OutputSeen,
+    },
+}
+
+impl ApiRequest {
+    /// Whether the request opens an interactive stream (answered, then
+    /// relayed; see `stdio`).
+    pub fn opens_stream(&self) -> bool {
+        matches!(self, ApiRequest::Exec { .. } | ApiRequest::Attach { .. })
+    }
 }
 
 /// Which of a job's tasks a signal reaches, as `scancel`'s flags say.
@@ -456,6 +489,16 @@ pub enum ApiResponse {
     },
     StepCancelled,
     Released,
+    /// The allocation is held; renew it again within `limit_secs` (0: the
+    /// servers release no allocation for its client's silence).
+    KeptAlive {
+        limit_secs: u64,
+    },
+    /// An interactive stream is open to the task on `node`: `StdioMsg`
+    /// frames follow on the same connection.
+    Attached {
+        node: String,
+    },
 }
 
 impl ApiResponse {

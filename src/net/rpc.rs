@@ -108,11 +108,51 @@ where
     }
 }
 
+/// [`call`], keeping the stream: the response, and the stream's halves for
+/// what follows it (an interactive stream, see `stdio`).
+pub async fn call_keeping<Req, Resp>(
+    conn: &quinn::Connection,
+    req: &Req,
+    max_len: usize,
+) -> Result<(Resp, quinn::SendStream, quinn::RecvStream), RpcError>
+where
+    Req: Serialize + ?Sized,
+    Resp: DeserializeOwned,
+{
+    let remote = conn.remote_address();
+    let (mut send, mut recv) = conn
+        .open_bi()
+        .await
+        .map_err(|source| RpcError::Connection { remote, source })?;
+    write_frame(&mut send, req)
+        .await
+        .map_err(|e| RpcError::frame(remote, e))?;
+    match read_frame(&mut recv, max_len).await {
+        Ok(Some(resp)) => Ok((resp, send, recv)),
+        Ok(None) => Err(RpcError::NoResponse { remote }),
+        Err(e) => Err(RpcError::frame(remote, e)),
+    }
+}
+
+/// What a handler answers: a response, and for a request that opens an
+/// interactive stream, the next hop, which the stream is spliced to once
+/// the response is written.
+pub enum Reply<R> {
+    Answer(R),
+    Relay(R, super::stdio::Upstream),
+}
+
+impl<R> From<R> for Reply<R> {
+    fn from(r: R) -> Reply<R> {
+        Reply::Answer(r)
+    }
+}
+
 /// Serves requests on `peer`'s connection until it closes, and returns why it closed.
 ///
 /// Each stream carries one request of at most `max_len` bytes; `handler`
 /// computes the response. Malformed requests reset their stream only.
-pub async fn serve<Req, Resp, H, Fut>(
+pub async fn serve<Req, Resp, H, Fut, Out>(
     peer: Peer,
     handler: H,
     max_len: usize,
@@ -121,7 +161,8 @@ where
     Req: DeserializeOwned + Send + 'static,
     Resp: Serialize + Send + Sync + 'static,
     H: Fn(Arc<Peer>, Req) -> Fut + Send + Sync + 'static,
-    Fut: Future<Output = Resp> + Send + 'static,
+    Fut: Future<Output = Out> + Send + 'static,
+    Out: Into<Reply<Resp>>,
 {
     let peer = Arc::new(peer);
     let handler = Arc::new(handler);
@@ -138,7 +179,7 @@ where
     }
 }
 
-async fn handle_stream<Req, Resp, H, Fut>(
+async fn handle_stream<Req, Resp, H, Fut, Out>(
     peer: Arc<Peer>,
     handler: &H,
     mut send: quinn::SendStream,
@@ -148,7 +189,8 @@ async fn handle_stream<Req, Resp, H, Fut>(
     Req: DeserializeOwned,
     Resp: Serialize,
     H: Fn(Arc<Peer>, Req) -> Fut,
-    Fut: Future<Output = Resp>,
+    Fut: Future<Output = Out>,
+    Out: Into<Reply<Resp>>,
 {
     let req: Req = match read_frame(&mut recv, max_len).await {
         Ok(Some(req)) => req,
@@ -163,11 +205,23 @@ async fn handle_stream<Req, Resp, H, Fut>(
             return;
         }
     };
-    let resp = handler(peer.clone(), req).await;
-    match write_frame(&mut send, &resp).await {
-        Ok(()) => {
+    let (resp, upstream) = match handler(peer.clone(), req).await.into() {
+        Reply::Answer(resp) => (resp, None),
+        Reply::Relay(resp, upstream) => (resp, Some(upstream)),
+    };
+    if let Err(err) = write_frame(&mut send, &resp).await {
+        tracing::debug!(peer = %peer.describe(), "could not send a response: {err}");
+        return;
+    }
+    match upstream {
+        None => {
             let _ = send.finish();
         }
-        Err(err) => tracing::debug!(peer = %peer.describe(), "could not send a response: {err}"),
+        Some(mut upstream) => {
+            let mut here = tokio::io::join(recv, send);
+            if let Err(err) = super::stdio::splice(&mut here, &mut upstream).await {
+                tracing::debug!(peer = %peer.describe(), "interactive stream ended: {err}");
+            }
+        }
     }
 }

@@ -8,14 +8,15 @@ use std::sync::Arc;
 
 use crate::clock::now_ms;
 use crate::config::ServerConfig;
-use crate::model::{BatchEntryError, JobRef, JobState, Role};
-use crate::net::endpoint::{Endpoint, ALPN_API};
+use crate::model::{BatchEntryError, JobRef, JobState};
+use crate::net::endpoint::Endpoint;
 use crate::net::pki::NodeIdentity;
-use crate::net::proto::{take_page, ApiRequest, ApiResponse, Caller, ErrorKind, Vouched};
-use crate::net::{rpc, DEFAULT_MAX_FRAME};
+use crate::net::proto::{take_page, ApiRequest, ApiResponse, Caller, ErrorKind};
 use crate::raft::RaftNode;
 use crate::state::{Command, CommandResult, Rejection, State};
 
+mod forward;
+mod interactive;
 mod logs;
 mod status;
 mod steps;
@@ -301,6 +302,7 @@ impl Api {
                 | ApiRequest::StepStart { .. }
                 | ApiRequest::StepCancel { .. }
                 | ApiRequest::Release { .. }
+                | ApiRequest::Keepalive { .. }
                 | ApiRequest::StepLogs { .. }
                 | ApiRequest::Signal { .. }
                 | ApiRequest::Requeue { .. }
@@ -469,7 +471,12 @@ impl Api {
             }
             req @ (ApiRequest::StepStart { .. }
             | ApiRequest::StepCancel { .. }
-            | ApiRequest::Release { .. }) => self.step_request(caller, req).await,
+            | ApiRequest::Release { .. }
+            | ApiRequest::Keepalive { .. }) => self.step_request(caller, req).await,
+            ApiRequest::Exec { .. } | ApiRequest::Attach { .. } => ApiResponse::error(
+                ErrorKind::BadInput,
+                "this request opens an interactive stream; send it where one can follow",
+            ),
             ApiRequest::NodeDrain { node, reason, now } => {
                 if !caller.admin {
                     return forbidden("draining a node");
@@ -593,81 +600,6 @@ impl Api {
                  {ms} ms, so another may lead now; retry on another server"
             ),
         ))
-    }
-
-    /// On a follower, sends the request to the leader and returns its answer.
-    pub(super) async fn forward_if_follower(
-        &self,
-        caller: &Caller,
-        req: &ApiRequest,
-    ) -> Option<ApiResponse> {
-        let metrics = self.node.raft.metrics().borrow().clone();
-        let leader = metrics.current_leader?;
-        if leader == metrics.id {
-            return None;
-        }
-        let node = metrics
-            .membership_config
-            .membership()
-            .get_node(&leader)?
-            .clone();
-        let addr = match node.addr.parse() {
-            Ok(a) => a,
-            Err(_) => {
-                return Some(ApiResponse::error(
-                    ErrorKind::Internal,
-                    format!("leader address {:?} is not HOST:PORT", node.addr),
-                ))
-            }
-        };
-        let v = Vouched {
-            caller: caller.clone(),
-            request: req.clone(),
-        };
-        let result = async {
-            let peer = self
-                .endpoint
-                .dial(addr, ALPN_API, &[Role::Server])
-                .await
-                .map_err(|e| e.to_string())?;
-            rpc::call::<Vouched, ApiResponse>(&peer.conn, &v, DEFAULT_MAX_FRAME)
-                .await
-                .map_err(|e| e.to_string())
-        };
-        // A leader that dies holding the request never answers, and its
-        // connection would stay open until QUIC's idle timeout. Once this
-        // server sees another leader, or none, the answer cannot come: say so
-        // at once. The old leader may have committed the request, so this is
-        // neither a success nor a definite refusal.
-        let mut metrics = self.node.raft.metrics();
-        let deposed = async move {
-            // The leader may have changed since it was read above.
-            while metrics.borrow_and_update().current_leader == Some(leader) {
-                if metrics.changed().await.is_err() {
-                    std::future::pending::<()>().await
-                }
-            }
-        };
-        Some(tokio::select! {
-            r = result => match r {
-                Ok(r) => r,
-                Err(e) => ApiResponse::error(
-                    ErrorKind::Unavailable,
-                    format!(
-                        "cannot reach the leader {} at {}: {e}",
-                        node.name, node.addr
-                    ),
-                ),
-            },
-            () = deposed => ApiResponse::error(
-                ErrorKind::Unavailable,
-                format!(
-                    "the leader {} at {} went away while it held this request, which it may \
-                     or may not have applied: check (`gpuq queue`, `gpuq show`) before you retry",
-                    node.name, node.addr
-                ),
-            ),
-        })
     }
 
     async fn set_drain(

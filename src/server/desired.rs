@@ -88,6 +88,7 @@ pub fn desired_tasks(state: &State, node: &str) -> Vec<DesiredTask> {
             cluster: cluster.clone(),
             submit_host: job.spec.submit_host.clone().unwrap_or_default(),
             array_span: job.array.and_then(|a| a.span),
+            io: Default::default(),
         };
         for local_rank in job.spec.launch.local_ranks(node_rank, per_node) {
             let rank = node_rank * per_node + local_rank;
@@ -151,6 +152,7 @@ pub fn desired_tasks(state: &State, node: &str) -> Vec<DesiredTask> {
                     cpus_per_task: step.spec.cpus_per_task,
                     all_gpus: true,
                     gpus_per_task: step.spec.gpus_per_task,
+                    io: step.spec.io,
                     ..facts.clone()
                 }));
                 out.push(task);
@@ -162,13 +164,7 @@ pub fn desired_tasks(state: &State, node: &str) -> Vec<DesiredTask> {
 
 /// The ranks of `step` on the job's node `node_rank`.
 fn step_ranks_on(step: &Step, node_rank: u32) -> std::ops::Range<u32> {
-    match step.spec.nodes.iter().position(|&n| n == node_rank) {
-        Some(i) => {
-            let first = step.spec.first_rank(i);
-            first..first + step.spec.tasks[i]
-        }
-        None => 0..0,
-    }
+    step.spec.ranks_on(node_rank)
 }
 
 fn step_key(job: &Job, run: &JobRun, step: &Step, rank: u32) -> TaskKey {

@@ -62,6 +62,26 @@ pub async fn run(api: Arc<Api>, ttl: Duration, mut shutdown: watch::Receiver<boo
                 tracing::warn!("could not end expired allocations: {e:?}");
             }
         }
+        // An interactive allocation whose client stopped renewing it
+        // (killed, its network gone) is released, not held to its limit.
+        let limit = api.inactive_limit_secs();
+        let inactive: Vec<crate::model::JobId> = api
+            .state()
+            .jobs
+            .values()
+            .filter(|j| crate::state::past_inactive_limit(j, now, limit))
+            .map(|j| j.id)
+            .collect();
+        if !inactive.is_empty() {
+            let cmd = Command::ReleaseInactive {
+                jobs: inactive,
+                now,
+                limit_secs: limit,
+            };
+            if let Err(e) = api.write(cmd).await {
+                tracing::warn!("could not release inactive allocations: {e:?}");
+            }
+        }
         for node in silent {
             let reason = format!("no heartbeat from its agent for {} s", ttl.as_secs_f64());
             tracing::warn!(%node, %reason, "node is down");

@@ -408,7 +408,7 @@ async fn serve_peer(
         )
         .await;
     } else if alpn == ALPN_API {
-        rpc::serve(
+        rpc::serve::<_, crate::net::proto::ApiResponse, _, _, _>(
             peer,
             move |p, req| {
                 let api = api.clone();
@@ -463,11 +463,12 @@ fn serve_local_socket(
             let admin_group = admin_group.clone();
             async move {
                 match local::resolve_caller(cred, admin_group.as_deref()) {
-                    Ok(caller) => api.handle(caller, req).await,
+                    Ok(caller) => api.handle_relaying(caller, req).await,
                     Err(why) => crate::net::proto::ApiResponse::error(
                         crate::net::proto::ErrorKind::Forbidden,
                         why,
-                    ),
+                    )
+                    .into(),
                 }
             }
         }),

@@ -207,6 +207,17 @@ impl State {
                 job,
                 now,
             } => self.release(by, *admin, *job, *now, dirty),
+            Command::Keepalive {
+                by,
+                admin,
+                job,
+                now,
+            } => self.keep_alive(by, *admin, *job, *now, dirty),
+            Command::ReleaseInactive {
+                jobs,
+                now,
+                limit_secs,
+            } => Ok(self.release_inactive(jobs, *now, *limit_secs, dirty)),
             Command::TokenUsed { id, .. } => {
                 let t = self
                     .tokens

@@ -176,6 +176,23 @@ pub enum Command {
         job: JobId,
         now: Millis,
     },
+    /// The client of an allocation (`salloc`, `srun`, `gpuq run`) still
+    /// holds it at `now`; an allocation whose renewals stop is released
+    /// (`ReleaseInactive`).
+    Keepalive {
+        by: String,
+        admin: bool,
+        job: JobId,
+        now: Millis,
+    },
+    /// Ends, as TIMEOUT, the allocations among `jobs` whose client has not
+    /// renewed them for `limit_secs` at `now` (the leader's
+    /// `inactive_limit_secs`, carried so every server decides alike).
+    ReleaseInactive {
+        jobs: Vec<JobId>,
+        now: Millis,
+        limit_secs: u64,
+    },
 }
 
 /// What applying a command answered. Returned to the proposer after commit.
@@ -235,6 +252,7 @@ pub enum CommandResult {
     },
     StepCancelled,
     Released,
+    KeptAlive,
     Expired {
         ids: Vec<JobId>,
     },

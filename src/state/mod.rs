@@ -34,6 +34,7 @@ pub use command::{Command, CommandResult, Rejection};
 pub use deps::DepStatus;
 pub use index::ActiveIndex;
 pub use runs::host_of;
+pub use steps::past_inactive_limit;
 pub use update::past_limit_unwatched;
 pub use view::SchedInput;
 

@@ -143,6 +143,7 @@ impl State {
                     kill_grace_secs,
                     preempted_for: None,
                     limit_changed: false,
+                    renewed_at: None,
                     // An allocation asked for with its first step (`srun`
                     // outside one) starts that step with the job.
                     steps: job

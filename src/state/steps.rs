@@ -123,6 +123,57 @@ impl State {
         Ok(CommandResult::Released)
     }
 
+    /// Records that the client holding allocation `id` is still there.
+    pub(super) fn keep_alive(
+        &mut self,
+        by: &str,
+        admin: bool,
+        id: JobId,
+        now: Millis,
+        dirty: &mut Dirty,
+    ) -> Result<CommandResult, Rejection> {
+        let job = self.own_running_job(id, by, admin)?;
+        if job.spec.launch != Launch::Allocation {
+            return Err(Rejection::InvalidSpec(format!(
+                "job {id} runs its own program; only an allocation (salloc, srun, gpuq run) is \
+                 kept alive by its client"
+            )));
+        }
+        if let Some(run) = self.jobs.get_mut(&id).and_then(|j| j.run.as_mut()) {
+            run.renewed_at = Some(run.renewed_at.map_or(now, |t| t.max(now)));
+            dirty.jobs.insert(id);
+        }
+        Ok(CommandResult::KeptAlive)
+    }
+
+    /// Ends, as TIMEOUT, the allocations among `jobs` whose client stopped
+    /// renewing them `limit_secs` before `now`.
+    pub(super) fn release_inactive(
+        &mut self,
+        jobs: &[JobId],
+        now: Millis,
+        limit_secs: u64,
+        dirty: &mut Dirty,
+    ) -> CommandResult {
+        let mut ids = Vec::new();
+        for &id in jobs {
+            let inactive = self
+                .jobs
+                .get(&id)
+                .is_some_and(|j| past_inactive_limit(j, now, limit_secs));
+            if inactive {
+                let why = format!(
+                    "its interactive client stopped renewing it ({limit_secs} s without a word: \
+                     the client was killed, or lost its network)"
+                );
+                if self.begin_ending(id, JobState::Timeout, why, now, dirty) {
+                    ids.push(id);
+                }
+            }
+        }
+        CommandResult::Expired { ids }
+    }
+
     /// Ends, as TIMEOUT, the jobs among `jobs` past a limit no shim keeps
     /// (allocations, and limits lowered while running).
     pub(super) fn expire(
@@ -259,4 +310,20 @@ impl State {
             }
         }
     }
+}
+
+/// Whether the leader releases allocation `job` at `now`: its client (an
+/// allocation always has one: salloc, srun, gpuq run) has not renewed it
+/// for `limit_secs` since it started or last renewed it (0: never).
+pub fn past_inactive_limit(job: &crate::model::Job, now: Millis, limit_secs: u64) -> bool {
+    let Some(run) = job.run.as_ref() else {
+        return false;
+    };
+    let Some(since) = run.renewed_at.or(job.start_time) else {
+        return false;
+    };
+    job.state == JobState::Running
+        && job.spec.launch == Launch::Allocation
+        && limit_secs > 0
+        && now >= since.saturating_add(limit_secs.saturating_mul(1000))
 }

@@ -8,6 +8,7 @@ pub mod golden;
 pub mod history;
 pub mod nemesis;
 pub mod netns;
+pub mod pty;
 mod servers;
 pub mod workload;
 #[allow(unused_imports)]

@@ -41,6 +41,7 @@ enum Step {
     Stderr,
     Affinity,
     Exec,
+    Terminal,
 }
 
 impl Step {
@@ -48,7 +49,7 @@ impl Step {
         use Step::*;
         [
             JoinCgroup, NewSession, Groups, SetGid, SetUid, Chdir, Stdin, Stdout, Stderr, Affinity,
-            Exec,
+            Exec, Terminal,
         ]
         .into_iter()
         .find(|s| *s as u32 == n)
@@ -71,6 +72,10 @@ pub struct Prepared {
     /// The task's cgroup, which the child starts in.
     cgroup: Option<Target>,
     affinity: Option<(libc::cpu_set_t, String)>,
+    /// Descriptors for 0, 1 and 2 instead of /dev/null and the output files
+    /// (an interactive task's pipes or terminal), and whether they are a
+    /// terminal to make the controlling one.
+    stdio: Option<([RawFd; 3], bool)>,
 }
 
 fn cstring(s: impl AsRef<OsStr>, what: &str) -> Result<CString, String> {
@@ -167,7 +172,14 @@ impl Prepared {
             cgroup,
             affinity,
             identity,
+            stdio: None,
         })
+    }
+
+    /// Gives the process these ends as its stdin, stdout and stderr.
+    pub fn with_stdio(mut self, ends: Option<&super::stdio::ChildEnds>) -> Prepared {
+        self.stdio = ends.map(|e| (e.fds, e.tty));
+        self
     }
 
     /// Forks the child. The returned report is read once the child has exited:
@@ -252,21 +264,38 @@ impl Prepared {
         // The daemons run with umask 077 (their own files are secrets); a
         // task gets the usual 022, as after a login.
         libc::umask(0o022);
-        let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC);
-        if null < 0 || libc::dup2(null, 0) < 0 {
-            fail(Step::Stdin, 0);
-        }
-        let flags = libc::O_WRONLY | libc::O_CREAT | libc::O_APPEND | libc::O_CLOEXEC;
-        let out = libc::open(self.stdout.as_ptr(), flags, 0o644 as libc::c_uint);
-        if out < 0 || libc::dup2(out, 1) < 0 {
-            fail(Step::Stdout, 0);
-        }
-        let err = match &self.stderr {
-            Some(path) => libc::open(path.as_ptr(), flags, 0o644 as libc::c_uint),
-            None => out,
-        };
-        if err < 0 || libc::dup2(err, 2) < 0 {
-            fail(Step::Stderr, 0);
+        if let Some(([stdin, stdout, stderr], tty)) = self.stdio {
+            for (fd, to, step) in [
+                (stdin, 0, Step::Stdin),
+                (stdout, 1, Step::Stdout),
+                (stderr, 2, Step::Stderr),
+            ] {
+                if libc::dup2(fd, to) < 0 {
+                    fail(step, 0);
+                }
+            }
+            // A session leader opening no terminal yet: this one becomes
+            // its controlling terminal, so Ctrl-C and job control work.
+            if tty && libc::ioctl(0, libc::TIOCSCTTY, 0) < 0 {
+                fail(Step::Terminal, 0);
+            }
+        } else {
+            let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC);
+            if null < 0 || libc::dup2(null, 0) < 0 {
+                fail(Step::Stdin, 0);
+            }
+            let flags = libc::O_WRONLY | libc::O_CREAT | libc::O_APPEND | libc::O_CLOEXEC;
+            let out = libc::open(self.stdout.as_ptr(), flags, 0o644 as libc::c_uint);
+            if out < 0 || libc::dup2(out, 1) < 0 {
+                fail(Step::Stdout, 0);
+            }
+            let err = match &self.stderr {
+                Some(path) => libc::open(path.as_ptr(), flags, 0o644 as libc::c_uint),
+                None => out,
+            };
+            if err < 0 || libc::dup2(err, 2) < 0 {
+                fail(Step::Stderr, 0);
+            }
         }
         if let Some((set, _)) = &self.affinity {
             if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), set) < 0 {
@@ -318,6 +347,11 @@ impl Prepared {
                 show(&self.workdir),
                 id.name
             ),
+            Step::Stdin if self.stdio.is_some() => format!("cannot set up stdin: {err}"),
+            Step::Stdout | Step::Stderr if self.stdio.is_some() => {
+                format!("cannot set up stdout and stderr: {err}")
+            }
+            Step::Terminal => format!("cannot make the pty the controlling terminal: {err}"),
             Step::Stdin => format!("cannot open /dev/null for stdin: {err}"),
             Step::Stdout => format!(
                 "cannot open output file {} as user {}: {err}",

@@ -23,7 +23,9 @@ mod process;
 mod shim;
 pub mod slurm_env;
 mod spawn;
+mod stdio;
 pub mod task;
+mod tree;
 
 use std::fs;
 use std::io;
@@ -41,11 +43,15 @@ pub use task::{
 };
 
 use crate::model::TaskKey;
+use crate::net::stdio::ExecSpec;
 use cgroup::TaskCgroup;
 use task::{
     read_json, write_atomic, write_json, Durability, LIMIT_FILE, PID_FILE, SHIM_LOG_FILE,
     SHIM_PID_FILE, STATUS_FILE, STOP_FILE, TASK_FILE,
 };
+
+/// The directory under the root that holds exec directories.
+const EXEC_DIR: &str = "exec";
 
 /// What the executor can see of a task.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -66,6 +72,8 @@ pub enum ExecError {
     AlreadyStarted { key: TaskKey, dir: PathBuf },
     #[error("no task {key} on this node")]
     NoSuchTask { key: TaskKey },
+    #[error("task {key} is not running on this node (it has not started, or it has ended)")]
+    NotRunning { key: TaskKey },
     #[error("task {key} is still running; stop it before forgetting it")]
     StillRunning { key: TaskKey },
     #[error("cannot {action} {}: {source}", path.display())]
@@ -187,6 +195,113 @@ impl Executor {
         }
         tracing::info!(task = %key, user = %spec.user, "task handed to the shim");
         Ok(())
+    }
+
+    /// Where processes started beside tasks (`gpuq exec`) have their
+    /// directories: under the root, in a directory no task key names.
+    pub fn exec_root(&self) -> PathBuf {
+        self.root.join(EXEC_DIR)
+    }
+
+    /// Starts `exec` beside the running task `key`, under a shim of its own
+    /// (in the task's cgroup, as its user, with its environment and CPUs;
+    /// see `TaskSpec::beside`), and returns the exec's directory, whose
+    /// `io.sock` its client connects to. Its output is kept in that
+    /// directory, which `sweep_execs` removes once it has ended.
+    pub fn start_beside(&self, key: TaskKey, exec: &ExecSpec) -> Result<PathBuf, ExecError> {
+        let target_dir = self.task_dir(key);
+        let task_file = target_dir.join(TASK_FILE);
+        let target: TaskSpec = read_json(&task_file)
+            .map_err(io_err("read", &task_file))?
+            .ok_or(ExecError::NoSuchTask { key })?;
+        let TaskObserved::Running { pid: Some(_), .. } = self.observe(key) else {
+            return Err(ExecError::NotRunning { key });
+        };
+        let cgroup = read_json::<TaskPid>(&target_dir.join(PID_FILE))
+            .ok()
+            .flatten()
+            .and_then(|p| p.cgroup);
+        let root = self.exec_root();
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&root)
+            .map_err(io_err("create the exec root", &root))?;
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = root.join(format!(
+            "{key}.x{}.{}.{n}",
+            task::now_ms(),
+            std::process::id()
+        ));
+        fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&dir)
+            .map_err(io_err("create the exec directory", &dir))?;
+        let mut env = target.env.clone();
+        if exec.pty {
+            env.retain(|(k, _)| k != "TERM");
+            env.push(("TERM".into(), exec.term.clone().unwrap_or("xterm".into())));
+        }
+        let spec = TaskSpec {
+            program: crate::model::Program::Command {
+                argv: exec.argv.clone(),
+            },
+            env,
+            stdout: dir.join("stdout"),
+            stderr: dir.join("stderr"),
+            memory_mb: None,
+            pids_max: None,
+            time_limit_secs: None,
+            signal_before_limit: None,
+            io: if exec.pty {
+                crate::model::TaskIo::Pty
+            } else {
+                crate::model::TaskIo::Pipes
+            },
+            size: exec.size,
+            beside: Some(task::Beside {
+                dir: target_dir,
+                cgroup,
+            }),
+            ..target
+        };
+        self.launch(&spec, &dir).inspect_err(|_| {
+            let _ = fs::remove_dir_all(&dir);
+        })?;
+        Ok(dir)
+    }
+
+    /// Removes the directories of execs that ended a while ago (their
+    /// client has had their exit), and kills what is left of any whose
+    /// shim died.
+    pub fn sweep_execs(&self) {
+        let Ok(entries) = fs::read_dir(self.exec_root()) else {
+            return;
+        };
+        let keep = std::time::Duration::from_secs(30);
+        for dir in entries.filter_map(|e| Some(e.ok()?.path())) {
+            let status = dir.join(STATUS_FILE);
+            let gone = match fs::metadata(&status) {
+                Ok(m) => m
+                    .modified()
+                    .is_ok_and(|t| t.elapsed().is_ok_and(|e| e > keep)),
+                // A shim that died without a status, or one that never
+                // started (no `shim.pid` a while after the directory).
+                Err(_) => {
+                    live_shim(&dir).is_none()
+                        && fs::metadata(&dir)
+                            .and_then(|m| m.modified())
+                            .is_ok_and(|t| t.elapsed().is_ok_and(|e| e > keep))
+                }
+            };
+            if gone {
+                if !status.exists() {
+                    kill_orphaned_task(&dir);
+                }
+                let _ = fs::remove_dir_all(&dir);
+            }
+        }
     }
 
     /// Asks a task to stop: the reason goes to the `stop` file and the shim

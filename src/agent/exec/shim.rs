@@ -18,26 +18,24 @@ use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use nix::sys::signal::{kill, killpg, SigSet, Signal};
-use nix::sys::wait::{waitpid, WaitPidFlag};
-use nix::unistd::Pid;
+use nix::sys::signal::{SigSet, Signal};
 
 use super::cgroup::{CgroupError, CgroupMode, Target, TaskCgroup};
 use super::fork::{fork_into, Forked};
 use super::launch::Prepared;
-use super::process::{self, Snapshot};
+use super::process;
+use super::stdio::{Relay, Streams};
 use super::task::{
     now_ms, read_json, write_json, Durability, Identity, ProcessId, StopReason, TaskOutcome,
     TaskPid, TaskSpec, TaskStatus, LIMIT_FILE, PID_FILE, SCRIPT_FILE, SHIM_PID_FILE, STATUS_FILE,
     STOP_FILE, TASK_FILE,
 };
+use super::tree::{Exit, Tree};
 use crate::model::{Millis, Program};
+use crate::net::stdio::StdioMsg;
 
 /// How often the shim looks at the stop file and the clock between signals.
 const TICK: Duration = Duration::from_millis(100);
-/// How long the shim keeps killing leftovers (e.g. stuck in D state) before it
-/// writes the status anyway.
-const CLEANUP_LIMIT: Duration = Duration::from_secs(30);
 
 /// What a shim learns about its node before it detaches: the cgroup mode and,
 /// with a cgroup2 mount, `gpuq/shims` open to start in. A shim started on its
@@ -263,7 +261,10 @@ fn run(dir: &Path, mode: &CgroupMode) -> (TaskOutcome, Option<Millis>) {
         },
         Program::Command { .. } => None,
     };
+    // A process beside a task joins that task's cgroup and makes none.
+    let beside_cgroup = spec.beside.as_ref().and_then(|b| b.cgroup.clone());
     let cgroup = match mode.create_task_cgroup(&spec, dir) {
+        _ if spec.beside.is_some() => None,
         Ok(cgroup) => cgroup,
         Err(e) if mode.enforces_limits() => return launch_failed(e.to_string()),
         Err(e) => {
@@ -271,17 +272,40 @@ fn run(dir: &Path, mode: &CgroupMode) -> (TaskOutcome, Option<Millis>) {
             None
         }
     };
-    let pin_cpus = !cgroup.as_ref().is_some_and(TaskCgroup::cpuset_applied);
+    let mut streams = match spec.io.is_interactive() {
+        true => match Streams::open(dir, &spec, &identity) {
+            Ok(s) => Some(s),
+            Err(reason) => {
+                remove_cgroup(cgroup.as_ref());
+                return launch_failed(reason);
+            }
+        },
+        false => None,
+    };
+    if let (Some(s), Some(_)) = (streams.as_mut(), &spec.beside) {
+        if let Err(reason) = s.await_first_client(FIRST_CLIENT_LIMIT) {
+            return launch_failed(reason);
+        }
+    }
+    let pin_cpus =
+        spec.beside.is_some() || !cgroup.as_ref().is_some_and(TaskCgroup::cpuset_applied);
+    let joins = cgroup
+        .as_ref()
+        .map(|c| c.path().to_path_buf())
+        .or(beside_cgroup);
     let prepared = match Prepared::new(
         &spec,
         identity,
         script.as_deref(),
-        cgroup.as_ref().map(TaskCgroup::path),
+        joins.as_deref(),
         pin_cpus,
     ) {
-        Ok(prepared) => prepared,
+        Ok(prepared) => prepared.with_stdio(streams.as_ref().and_then(Streams::child_ends)),
         Err(reason) => {
             remove_cgroup(cgroup.as_ref());
+            if let Some(s) = streams {
+                s.refuse(&never_ran(&reason));
+            }
             return launch_failed(reason);
         }
     };
@@ -289,9 +313,14 @@ fn run(dir: &Path, mode: &CgroupMode) -> (TaskOutcome, Option<Millis>) {
         Ok(spawned) => spawned,
         Err(e) => {
             remove_cgroup(cgroup.as_ref());
-            return launch_failed(format!("cannot fork the task: {e}"));
+            let reason = format!("cannot fork the task: {e}");
+            if let Some(s) = streams {
+                s.refuse(&never_ran(&reason));
+            }
+            return launch_failed(reason);
         }
     };
+    let relay = streams.map(|s| s.start(child.as_raw()));
     let start_ms = now_ms();
     if let Some(process) = process::identify(child.as_raw() as u32) {
         let pid = TaskPid {
@@ -309,20 +338,65 @@ fn run(dir: &Path, mode: &CgroupMode) -> (TaskOutcome, Option<Millis>) {
         cgroup: cgroup.as_ref(),
         walk: subreaper && process::has_children_lists(),
     };
-    let (exit, ending) = supervise(dir, &spec, &tree, &signals);
+    let (exit, ending) = supervise(dir, &spec, &tree, &signals, relay.as_ref());
     tree.kill_leftovers();
     let oom_kills = cgroup.as_ref().map_or(0, TaskCgroup::oom_kills);
     remove_cgroup(cgroup.as_ref());
     if let Some(reason) = report.failure(&prepared) {
+        if let Some(relay) = relay {
+            relay.finish(never_ran(&reason));
+        }
         return launch_failed(reason);
     }
     let outcome = match ending {
         Some(Ending::Stop(reason)) => TaskOutcome::Cancelled { reason },
         Some(Ending::Timeout) => TaskOutcome::Timeout,
+        Some(Ending::Beside) => TaskOutcome::Cancelled {
+            reason: StopReason::Cancel,
+        },
         None if oom_kills > 0 => TaskOutcome::OutOfMemory,
         None => exit_outcome(exit),
     };
+    if let Some(relay) = relay {
+        relay.finish(exit_message(exit, ending, &outcome));
+    }
     (outcome, Some(start_ms))
+}
+
+/// How long before its time limit a task on a terminal is told.
+const LIMIT_NOTICE: Duration = Duration::from_secs(60);
+
+/// How long an exec's shim waits for the client that asked for it.
+const FIRST_CLIENT_LIMIT: Duration = Duration::from_secs(10);
+
+/// The exit sent to clients of a process that never ran.
+fn never_ran(reason: &str) -> StdioMsg {
+    StdioMsg::Exit {
+        code: None,
+        signal: None,
+        reason: reason.to_string(),
+    }
+}
+
+/// The exit sent to clients: how the process ended, and why in words.
+fn exit_message(exit: Exit, ending: Option<Ending>, outcome: &TaskOutcome) -> StdioMsg {
+    let (code, signal) = match exit {
+        Exit::Code(c) => (Some(c), None),
+        Exit::Signal { signal, .. } => (None, Some(signal)),
+    };
+    let reason = match (ending, outcome) {
+        (Some(Ending::Timeout), _) => "the time limit was reached".to_string(),
+        (Some(Ending::Beside), _) => "the task it ran beside ended".to_string(),
+        (Some(Ending::Stop(_)), _) => "it was stopped (cancelled or preempted)".to_string(),
+        (None, TaskOutcome::OutOfMemory) => "it ran out of memory".to_string(),
+        (None, TaskOutcome::Failed { reason, .. }) => reason.clone(),
+        _ => String::new(),
+    };
+    StdioMsg::Exit {
+        code,
+        signal,
+        reason,
+    }
 }
 
 /// The signals the shim takes through `sigtimedwait` rather than handlers.
@@ -381,130 +455,8 @@ fn remove_cgroup(cgroup: Option<&TaskCgroup>) {
 enum Ending {
     Timeout,
     Stop(StopReason),
-}
-
-/// How the main process ended.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Exit {
-    Code(i32),
-    Signal { signal: i32, core: bool },
-}
-
-/// Every process of the task: the cgroup, the process group (the child is a
-/// session leader), and the shim's descendants.
-///
-/// The main child is left a zombie until the very end (its exit is seen with
-/// `WNOWAIT`), so its pid, which is also the process group id, cannot be
-/// reused while the shim still signals that group.
-struct Tree<'a> {
-    child: Pid,
-    cgroup: Option<&'a TaskCgroup>,
-    /// The shim is a subreaper and the kernel lists children: every process
-    /// of the task (its process group included, since that lives in the
-    /// task's session) is below the shim, found by walking down. Otherwise
-    /// all of `/proc` is scanned.
-    walk: bool,
-}
-
-impl Tree<'_> {
-    /// The task's live processes, as far as `/proc` shows them: the shim's
-    /// descendants and, where they may have left the shim's tree, the members
-    /// of the process group.
-    fn processes(&self) -> Vec<u32> {
-        if self.walk {
-            if let Ok(found) = process::own_descendants() {
-                return found;
-            }
-        }
-        let procs = Snapshot::take();
-        let mut found = procs.descendants(std::process::id());
-        for pid in procs.group_members(self.child.as_raw() as u32) {
-            if !found.contains(&pid) {
-                found.push(pid);
-            }
-        }
-        found
-    }
-
-    fn signal(&self, signal: Signal) {
-        if let Some(cgroup) = self.cgroup {
-            if signal == Signal::SIGKILL {
-                cgroup.kill_all();
-            } else {
-                cgroup.signal(signal);
-            }
-        }
-        let _ = killpg(self.child, signal);
-        for pid in self.processes() {
-            let _ = kill(Pid::from_raw(pid as i32), signal);
-        }
-    }
-
-    fn is_empty(&self) -> bool {
-        self.cgroup.is_none_or(TaskCgroup::is_empty) && self.processes().is_empty()
-    }
-
-    /// The main child's exit, if it happened; leaves it unreaped.
-    fn main_exit(&self) -> Option<Exit> {
-        // SAFETY: siginfo_t is plain data; waitid fills it or leaves it zeroed.
-        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
-        let flags = libc::WEXITED | libc::WNOHANG | libc::WNOWAIT;
-        let id = self.child.as_raw() as libc::id_t;
-        // SAFETY: info is a valid siginfo_t for the kernel to write.
-        if unsafe { libc::waitid(libc::P_PID, id, &mut info, flags) } != 0 {
-            return None;
-        }
-        // SAFETY: after a successful waitid for WEXITED these fields are set
-        // (si_pid stays 0 when the child has not exited).
-        let (pid, status) = unsafe { (info.si_pid(), info.si_status()) };
-        if pid == 0 {
-            return None;
-        }
-        Some(match info.si_code {
-            libc::CLD_EXITED => Exit::Code(status),
-            code => Exit::Signal {
-                signal: status,
-                core: code == libc::CLD_DUMPED,
-            },
-        })
-    }
-
-    /// Reaps the task's orphans that ended (they are reparented to the shim),
-    /// never the main child.
-    fn reap_orphans(&self) {
-        let me = std::process::id();
-        let children = match self.walk.then(process::own_children) {
-            // WNOHANG leaves a live child be; only zombies are reaped.
-            Some(Ok(children)) => children,
-            _ => Snapshot::take().zombie_children(me),
-        };
-        for pid in children {
-            if pid != self.child.as_raw() as u32 {
-                let _ = waitpid(Pid::from_raw(pid as i32), Some(WaitPidFlag::WNOHANG));
-            }
-        }
-    }
-
-    /// After the main process exited: SIGKILL whatever is left, reap it, and
-    /// finally the main child.
-    fn kill_leftovers(&self) {
-        let give_up = Instant::now() + CLEANUP_LIMIT;
-        loop {
-            self.reap_orphans();
-            if self.is_empty() {
-                break;
-            }
-            self.signal(Signal::SIGKILL);
-            if Instant::now() > give_up {
-                tracing::warn!(
-                    "processes of the task survive SIGKILL (stuck in the kernel?); giving up"
-                );
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = waitpid(self.child, None);
-    }
+    /// The task an exec ran beside ended.
+    Beside,
 }
 
 /// Waits up to `timeout` for one of the blocked `signals`.
@@ -525,6 +477,7 @@ fn supervise(
     spec: &TaskSpec,
     tree: &Tree<'_>,
     signals: &SigSet,
+    relay: Option<&Relay>,
 ) -> (Exit, Option<Ending>) {
     let started = Instant::now();
     let mut deadline = Deadline::new(spec, started, spec.time_limit_secs);
@@ -540,6 +493,8 @@ fn supervise(
     let mut warned = false;
     let mut ending: Option<(Ending, Instant)> = None;
     let mut killed = false;
+    // Someone at a terminal is told a minute before the limit, and at it.
+    let mut told_early = false;
     loop {
         if let Some(exit) = tree.main_exit() {
             return (exit, ending.map(|(e, _)| e));
@@ -562,6 +517,7 @@ fn supervise(
             tracing::info!(?secs, "the time limit changed");
             deadline = Deadline::new(spec, started, secs);
             warned = deadline.warning.is_none_or(|(at, _, _)| now >= at) && warned;
+            told_early = deadline.at.is_none_or(|d| now + LIMIT_NOTICE >= d) && told_early;
         }
         let stop = match signal {
             Some(Signal::SIGTERM | Signal::SIGINT) => {
@@ -585,8 +541,37 @@ fn supervise(
             Some(StopReason::Preempt) if preempt_warned.is_some_and(|at| now < at + grace) => None,
             Some(reason) => Some(Ending::Stop(reason)),
             None if deadline.at.is_some_and(|d| now >= d) => Some(Ending::Timeout),
+            None if spec.beside.as_ref().is_some_and(|b| {
+                b.dir.join(STATUS_FILE).exists() || !b.dir.join(TASK_FILE).exists()
+            }) =>
+            {
+                Some(Ending::Beside)
+            }
             None => None,
         };
+        if let Some(relay) = relay {
+            let why = match end {
+                Some(Ending::Timeout) => Some("the time limit is reached"),
+                Some(Ending::Stop(StopReason::Preempt)) => Some("the job is preempted"),
+                Some(Ending::Stop(StopReason::Cancel)) => {
+                    Some("the task is stopped (cancelled, or its job ended)")
+                }
+                _ => None,
+            };
+            if let Some(why) = why {
+                relay.notice(format!(
+                    "gpuq: {why}: the task gets SIGTERM now and SIGKILL in {} s",
+                    grace.as_secs()
+                ));
+            } else if let Some(d) = deadline.at.filter(|_| !told_early) {
+                let early = d.checked_sub(LIMIT_NOTICE).unwrap_or(started).max(started);
+                if now >= early {
+                    let left = d.saturating_duration_since(now).as_secs();
+                    relay.notice(format!("gpuq: the time limit is reached in {left} s"));
+                    told_early = true;
+                }
+            }
+        }
         if let Some(end) = end {
             tracing::info!(?end, "ending the task; sending SIGTERM");
             ending = Some((end, now));

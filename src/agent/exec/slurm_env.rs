@@ -162,6 +162,7 @@ mod tests {
             cluster: "c1".into(),
             submit_host: "login1".into(),
             array_span: Some((10, 0, 9)),
+            io: Default::default(),
         };
         let ctx = TaskContext {
             job: JobId(40),

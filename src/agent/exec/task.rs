@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::model::{Millis, Program, TaskEnd, TaskKey};
+use crate::model::{Millis, Program, TaskEnd, TaskIo, TaskKey};
 
 /// The spec the agent writes for the shim.
 pub const TASK_FILE: &str = "task.json";
@@ -39,6 +39,8 @@ pub const STATUS_FILE: &str = "status.json";
 pub const SCRIPT_FILE: &str = "script";
 /// The shim's own log (its stdout and stderr).
 pub const SHIM_LOG_FILE: &str = "shim.log";
+/// Where an interactive task's shim listens for clients (the agent).
+pub const SOCKET_FILE: &str = "io.sock";
 
 /// A signal sent some time before the time limit (`--signal USR1@60`).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -100,6 +102,28 @@ pub struct TaskSpec {
     /// launch. `None`: the shim looks the user up itself.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub identity: Option<Identity>,
+    /// How the task's standard streams are connected: with pipes or a
+    /// terminal, the shim relays them to clients that attach through
+    /// `io.sock` and keeps the output in `stdout`/`stderr` too.
+    #[serde(default, skip_serializing_if = "TaskIo::is_files")]
+    pub io: TaskIo,
+    /// The terminal's first size, rows and columns.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size: Option<(u16, u16)>,
+    /// A process started beside a running task (`gpuq exec`): it runs in
+    /// that task's cgroup and is stopped when that task ends.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub beside: Option<Beside>,
+}
+
+/// The running task an exec'd process joins.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Beside {
+    /// Its task directory: its `status.json` appearing ends the exec.
+    pub dir: PathBuf,
+    /// Its cgroup, where it has one.
+    #[serde(default)]
+    pub cgroup: Option<PathBuf>,
 }
 
 /// Who the task runs as.

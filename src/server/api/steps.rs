@@ -1,5 +1,6 @@
 //! Job steps through the API: `srun` starting one in a running job's
-//! allocation, stopping one, and releasing an allocation. Apply checks the
+//! allocation, stopping one, releasing an allocation, and its client's
+//! renewals (`Keepalive`). Apply checks the
 //! owner, the job's state and the step's shape; this turns the caller and
 //! the request into the command.
 
@@ -37,6 +38,12 @@ impl Api {
                 job,
                 now,
             },
+            ApiRequest::Keepalive { job } => Command::Keepalive {
+                by: caller.user,
+                admin: caller.admin,
+                job,
+                now,
+            },
             other => {
                 return ApiResponse::error(
                     ErrorKind::Internal,
@@ -48,9 +55,18 @@ impl Api {
             Ok(CommandResult::StepStarted { step }) => ApiResponse::StepStarted { step },
             Ok(CommandResult::StepCancelled) => ApiResponse::StepCancelled,
             Ok(CommandResult::Released) => ApiResponse::Released,
+            Ok(CommandResult::KeptAlive) => ApiResponse::KeptAlive {
+                limit_secs: self.inactive_limit_secs(),
+            },
             Ok(other) => self.unexpected(other),
             Err(resp) => resp,
         }
+    }
+
+    /// The servers' `inactive_limit_secs`: how long an interactive
+    /// allocation is held without a renewal.
+    pub fn inactive_limit_secs(&self) -> u64 {
+        self.cfg.inactive_limit_secs
     }
 
     /// Sends `signal` to the tasks `scope` names of the running jobs

@@ -7,6 +7,7 @@
 use crate::model::Role;
 use crate::net::endpoint::Peer;
 use crate::net::proto::{ApiRequest, ApiResponse, ErrorKind, Vouched};
+use crate::net::rpc::Reply;
 
 use super::Api;
 
@@ -17,26 +18,35 @@ impl Api {
     /// counts only for the users this server's `admin_users` names, so root
     /// on one compute node is not root of the cluster. A server forwarding
     /// for its own callers has applied that rule already.
-    pub async fn handle_vouched(&self, peer: &Peer, v: Vouched) -> ApiResponse {
+    pub async fn handle_vouched(&self, peer: &Peer, v: Vouched) -> Reply<ApiResponse> {
         let mut v = v;
         if matches!(peer.role(), Some(Role::Agent | Role::Login)) {
             v.caller.admin = v.caller.admin && self.cfg.admin_users.contains(&v.caller.user);
         }
         let what = request_name(&v.request);
         let user = v.caller.user.clone();
-        let resp = self.handle_vouched_as(peer, v).await;
-        if let ApiResponse::Error {
+        let reply = self.handle_vouched_as(peer, v).await;
+        if let Reply::Answer(ApiResponse::Error {
             kind: ErrorKind::Forbidden,
             message,
             ..
-        } = &resp
+        }) = &reply
         {
             tracing::warn!(peer = %peer.describe(), %user, request = what, "refused: {message}");
         }
-        resp
+        reply
     }
 
-    async fn handle_vouched_as(&self, peer: &Peer, v: Vouched) -> ApiResponse {
+    async fn handle_vouched_as(&self, peer: &Peer, v: Vouched) -> Reply<ApiResponse> {
+        match &peer.identity {
+            Some((Role::Server | Role::Agent | Role::Login, _)) if v.request.opens_stream() => {
+                self.handle_relaying(v.caller, v.request).await
+            }
+            _ => self.handle_vouched_answer(peer, v).await.into(),
+        }
+    }
+
+    async fn handle_vouched_answer(&self, peer: &Peer, v: Vouched) -> ApiResponse {
         if let ApiRequest::UseToken { id } = &v.request {
             return match peer.role() {
                 Some(Role::Server) => self.use_token(&v.caller, id.clone()).await,
@@ -117,5 +127,8 @@ fn request_name(req: &ApiRequest) -> &'static str {
         ApiRequest::Signal { .. } => "signal",
         ApiRequest::Requeue { .. } => "requeue",
         ApiRequest::Update { .. } => "update",
+        ApiRequest::Keepalive { .. } => "keepalive",
+        ApiRequest::Exec { .. } => "exec",
+        ApiRequest::Attach { .. } => "attach",
     }
 }

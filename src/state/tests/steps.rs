@@ -22,6 +22,7 @@ fn step_spec(nodes: &[u32], tasks: &[u32]) -> StepSpec {
         output: None,
         error: None,
         kill_on_bad_exit: false,
+        io: Default::default(),
     }
 }
 
@@ -367,4 +368,49 @@ fn an_allocation_asked_with_a_first_step_starts_it_with_the_job() {
         &mut d,
     );
     assert!(matches!(r, CommandResult::Rejected(_)), "{r:?}");
+}
+
+#[test]
+fn an_allocation_whose_client_stops_renewing_it_is_released_and_nothing_else_is() {
+    let (mut s, mut d) = cluster();
+    let a = running(&mut s, &mut d, Launch::Allocation);
+    let b = running_on(&mut s, &mut d, Launch::Ranks, true);
+    let sweep = |now, limit_secs| Command::ReleaseInactive {
+        jobs: vec![a, b],
+        now,
+        limit_secs,
+    };
+    let renew = |by: &str, job, now| Command::Keepalive {
+        by: by.into(),
+        admin: false,
+        job,
+        now,
+    };
+    // Counted from its start (5 ms) until a renewal.
+    let none = CommandResult::Expired { ids: vec![] };
+    assert_eq!(s.apply(&sweep(10_004, 10), &mut d), none);
+    assert!(matches!(
+        s.apply(&renew("bob", a, 8_000), &mut d),
+        CommandResult::Rejected(Rejection::NotOwner { .. })
+    ));
+    assert!(matches!(
+        s.apply(&renew("alice", b, 8_000), &mut d),
+        CommandResult::Rejected(Rejection::InvalidSpec(_))
+    ));
+    assert_eq!(
+        s.apply(&renew("alice", a, 8_000), &mut d),
+        CommandResult::KeptAlive
+    );
+    // A renewal replayed late never moves the time back.
+    s.apply(&renew("alice", a, 7_000), &mut d);
+    assert_eq!(s.apply(&sweep(17_999, 10), &mut d), none);
+    assert_eq!(s.apply(&sweep(1_000_000, 0), &mut d), none, "0: never");
+    assert_eq!(
+        s.apply(&sweep(18_000, 10), &mut d),
+        CommandResult::Expired { ids: vec![a] }
+    );
+    assert_eq!(s.jobs[&a].state, JobState::Timeout);
+    let reason = s.jobs[&a].reason.clone().unwrap_or_default();
+    assert!(reason.contains("stopped renewing"), "{reason}");
+    assert_eq!(s.jobs[&b].state, JobState::Running);
 }
