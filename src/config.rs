@@ -45,6 +45,11 @@ pub struct ServerConfig {
     #[serde(deserialize_with = "addr::optional")]
     pub advertise: Option<SocketAddr>,
     pub socket: PathBuf,
+    /// TCP address of the HTTP port: `/metrics`, `/healthz`, the JSON API
+    /// under `/api/v1/` and the web page. Beyond loopback it is served
+    /// over TLS with this server's certificate.
+    #[serde(deserialize_with = "addr::required")]
+    pub http_listen: SocketAddr,
     pub admin_group: Option<String>,
     /// Users whose requests count as an admin's when another host (a login
     /// or compute agent) vouches for them as admin there. Empty: admin
@@ -103,6 +108,12 @@ pub struct AgentConfig {
     #[serde(deserialize_with = "addr::required")]
     pub listen: SocketAddr,
     pub socket: PathBuf,
+    /// TCP address of the agent's HTTP port (`/metrics`, `/healthz`).
+    #[serde(deserialize_with = "addr::required")]
+    pub http_listen: SocketAddr,
+    /// Where to write dcgm-exporter's job-mapping files (one file per GPU
+    /// index holding the ids of the jobs on it), if anywhere.
+    pub dcgm_job_map_dir: Option<PathBuf>,
     pub servers: Vec<String>,
     pub role: AgentRole,
     pub admin_group: Option<String>,
@@ -151,6 +162,7 @@ impl Default for ServerConfig {
             listen: SocketAddr::from(([0, 0, 0, 0], 7420)),
             advertise: None,
             socket: crate::socket_path::system(),
+            http_listen: SocketAddr::from(([127, 0, 0, 1], 7480)),
             admin_group: None,
             admin_users: Vec::new(),
             private_jobs: false,
@@ -184,6 +196,8 @@ impl Default for AgentConfig {
             data_dir: "/var/lib/gpuq/agent".into(),
             listen: SocketAddr::from(([0, 0, 0, 0], 7421)),
             socket: crate::socket_path::system(),
+            http_listen: SocketAddr::from(([127, 0, 0, 1], 7481)),
+            dcgm_job_map_dir: None,
             servers: Vec::new(),
             role: AgentRole::Compute,
             admin_group: None,
@@ -281,7 +295,8 @@ impl ServerConfig {
     }
 
     /// Applies `GPUQ_CLUSTER_NAME`, `GPUQ_NODE_NAME`, `GPUQ_DATA_DIR`,
-    /// `GPUQ_LISTEN`, `GPUQ_ADVERTISE`, `GPUQ_SOCKET` and `GPUQ_ADMIN_GROUP`.
+    /// `GPUQ_LISTEN`, `GPUQ_ADVERTISE`, `GPUQ_SOCKET`, `GPUQ_HTTP_LISTEN` and
+    /// `GPUQ_ADMIN_GROUP`.
     pub fn apply_env(&mut self, env: &[(String, String)]) -> Result<(), ConfigError> {
         let env = Env(env);
         env.string("GPUQ_CLUSTER_NAME", &mut self.cluster_name)?;
@@ -296,6 +311,7 @@ impl ServerConfig {
             };
         }
         env.path("GPUQ_SOCKET", &mut self.socket)?;
+        env.addr("GPUQ_HTTP_LISTEN", &mut self.http_listen)?;
         env.optional("GPUQ_ADMIN_GROUP", &mut self.admin_group);
         Ok(())
     }
@@ -401,13 +417,15 @@ impl AgentConfig {
     }
 
     /// Applies `GPUQ_NODE_NAME`, `GPUQ_DATA_DIR`, `GPUQ_LISTEN`, `GPUQ_SOCKET`,
-    /// `GPUQ_ADMIN_GROUP` and `GPUQ_SERVERS` (comma-separated HOST:PORT).
+    /// `GPUQ_HTTP_LISTEN`, `GPUQ_ADMIN_GROUP` and `GPUQ_SERVERS`
+    /// (comma-separated HOST:PORT).
     pub fn apply_env(&mut self, env: &[(String, String)]) -> Result<(), ConfigError> {
         let env = Env(env);
         env.string("GPUQ_NODE_NAME", &mut self.node_name)?;
         env.path("GPUQ_DATA_DIR", &mut self.data_dir)?;
         env.addr("GPUQ_LISTEN", &mut self.listen)?;
         env.path("GPUQ_SOCKET", &mut self.socket)?;
+        env.addr("GPUQ_HTTP_LISTEN", &mut self.http_listen)?;
         env.optional("GPUQ_ADMIN_GROUP", &mut self.admin_group);
         if let Some(value) = env.get("GPUQ_SERVERS") {
             let servers: Vec<String> = value
@@ -435,6 +453,17 @@ impl AgentConfig {
         check_path("agent.data_dir", &self.data_dir)?;
         check_path("agent.socket", &self.socket)?;
         check_group("agent.admin_group", &self.admin_group)?;
+        if !self.http_listen.ip().is_loopback() {
+            return Err(ConfigError::Invalid {
+                key: "agent.http_listen".into(),
+                problem: format!(
+                    "({}) is beyond loopback, and an agent serves its HTTP port on loopback \
+                     only (it has no tokens to check): use e.g. 127.0.0.1:7481 and scrape it \
+                     from a Prometheus agent on the node",
+                    self.http_listen
+                ),
+            });
+        }
         for (i, server) in self.servers.iter().enumerate() {
             if !is_host_port(server) {
                 return Err(ConfigError::Invalid {

@@ -45,6 +45,9 @@ pub struct ComputeAgent {
     pub health: Option<super::health::Latest>,
     /// Stay drained on first registration until the health check passes.
     pub preflight: bool,
+    /// Which job holds each GPU, from the last desired set (for metrics
+    /// and dcgm-exporter's job mapping).
+    pub holders: Arc<super::telemetry::GpuHolders>,
 }
 
 enum Session {
@@ -266,6 +269,7 @@ impl ComputeAgent {
             tokio::select! {
                 m = rx.recv() => match m {
                     Some(ServerMsg::Desired { tasks, stopping, preempted, .. }) => {
+                        self.holders.update(&tasks, self.gpus.as_deref());
                         ledger.desired = Some(tasks.into_iter().map(|t| (t.key, t)).collect());
                         ledger.stopping = stopping.into_iter().collect();
                         ledger.preempted = preempted.into_iter().collect();

@@ -16,6 +16,7 @@ mod node;
 pub mod runner;
 pub mod servers;
 mod spool;
+pub mod telemetry;
 
 pub use identity::ensure_identity;
 pub use login::{run_login, start_login, Forwarder};

@@ -40,6 +40,8 @@ pub struct Api {
     unacked_since: std::sync::Mutex<Option<(u64, std::time::Instant)>>,
     /// When each peer last answered this server's Raft requests.
     contacts: Arc<super::transport::PeerContacts>,
+    /// What this process measured for `/metrics`.
+    pub(super) observed: super::metrics::Observed,
 }
 
 /// A member further behind the leader's log than this is flagged lagging.
@@ -107,6 +109,7 @@ impl Api {
             proposer: super::propose::Proposer::start(node.raft.clone()),
             unacked_since: Default::default(),
             contacts: Default::default(),
+            observed: Default::default(),
             node,
         }
     }
@@ -202,6 +205,15 @@ impl Api {
             .pending_reasons
             .write()
             .unwrap_or_else(|p| p.into_inner()) = reasons;
+    }
+
+    /// The reasons of the last scheduling pass.
+    pub(super) fn pending_reasons(
+        &self,
+    ) -> std::sync::RwLockReadGuard<'_, crate::sched::PendingReasons> {
+        self.pending_reasons
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
     }
 
     /// The redb file holding the history archive.

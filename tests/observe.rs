@@ -1,0 +1,253 @@
+//! The HTTP port of real daemons: `/metrics` scraped with curl while jobs
+//! run, its figures checked against `gpuq queue`/`gpuq nodes`, its text
+//! checked by `promtool check metrics`; the agents' per-GPU telemetry and
+//! dcgm-exporter files follow the jobs holding the GPUs.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use common::{http_url_in, Agent, Cluster, Server};
+
+/// `curl URL` with `args`: (HTTP status, body).
+pub fn curl(url: &str, args: &[&str]) -> (u16, String) {
+    let out = Command::new("curl")
+        .args(["-s", "-S", "--max-time", "20", "-w", "\n%{http_code}"])
+        .args(args)
+        .arg(url)
+        .output()
+        .expect("curl runs (Debian's curl package)");
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
+    (code.trim().parse().unwrap_or(0), body.to_string())
+}
+
+/// Samples of a metrics page: `name{labels}` -> value, labels as written.
+fn samples(page: &str) -> BTreeMap<String, f64> {
+    page.lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .filter_map(|l| {
+            let (key, value) = l.rsplit_once(' ')?;
+            Some((key.to_string(), value.parse().ok()?))
+        })
+        .collect()
+}
+
+/// The sum of the samples of `name` whose labels contain every `want`.
+fn sum(samples: &BTreeMap<String, f64>, name: &str, want: &[&str]) -> f64 {
+    samples
+        .iter()
+        .filter(|(k, _)| k.split('{').next() == Some(name))
+        .filter(|(k, _)| want.iter().all(|w| k.contains(w)))
+        .map(|(_, v)| v)
+        .sum()
+}
+
+/// `promtool check metrics` on `page`; panics with its complaints. Where
+/// promtool is missing it says so, and fails in CI (`.ci/run` installs it).
+fn promtool_accepts(page: &str) {
+    let child = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn();
+    let mut child = match child {
+        Ok(c) => c,
+        Err(_) => {
+            assert!(
+                std::env::var_os("CI").is_none(),
+                "promtool is missing and CI installs it (Debian's prometheus)"
+            );
+            eprintln!("NOT RUN: promtool check metrics (install Debian's prometheus)");
+            return;
+        }
+    };
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(page.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "promtool check metrics refused the page: {}{}\n{page}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn http_url(log: &str) -> String {
+    http_url_in(log).unwrap_or_else(|| panic!("no http= in the daemon's ready line:\n{log}"))
+}
+
+/// Two nodes of 4 GPUs: a busy job (2 GPUs at 90%), an idle one (1 GPU,
+/// a sleep), and a job too big to start; the server's page agrees with
+/// `gpuq queue` and `gpuq nodes`, and the agents' pages label each GPU with
+/// the job holding it.
+#[test]
+fn metrics_agree_with_queue_and_nodes_while_jobs_run() {
+    let dir = common::shared_tempdir();
+    let server = Server::bootstrap(&dir.path().join("server"));
+    let token = server.ok(&["token", "create"]).trim().to_string();
+    let map = dir.path().join("dcgm");
+    let agents: Vec<Agent> = (1..=2)
+        .map(|i| {
+            let name = format!("n{i}");
+            let extra = format!("dcgm_job_map_dir = \"{}/{name}\"", map.display());
+            Agent::start_with(&server, &dir.path().join(&name), &name, 4, &token, &extra)
+        })
+        .collect();
+    let cluster = Cluster {
+        server,
+        agents,
+        dir: dir.path().to_path_buf(),
+    };
+    let busy = cluster.submit(&[
+        "--gpus",
+        "2",
+        "--export=ALL,GPUQ_FAKE_GPU_UTIL=90",
+        "--",
+        "sleep",
+        "60",
+    ]);
+    let idle = cluster.submit(&["--gpus", "1", "--", "sleep", "60"]);
+    let big = cluster.submit(&["--nodes", "2", "--gpus", "4", "--", "sleep", "1"]);
+    cluster.wait_started(&busy, Duration::from_secs(30));
+    cluster.wait_started(&idle, Duration::from_secs(30));
+
+    let url = http_url(&cluster.server.log());
+    let (code, page) = curl(&format!("{url}/metrics"), &[]);
+    assert_eq!(code, 200, "{page}");
+    promtool_accepts(&page);
+    let s = samples(&page);
+
+    let queue: serde_json::Value =
+        serde_json::from_str(&cluster.server.ok(&["queue", "--json"])).unwrap();
+    let count = |state: &str| {
+        queue
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|j| j["state"] == state)
+            .count() as f64
+    };
+    assert_eq!(
+        sum(&s, "gpuq_jobs", &["state=\"RUNNING\""]),
+        count("RUNNING")
+    );
+    assert_eq!(
+        sum(&s, "gpuq_jobs", &["state=\"PENDING\""]),
+        count("PENDING")
+    );
+    assert_eq!(count("PENDING"), 1.0, "{queue}");
+    let reason = queue
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|j| j["id"].as_u64().map(|i| i.to_string()).as_deref() == Some(big.as_str()))
+        .and_then(|j| j["reason_code"].as_str())
+        .unwrap_or("None")
+        .to_string();
+    assert_eq!(
+        sum(&s, "gpuq_jobs_pending", &[&format!("reason=\"{reason}\"")]),
+        1.0,
+        "pending by reason {reason}:\n{page}"
+    );
+    assert!(sum(&s, "gpuq_jobs_submitted_total", &[]) >= 3.0);
+    assert!(sum(&s, "gpuq_jobs_started_total", &[]) >= 2.0);
+    assert!(sum(&s, "gpuq_job_time_to_start_seconds_count", &[]) >= 2.0);
+    assert!(sum(&s, "gpuq_scheduler_pass_seconds_count", &[]) >= 1.0);
+    assert!(sum(&s, "gpuq_raft_log_write_seconds_count", &[]) >= 1.0);
+    assert_eq!(sum(&s, "gpuq_raft_is_leader", &[]), 1.0);
+    assert!(sum(&s, "gpuq_raft_commit_index", &[]) >= 1.0);
+
+    let nodes: serde_json::Value =
+        serde_json::from_str(&cluster.server.ok(&["nodes", "--json"])).unwrap();
+    for n in nodes.as_array().unwrap() {
+        let name = n["name"].as_str().unwrap();
+        let node = format!("node=\"{name}\"");
+        assert_eq!(
+            sum(&s, "gpuq_node_gpus_allocated", &[&node]),
+            n["gpus_used"].as_f64().unwrap(),
+            "{name}:\n{page}"
+        );
+        assert_eq!(sum(&s, "gpuq_node_gpus", &[&node]), 4.0);
+        assert!(sum(&s, "gpuq_node_heartbeat_age_seconds", &[&node]) < 10.0);
+    }
+    assert_eq!(sum(&s, "gpuq_node_gpus_allocated", &[]), 3.0);
+    assert_eq!(sum(&s, "gpuq_nodes", &["state=\"up\""]), 2.0);
+
+    // The agents: each GPU labelled with its holder; the busy job's GPUs
+    // at 90%, the idle job's at 0; dcgm-exporter's files name the jobs.
+    let mut seen = BTreeMap::new();
+    for a in &cluster.agents {
+        let (code, page) = curl(&format!("{}/metrics", http_url(&a.log())), &[]);
+        assert_eq!(code, 200, "{page}");
+        promtool_accepts(&page);
+        let s = samples(&page);
+        for job in [&busy, &idle] {
+            let held = format!("job=\"{job}\"");
+            let gpus = sum(&s, "gpuq_gpu_healthy", &[&held]);
+            if gpus > 0.0 {
+                let util = sum(&s, "gpuq_gpu_utilization_ratio", &[&held]) / gpus;
+                seen.insert(job.clone(), (gpus, util));
+                let files: Vec<String> = std::fs::read_dir(map.join(&a.name))
+                    .unwrap()
+                    .map(|e| std::fs::read_to_string(e.unwrap().path()).unwrap())
+                    .collect();
+                assert_eq!(
+                    files.iter().filter(|f| f.trim() == job.as_str()).count() as f64,
+                    gpus,
+                    "dcgm map of {} for job {job}: {files:?}",
+                    a.name
+                );
+            }
+        }
+    }
+    assert_eq!(seen.get(&busy), Some(&(2.0, 0.9)), "{seen:?}");
+    assert_eq!(seen.get(&idle), Some(&(1.0, 0.0)), "{seen:?}");
+}
+
+/// A port in use is a clear startup error naming the key.
+#[test]
+fn a_taken_http_port_stops_the_server_naming_the_key() {
+    let dir = common::shared_tempdir();
+    let d = dir.path();
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port();
+    let cfg = d.join("server.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[server]\nnode_name = \"s1\"\ndata_dir = \"{0}/data\"\nsocket = \"{0}/gpuq.sock\"\n\
+             listen = \"127.0.0.1:{1}\"\n",
+            d.display(),
+            common::free_port()
+        ),
+    )
+    .unwrap();
+    let mut child = common::gpuq_command()
+        .env("GPUQ_HTTP_LISTEN", format!("127.0.0.1:{port}"))
+        .args(["server", "--bootstrap", "--config"])
+        .arg(&cfg)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    common::wait_for("the server to exit", Duration::from_secs(30), || {
+        child.try_wait().unwrap().is_some()
+    });
+    let out = child.wait_with_output().unwrap();
+    let log = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(!out.status.success(), "{log}");
+    assert!(
+        log.contains(&format!("server.http_listen = 127.0.0.1:{port}")) && log.contains("in use"),
+        "{log}"
+    );
+    drop(taken);
+}
