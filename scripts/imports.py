@@ -31,7 +31,7 @@ ROOMS = {
     "raft": {"state", "model", "metric"},
     "net": {"model", "clock"},
     "config": {"model", "socket_path", "suggest", "hostname"},
-    "http": {"net", "model", "clock", "metric"},
+    "http": {"net", "model", "spec", "clock", "metric"},
     "agent": {"net", "model", "config", "clock", "owner_only", "socket_path", "http", "metric"},
     "server": {"raft", "state", "sched", "net", "model", "config", "clock", "owner_only", "socket_path", "http", "metric"},
     "cli": {"net", "model", "spec", "clock", "socket_path"},

@@ -251,3 +251,122 @@ fn a_taken_http_port_stops_the_server_naming_the_key() {
     );
     drop(taken);
 }
+
+/// `curl` with a bearer token (none when empty) and a method.
+fn call(url: &str, token: &str, method: &str, body: Option<&str>) -> (u16, serde_json::Value) {
+    let auth = format!("Authorization: Bearer {token}");
+    let mut args = vec!["-X", method];
+    if !token.is_empty() {
+        args.extend(["-H", &auth]);
+    }
+    if let Some(b) = body {
+        args.extend(["-H", "Content-Type: application/json", "--data-binary", b]);
+    }
+    let (code, text) = curl(url, &args);
+    (code, serde_json::from_str(&text).unwrap_or_default())
+}
+
+/// Submit, list and cancel through curl with user tokens: a user's token
+/// cannot cancel another's job; no token, an expired, a forged and a
+/// revoked token are refused (401) and logged; a read-only token reads.
+#[test]
+fn the_api_takes_user_tokens_and_keeps_users_apart() {
+    let dir = common::shared_tempdir();
+    let c = Cluster::start(dir.path(), 1, 2);
+    let url = http_url(&c.server.log());
+    let jobs = format!("{url}/api/v1/jobs");
+    let token = |args: &[&str]| {
+        let mut full = vec!["token", "create", "--role", "user"];
+        full.extend_from_slice(args);
+        c.server.ok(&full).trim().to_string()
+    };
+    let alice = token(&["--user", "alice"]);
+    let bob = token(&["--user", "bob", "--ttl", "1h"]);
+    let reader = token(&["--user", "alice", "--read-only"]);
+    let expiring = token(&["--user", "alice", "--ttl", "1s"]);
+    assert!(alice.starts_with("gpuqapi1-"), "{alice}");
+
+    let body = r#"{"args": ["--hold", "--gpus", "1"], "command": ["sleep", "30"]}"#;
+    let (code, a) = call(&jobs, &alice, "POST", Some(body));
+    assert_eq!(code, 201, "{a}");
+    let a = a["id"].as_u64().unwrap();
+    let (code, b) = call(&jobs, &bob, "POST", Some(body));
+    assert_eq!(code, 201, "{b}");
+    let b = b["id"].as_u64().unwrap();
+    assert_eq!(c.job(&a.to_string())["user"], "alice");
+
+    let (code, list) = call(&jobs, &reader, "GET", None);
+    assert_eq!(code, 200, "{list}");
+    let ids: Vec<u64> = list["jobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|j| j["id"].as_u64().unwrap())
+        .collect();
+    assert_eq!(ids, vec![a, b]);
+    let (code, who) = call(&format!("{url}/api/v1/whoami"), &reader, "GET", None);
+    assert_eq!(
+        (code, &who["user"], &who["read_only"]),
+        (200, &"alice".into(), &true.into())
+    );
+
+    // Alice cannot cancel Bob's job; the refusal is logged.
+    let (code, e) = call(&format!("{jobs}/{b}"), &alice, "DELETE", None);
+    assert_eq!(code, 403, "{e}");
+    assert_eq!(c.job(&b.to_string())["state"], "PENDING");
+    // Reads and writes refused for what a token is not.
+    let forged = format!("{}X", &alice[..alice.len() - 1]);
+    std::thread::sleep(Duration::from_millis(1200));
+    for (what, t, want) in [
+        ("no token", "", 401),
+        ("forged", forged.as_str(), 401),
+        ("expired", expiring.as_str(), 401),
+        ("read-only", reader.as_str(), 403),
+        ("junk", "hello", 401),
+    ] {
+        let (code, e) = call(&format!("{jobs}/{a}/cancel"), t, "POST", None);
+        assert_eq!(code, want, "{what}: {e}");
+        assert!(e["error"].is_string(), "{what}: {e}");
+    }
+    assert_eq!(c.job(&a.to_string())["state"], "PENDING");
+    let log = c.server.log();
+    for why in [
+        "no token",
+        "secret is wrong",
+        "expired",
+        "read-only",
+        "not a gpuq API token",
+    ] {
+        assert!(log.contains(why), "the refusal '{why}' is logged:\n{log}");
+    }
+    assert!(
+        log.contains("http request refused") && log.contains("user=alice"),
+        "{log}"
+    );
+
+    // Alice cancels her own.
+    let (code, e) = call(&format!("{jobs}/{a}"), &alice, "DELETE", None);
+    assert_eq!(code, 200, "{e}");
+    assert_eq!(e["ids"], serde_json::json!([a]));
+    assert_eq!(c.job(&a.to_string())["state"], "CANCELLED");
+
+    // Listed without secrets, and revoked.
+    let listed = c.server.ok(&["token", "list", "--role", "user", "--json"]);
+    let listed: serde_json::Value = serde_json::from_str(&listed).unwrap();
+    assert_eq!(listed.as_array().unwrap().len(), 4, "{listed}");
+    let secret = alice.split('.').nth(1).unwrap();
+    assert!(!listed.to_string().contains(secret));
+    let id = alice
+        .trim_start_matches("gpuqapi1-")
+        .split('.')
+        .next()
+        .unwrap();
+    c.server.ok(&["token", "revoke", id]);
+    let (code, e) = call(&jobs, &alice, "GET", None);
+    assert_eq!(code, 401, "{e}");
+    // An API token has no use count.
+    let out = c.server.cli(&[
+        "token", "create", "--role", "user", "--user", "bob", "--uses", "1",
+    ]);
+    assert!(!out.status.success());
+}

@@ -28,7 +28,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http_body_util::Full;
+use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -38,6 +38,8 @@ use crate::net::proto::{ApiRequest, ApiResponse, Caller};
 
 pub use api::{AuthError, Grant};
 
+/// The most bytes a request body may carry (a bulk submit fits).
+const MAX_BODY: usize = 8 << 20;
 /// Connections served at once; more wait to be accepted.
 const MAX_CONNECTIONS: usize = 256;
 /// How long a client may take to send a request's headers.
@@ -304,6 +306,20 @@ fn unauthorized(message: &str) -> Response<Full<Bytes>> {
         hyper::header::HeaderValue::from_static("Bearer realm=\"gpuq\""),
     );
     resp
+}
+
+/// Reads a request's body, at most [`MAX_BODY`] bytes.
+pub(crate) async fn body_bytes(
+    req: Request<Incoming>,
+) -> Result<Bytes, Box<Response<Full<Bytes>>>> {
+    match Limited::new(req.into_body(), MAX_BODY).collect().await {
+        Ok(b) => Ok(b.to_bytes()),
+        Err(e) => Err(Box::new(json_error(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "BadInput",
+            &format!("the request body could not be read (at most {MAX_BODY} bytes): {e}"),
+        ))),
+    }
 }
 
 async fn route(site: &dyn Site, peer: SocketAddr, req: Request<Incoming>) -> Response<Full<Bytes>> {

@@ -304,6 +304,7 @@ impl Api {
                 | ApiRequest::Hold { .. }
                 | ApiRequest::TokenCreate { .. }
                 | ApiRequest::TokenRevoke { .. }
+                | ApiRequest::ApiTokenCreate { .. }
                 | ApiRequest::Logs { .. }
                 | ApiRequest::NodeDrain { .. }
                 | ApiRequest::NodeResume { .. }
@@ -529,11 +530,14 @@ impl Api {
                 }
                 self.create_token(&caller, role, ttl_secs, uses).await
             }
-            ApiRequest::TokenList => {
-                if !caller.admin {
-                    return forbidden("listing join tokens");
-                }
-                self.token_list()
+            ApiRequest::TokenList => self.token_list(&caller),
+            ApiRequest::ApiTokenCreate {
+                user,
+                ttl_secs,
+                read_only,
+            } => {
+                self.create_api_token(&caller, user, ttl_secs, read_only)
+                    .await
             }
             ApiRequest::AddServer { .. } => ApiResponse::error(
                 ErrorKind::Forbidden,
@@ -545,22 +549,7 @@ impl Api {
             | ApiRequest::PolicyShow
             | ApiRequest::Share
             | ApiRequest::Priorities { .. }) => self.policy_request(&caller, req).await,
-            ApiRequest::TokenRevoke { id } => {
-                if !caller.admin {
-                    return forbidden("revoking a join token");
-                }
-                match self
-                    .write(Command::RevokeToken {
-                        id: id.clone(),
-                        now: now_ms(),
-                    })
-                    .await
-                {
-                    Ok(CommandResult::TokenRevoked) => ApiResponse::TokenRevoked { id },
-                    Ok(other) => self.unexpected(other),
-                    Err(resp) => resp,
-                }
-            }
+            ApiRequest::TokenRevoke { id } => self.revoke_token(&caller, id).await,
         }
     }
 

@@ -16,6 +16,21 @@ impl crate::http::Site for ServerSite {
         super::metrics::render(&self.api)
     }
 
+    fn authenticate(
+        &self,
+        token: &str,
+    ) -> Option<Result<crate::http::Grant, crate::http::AuthError>> {
+        Some(self.api.authenticate(token))
+    }
+
+    async fn call(
+        &self,
+        caller: crate::net::proto::Caller,
+        req: crate::net::proto::ApiRequest,
+    ) -> crate::net::proto::ApiResponse {
+        self.api.handle(caller, req).await
+    }
+
     fn health(&self) -> Result<String, String> {
         let m = self.api.metrics().borrow().clone();
         if let Err(fatal) = &m.running_state {

@@ -385,6 +385,25 @@ pub fn build_batch_spec(
     finish_spec(args, program, file_name(path), env, cwd)
 }
 
+/// Builds the spec of a command (`argv`), never taking its first word for a
+/// script to read: for submissions over HTTP, where the files are the
+/// server's, not the submitter's. Defaults and checks are `build_spec`'s.
+pub fn build_command_spec(
+    args: &SubmitArgs,
+    argv: Vec<String>,
+    env: &[(String, String)],
+    cwd: &Path,
+) -> Result<JobSpec, SpecError> {
+    if !cwd.is_absolute() {
+        return Err(SpecError::RelativeCwd(cwd.to_path_buf()));
+    }
+    let Some(first) = argv.first() else {
+        return Err(SpecError::NoProgram);
+    };
+    let name = file_name(first);
+    finish_spec(args, Program::Command { argv }, name, env, cwd)
+}
+
 /// Builds the spec of an allocation (`srun` outside one, `salloc`): nothing
 /// runs by itself; `argv` is what its first step will run, for display.
 pub fn build_allocation_spec(

@@ -173,6 +173,11 @@ pub enum Command {
         job: JobId,
         now: Millis,
     },
+    /// Records a new API token (its secret's hash only). `RevokeToken`
+    /// revokes one as it does a join token.
+    CreateApiToken {
+        record: crate::model::ApiTokenRecord,
+    },
 }
 
 /// What applying a command answered. Returned to the proposer after commit.
@@ -194,6 +199,7 @@ pub enum CommandResult {
         hold: bool,
     },
     TokenCreated,
+    ApiTokenCreated,
     TokenRevoked,
     TokenUsed,
     NodeRegistered,

@@ -117,5 +117,6 @@ fn request_name(req: &ApiRequest) -> &'static str {
         ApiRequest::Signal { .. } => "signal",
         ApiRequest::Requeue { .. } => "requeue",
         ApiRequest::Update { .. } => "update",
+        ApiRequest::ApiTokenCreate { .. } => "api-token-create",
     }
 }
