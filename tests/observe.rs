@@ -6,6 +6,7 @@
 mod common;
 
 use std::collections::BTreeMap;
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
@@ -369,4 +370,85 @@ fn the_api_takes_user_tokens_and_keeps_users_apart() {
         "token", "create", "--role", "user", "--user", "bob", "--uses", "1",
     ]);
     assert!(!out.status.success());
+}
+
+/// The web page in headless Chromium on a cluster with jobs running: the
+/// queue lists them, the GPU map shows each job on its GPUs, and a job
+/// cancelled from the page (with a token) ends CANCELLED. A screenshot is
+/// kept in target/observe-web.png.
+#[test]
+fn the_web_page_shows_jobs_on_the_gpu_map_and_cancels() {
+    let dir = common::shared_tempdir();
+    let c = Cluster::start(dir.path(), 2, 4);
+    let url = http_url(&c.server.log());
+    let two = c.submit(&["--gpus", "2", "--", "sleep", "120"]);
+    let one = c.submit(&["--gpus", "1", "--", "sleep", "120"]);
+    let big = c.submit(&["--nodes", "2", "--gpus", "4", "--", "sleep", "1"]);
+    c.wait_started(&two, Duration::from_secs(30));
+    c.wait_started(&one, Duration::from_secs(30));
+    let Some(mut page) = common::browser::Browser::open(&format!("{url}/")) else {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "chromium is missing and CI installs it"
+        );
+        eprintln!("NOT RUN: the web page test needs Debian's chromium");
+        return;
+    };
+    let first = page.wait(
+        "the first render",
+        "document.body.dataset.loaded === 'yes'",
+        Duration::from_secs(30),
+    );
+    eprintln!(
+        "figure: the page's first render took {} ms",
+        first.as_millis()
+    );
+    page.wait(
+        "the running jobs on the GPU map",
+        &format!(
+            "document.querySelectorAll('.gpu[data-job=\"{two}\"]').length === 2 && \
+             document.querySelectorAll('.gpu[data-job=\"{one}\"]').length === 1"
+        ),
+        Duration::from_secs(15),
+    );
+    let rows = page.eval("[...document.querySelectorAll('#queue tbody tr')].map(r => r.dataset.job + ' ' + r.cells[3].textContent + ' ' + r.cells[6].textContent)");
+    let rows: Vec<String> = serde_json::from_value(rows).unwrap();
+    assert!(
+        rows.iter()
+            .any(|r| r.starts_with(&format!("{two} RUNNING"))),
+        "{rows:?}"
+    );
+    assert!(
+        rows.iter()
+            .any(|r| r.starts_with(&format!("{big} PENDING"))),
+        "{rows:?}"
+    );
+    let gpus = page.eval("document.querySelectorAll('#nodes .gpu').length");
+    assert_eq!(gpus, 8);
+    assert_eq!(page.eval("document.getElementById('error').hidden"), true);
+    let png = page.screenshot();
+    let shot = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/observe-web.png");
+    std::fs::write(&shot, &png).unwrap();
+    assert!(png.starts_with(b"\x89PNG"), "a PNG in {}", shot.display());
+
+    // Without a token there is nothing to click; with one, cancel.
+    assert_eq!(
+        page.eval("document.querySelectorAll('button.cancel').length"),
+        0
+    );
+    let token = c.server.ok(&["token", "create", "--role", "user"]);
+    page.eval(&format!(
+        "document.getElementById('token').value = {:?}; \
+         document.getElementById('token-form').requestSubmit(); true",
+        token.trim()
+    ));
+    let button = format!("button.cancel[data-job=\"{one}\"]");
+    page.wait(
+        "a cancel button",
+        &format!("!!document.querySelector('{button}')"),
+        Duration::from_secs(15),
+    );
+    page.eval(&format!("document.querySelector('{button}').click(); true"));
+    c.wait_state(&one, "CANCELLED", Duration::from_secs(30));
+    assert_eq!(c.job(&two)["state"], "RUNNING");
 }
