@@ -84,7 +84,10 @@ fn time(addr: &str, path: &str, reps: usize) -> (f64, f64, usize) {
 fn main() {
     let smoke = std::env::var_os("GPUQ_BENCH_SMOKE").is_some();
     let nodes = env_u64("GPUQ_BENCH_OBSERVE_NODES", if smoke { 16 } else { 1_000 }) as u32;
-    let jobs = env_u64("GPUQ_BENCH_OBSERVE_JOBS", if smoke { 1_000 } else { 100_000 });
+    let jobs = env_u64(
+        "GPUQ_BENCH_OBSERVE_JOBS",
+        if smoke { 1_000 } else { 100_000 },
+    );
     let reps = env_u64("GPUQ_BENCH_N", if smoke { 3 } else { 20 }) as usize;
     let running = u64::from(nodes / 2);
     let dir = tempfile::tempdir().unwrap();

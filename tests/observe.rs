@@ -452,3 +452,73 @@ fn the_web_page_shows_jobs_on_the_gpu_map_and_cancels() {
     c.wait_state(&one, "CANCELLED", Duration::from_secs(30));
     assert_eq!(c.job(&two)["state"], "RUNNING");
 }
+
+/// Beyond loopback the server's HTTP port is TLS with its certificate
+/// (named for its node name, signed by the cluster CA), and a request from
+/// another address needs a token even to read.
+#[test]
+fn beyond_loopback_the_http_port_is_tls_and_wants_a_token() {
+    let dir = common::shared_tempdir();
+    let d = dir.path();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let cfg = d.join("server.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[server]\nnode_name = \"s1\"\ndata_dir = \"{0}/data\"\nsocket = \"{0}/gpuq.sock\"\n\
+             listen = \"127.0.0.1:{1}\"\n",
+            d.display(),
+            common::free_port()
+        ),
+    )
+    .unwrap();
+    let log = std::fs::File::create(d.join("server.log")).unwrap();
+    let mut child = common::gpuq_command()
+        .env("GPUQ_HTTP_LISTEN", format!("0.0.0.0:{port}"))
+        .args(["server", "--bootstrap", "--config"])
+        .arg(&cfg)
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    let read_log = || std::fs::read_to_string(d.join("server.log")).unwrap_or_default();
+    common::wait_for("the server", Duration::from_secs(30), || {
+        read_log().contains("server ready")
+    });
+    assert!(
+        read_log().contains(&format!("http=https://0.0.0.0:{port}")),
+        "{}",
+        read_log()
+    );
+    let ca = d.join("data/tls/ca.crt");
+    let resolve = format!("s1:{port}:127.0.0.1");
+    let https = format!("https://s1:{port}/healthz");
+    let (code, body) = curl(
+        &https,
+        &["--cacert", ca.to_str().unwrap(), "--resolve", &resolve],
+    );
+    assert_eq!(code, 200, "{body}");
+    // Plain HTTP gets no answer; an unknown CA is refused by the client.
+    let (code, _) = curl(&format!("http://127.0.0.1:{port}/healthz"), &[]);
+    assert_ne!(code, 200);
+    let (code, _) = curl(&https, &["--resolve", &resolve]);
+    assert_ne!(code, 200);
+    // From this host's other address, when it has one: a token is needed.
+    let other = std::net::UdpSocket::bind("0.0.0.0:0").and_then(|s| {
+        s.connect("192.0.2.1:9")?;
+        s.local_addr()
+    });
+    if let Some(ip) = other.ok().map(|a| a.ip()).filter(|ip| !ip.is_loopback()) {
+        let resolve = format!("s1:{port}:{ip}");
+        let (code, body) = curl(
+            &format!("https://s1:{port}/api/v1/jobs"),
+            &["--cacert", ca.to_str().unwrap(), "--resolve", &resolve],
+        );
+        assert_eq!(code, 401, "{body}");
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}
