@@ -578,6 +578,11 @@ example_server_toml() {
 # archived. The leader's value counts.
 # history_retention_secs = 300
 
+# Seconds a running job's GPUs may all sit idle (no GPU over 5% busy, as
+# its agents sample them) before `gpuq queue` and `gpuq show` flag the job
+# idle: a hung rank, a crashed worker, a notebook left open. 0: never.
+# idle_gpu_secs = 1800
+
 # Ports MASTER_PORT is chosen from, FIRST-LAST: each job gets one no other
 # running job with its rank 0 on the same node has. A cluster setting: the
 # server that bootstraps the cluster writes its value into the replicated

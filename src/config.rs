@@ -64,6 +64,9 @@ pub struct ServerConfig {
     /// Finished jobs move from memory to the on-disk history archive this
     /// long after they end.
     pub history_retention_secs: u64,
+    /// A running job whose GPUs were all idle this long is flagged idle
+    /// (`gpuq queue`, `gpuq show`); 0: never.
+    pub idle_gpu_secs: u64,
     /// Where MASTER_PORT is chosen from; taken into the cluster's state
     /// when this server bootstraps it.
     pub master_port_range: crate::model::PortRange,
@@ -169,6 +172,7 @@ impl Default for ServerConfig {
             max_token_ttl_secs: 7 * 24 * 3600,
             node_ttl_secs: 10,
             history_retention_secs: 300,
+            idle_gpu_secs: 1800,
             master_port_range: Default::default(),
             raft: RaftConfig::default(),
             bootstrap: BootstrapConfig::default(),

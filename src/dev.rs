@@ -103,6 +103,7 @@ pub async fn start(
         max_token_ttl_secs: 7 * 24 * 3600,
         node_ttl_secs: 10,
         history_retention_secs: 300,
+        idle_gpu_secs: 1800,
         master_port_range: Default::default(),
         raft: Default::default(),
         bootstrap: Default::default(),

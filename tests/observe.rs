@@ -522,3 +522,43 @@ fn beyond_loopback_the_http_port_is_tls_and_wants_a_token() {
     let _ = child.kill();
     let _ = child.wait();
 }
+
+/// A job holding idle GPUs (a sleep) is flagged once they were idle for
+/// the servers' idle_gpu_secs; a busy one (the fake GPUs' controllable
+/// load) is not, and `gpuq show` reports both jobs' mean utilisation.
+#[test]
+fn idle_gpu_jobs_are_flagged_and_busy_ones_are_not() {
+    let dir = common::shared_tempdir();
+    let c = Cluster::start_with_config(dir.path(), 1, 4, 10, "idle_gpu_secs = 3");
+    let busy = c.submit(&[
+        "--gpus",
+        "2",
+        "--export=ALL,GPUQ_FAKE_GPU_UTIL=80",
+        "--",
+        "sleep",
+        "60",
+    ]);
+    let idle = c.submit(&["--gpus", "1", "--", "sleep", "60"]);
+    c.wait_started(&busy, Duration::from_secs(30));
+    c.wait_started(&idle, Duration::from_secs(30));
+    common::wait_for("the idle job flagged", Duration::from_secs(30), || {
+        c.job(&idle)["gpu_use"]["idle"] == true
+    });
+    let b = c.job(&busy);
+    assert_eq!(b["gpu_use"]["mean_util_pct"], 80, "{b}");
+    assert!(b["gpu_use"]["idle"].is_null(), "{b}");
+    let i = c.job(&idle);
+    assert_eq!(i["gpu_use"]["mean_util_pct"], 0, "{i}");
+    let shown = c.server.ok(&["show", &idle]);
+    assert!(shown.contains("GpuIdle"), "{shown}");
+    let queue = c.server.ok(&["queue"]);
+    let line = |id: &str| {
+        queue
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(id))
+            .unwrap_or_default()
+            .to_string()
+    };
+    assert!(line(&idle).contains("GPUs idle for"), "{queue}");
+    assert!(!line(&busy).contains("idle"), "{queue}");
+}

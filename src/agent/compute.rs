@@ -298,6 +298,12 @@ impl ComputeAgent {
                     if write_frame(&mut send, &AgentMsg::Heartbeat).await.is_err() {
                         break Session::Lost("heartbeat failed".into());
                     }
+                    let jobs = self.holders.use_report();
+                    if !jobs.is_empty()
+                        && write_frame(&mut send, &AgentMsg::GpuUse { jobs }).await.is_err()
+                    {
+                        break Session::Lost("connection lost".into());
+                    }
                     if let Some(msg) = self.gpu_health() {
                         if write_frame(&mut send, &msg).await.is_err() {
                             break Session::Lost("connection lost".into());

@@ -99,6 +99,11 @@ pub async fn start_compute(
     let holders = Arc::new(super::telemetry::GpuHolders::with_dcgm_dir(
         cfg.dcgm_job_map_dir.clone(),
     ));
+    tokio::spawn(super::telemetry::sample_loop(
+        gpus.clone(),
+        holders.clone(),
+        shutdown.clone(),
+    ));
     let http_url = http.url();
     http.serve(
         Arc::new(super::telemetry::AgentSite {

@@ -11,6 +11,10 @@
 //! changes, by a rename so the exporter never reads half of one, and
 //! removed when its GPU is free.
 //!
+//! Each job's use of its GPUs is sampled every [`SAMPLE_EVERY`] (mean
+//! utilisation and memory, time since a GPU of it was last busy) and sent
+//! to the leader with the heartbeat, for `gpuq show` and the idle flag.
+//!
 //! Simulated GPUs take their load from the tasks: a job whose environment
 //! has `GPUQ_FAKE_GPU_UTIL=N` (0-100) shows its GPUs N% busy, any other job
 //! (a `sleep` holding GPUs) shows them idle, so the idle-GPU view can be
@@ -19,14 +23,31 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use super::gpu::GpuBackend;
 use crate::http::exposition::{Exposition, Kind};
-use crate::model::{GpuInfo, JobId};
+use crate::model::{GpuInfo, GpuUse, JobId};
 use crate::net::agent_proto::DesiredTask;
 
 /// The job variable that sets a simulated GPU's utilisation (percent).
 pub const FAKE_UTIL_VAR: &str = "GPUQ_FAKE_GPU_UTIL";
+
+/// How often the jobs' GPUs are sampled.
+pub const SAMPLE_EVERY: Duration = Duration::from_secs(2);
+
+/// A GPU above this utilisation (percent) counts as busy.
+const BUSY_PCT: f64 = 5.0;
+
+/// One job's samples on this node.
+#[derive(Clone, Debug)]
+struct JobSamples {
+    samples: u64,
+    util_sum: f64,
+    memory_sum: f64,
+    first: Instant,
+    last_busy: Option<Instant>,
+}
 
 /// The job and user holding one GPU.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -44,6 +65,8 @@ pub struct GpuHolders {
     /// Where dcgm-exporter's job-mapping files go, and what they hold now.
     dcgm_dir: Option<PathBuf>,
     written: Mutex<BTreeMap<u32, JobId>>,
+    /// Each held job's samples, while it holds GPUs here.
+    samples: Mutex<BTreeMap<JobId, JobSamples>>,
 }
 
 impl GpuHolders {
@@ -97,6 +120,54 @@ impl GpuHolders {
         *self.by_gpu.lock().unwrap_or_else(|e| e.into_inner()) = by_gpu;
     }
 
+    /// Adds one sample of each held GPU to its job's figures.
+    pub fn sample(&self, readings: &[super::gpu::GpuTelemetry]) {
+        let by_gpu = self.by_gpu.lock().unwrap_or_else(|e| e.into_inner());
+        let mut samples = self.samples.lock().unwrap_or_else(|e| e.into_inner());
+        samples.retain(|job, _| by_gpu.values().any(|h| h.job == *job));
+        let now = Instant::now();
+        for t in readings {
+            let Some(h) = by_gpu.get(&t.index) else {
+                continue;
+            };
+            let s = samples.entry(h.job).or_insert(JobSamples {
+                samples: 0,
+                util_sum: 0.0,
+                memory_sum: 0.0,
+                first: now,
+                last_busy: None,
+            });
+            s.samples += 1;
+            s.util_sum += t.utilization_pct;
+            if t.memory_total_mb > 0 {
+                s.memory_sum += 100.0 * t.memory_used_mb as f64 / t.memory_total_mb as f64;
+            }
+            if t.utilization_pct > BUSY_PCT {
+                s.last_busy = Some(now);
+            }
+        }
+    }
+
+    /// Each held job's use so far, for the leader.
+    pub fn use_report(&self) -> Vec<(JobId, GpuUse)> {
+        let samples = self.samples.lock().unwrap_or_else(|e| e.into_inner());
+        samples
+            .iter()
+            .filter(|(_, s)| s.samples > 0)
+            .map(|(job, s)| {
+                let n = s.samples as f64;
+                let use_ = GpuUse {
+                    samples: s.samples,
+                    mean_util_pct: (s.util_sum / n).round() as u32,
+                    mean_memory_pct: (s.memory_sum / n).round() as u32,
+                    idle_secs: s.last_busy.unwrap_or(s.first).elapsed().as_secs(),
+                    idle: false,
+                };
+                (*job, use_)
+            })
+            .collect()
+    }
+
     /// The holder of `gpu`, if any.
     pub fn holder(&self, gpu: u32) -> Option<Holder> {
         self.by_gpu
@@ -129,6 +200,21 @@ fn write_dcgm_map(
         }
     }
     Ok(())
+}
+
+/// Samples the GPUs into `holders` every [`SAMPLE_EVERY`] until `shutdown`.
+pub async fn sample_loop(
+    gpus: Arc<dyn GpuBackend>,
+    holders: Arc<GpuHolders>,
+    mut shutdown: tokio::sync::watch::Receiver<bool>,
+) {
+    let mut tick = tokio::time::interval(SAMPLE_EVERY);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => holders.sample(&gpus.telemetry()),
+            _ = shutdown.changed() => return,
+        }
+    }
 }
 
 /// The agent's HTTP site: its node's GPUs.

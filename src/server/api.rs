@@ -241,6 +241,7 @@ impl Api {
     }
 
     pub(super) fn with_reason(&self, mut job: crate::model::Job) -> crate::model::Job {
+        self.fill_gpu_use(&mut job);
         if job.state == JobState::Pending && job.reason.is_none() {
             let reasons = self
                 .pending_reasons
