@@ -9,6 +9,7 @@
 //! later line wins), then flags over directives. Defaults are applied last,
 //! in `build_spec`.
 
+mod command;
 pub mod directives;
 pub mod memory;
 pub mod placement;
@@ -24,6 +25,7 @@ use clap::{value_parser, Args, CommandFactory, Parser};
 
 use crate::clock::now_ms;
 use crate::model::{JobSpec, Program, RequeuePolicy, TopologyRequirement};
+pub use command::build_command_spec;
 use directives::DirectivePrefix;
 pub use placement::{Features, HostList};
 pub use time::TimeLimit;
@@ -383,25 +385,6 @@ pub fn build_batch_spec(
         args: Vec::new(),
     };
     finish_spec(args, program, file_name(path), env, cwd)
-}
-
-/// Builds the spec of a command (`argv`), never taking its first word for a
-/// script to read: for submissions over HTTP, where the files are the
-/// server's, not the submitter's. Defaults and checks are `build_spec`'s.
-pub fn build_command_spec(
-    args: &SubmitArgs,
-    argv: Vec<String>,
-    env: &[(String, String)],
-    cwd: &Path,
-) -> Result<JobSpec, SpecError> {
-    if !cwd.is_absolute() {
-        return Err(SpecError::RelativeCwd(cwd.to_path_buf()));
-    }
-    let Some(first) = argv.first() else {
-        return Err(SpecError::NoProgram);
-    };
-    let name = file_name(first);
-    finish_spec(args, Program::Command { argv }, name, env, cwd)
 }
 
 /// Builds the spec of an allocation (`srun` outside one, `salloc`): nothing
