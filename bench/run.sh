@@ -27,6 +27,10 @@
 #                                               shell's prompt round trips,
 #                                               keystroke echo through the pty
 #                                               path (1 server, 1 agent)
+#                            benches/observe.rs the HTTP port at 1,000
+#                                               simulated nodes and 100,000
+#                                               jobs: /metrics scrape time
+#                                               and size, API list p50
 #                            benches/fuzz.rs    10 million fuzz inputs over the
 #                                               local socket's frames, agent and
 #                                               Raft protocols, apply, snapshots,
@@ -67,7 +71,7 @@ smoke=0
 case "${1:-}" in
   --smoke) smoke=1 ;;
   "") ;;
-  -h|--help) sed -n '2,62p' "$0"; exit 0 ;;
+  -h|--help) sed -n '2,66p' "$0"; exit 0 ;;
   *) echo "bench/run.sh: unknown argument $1 (use --smoke or nothing)" >&2; exit 1 ;;
 esac
 
@@ -81,6 +85,7 @@ if [ "$smoke" = 1 ]; then
   cargo bench --profile dev --bench ha
   cargo bench --profile dev --bench sacct
   cargo bench --profile dev --bench interactive
+  cargo bench --profile dev --bench observe
   cargo bench --profile dev --bench fuzz
   cargo bench --profile dev --bench chaos
   bench/peer.sh --smoke
@@ -92,6 +97,7 @@ else
   cargo bench --bench ha
   cargo bench --bench sacct
   cargo bench --bench interactive
+  cargo bench --bench observe
   cargo bench --bench fuzz
   cargo bench --bench chaos
   bench/peer.sh

@@ -303,6 +303,7 @@ fn queue_100k(base: &ClusterView, passes: usize) {
                 UsageCell {
                     gpu_ms: 3_600_000 * 100 * (i as u64 + 1),
                     at: 0,
+                    total_gpu_ms: 0,
                 },
             )]
             .into(),

@@ -512,7 +512,7 @@ example_server_toml() {
 #
 # Environment variables override the file, and command-line flags override
 # both: GPUQ_CLUSTER_NAME, GPUQ_NODE_NAME, GPUQ_DATA_DIR, GPUQ_LISTEN,
-# GPUQ_ADVERTISE, GPUQ_SOCKET, GPUQ_ADMIN_GROUP. An empty GPUQ_ADVERTISE or
+# GPUQ_ADVERTISE, GPUQ_SOCKET, GPUQ_HTTP_LISTEN, GPUQ_ADMIN_GROUP. An empty GPUQ_ADVERTISE or
 # GPUQ_ADMIN_GROUP clears the setting.
 
 [server]
@@ -537,6 +537,15 @@ example_server_toml() {
 
 # Unix socket for the gpuq CLI on this host.
 # socket = "/run/gpuq/gpuq.sock"
+
+# TCP address of the HTTP port: Prometheus metrics at /metrics, /healthz,
+# the JSON API under /api/v1/ (bearer tokens from `gpuq token create --role
+# user`) and the web page at /. A request from this host's loopback may read
+# without a token; any other needs one. An address beyond loopback is served
+# over TLS with this server's certificate (signed by the cluster CA, named
+# for node_name: `curl --cacert ca.pem https://NODE_NAME:7480/`); the
+# port taken by another process is an error at start.
+# http_listen = "127.0.0.1:7480"
 
 # Members of this Unix group are gpuq admins (as is root). Default: unset,
 # only root.
@@ -568,6 +577,11 @@ example_server_toml() {
 # answer for archived jobs too; `gpuq queue --all` lists only those not yet
 # archived. The leader's value counts.
 # history_retention_secs = 300
+
+# Seconds a running job's GPUs may all sit idle (no GPU over 5% busy, as
+# its agents sample them) before `gpuq queue` and `gpuq show` flag the job
+# idle: a hung rank, a crashed worker, a notebook left open. 0: never.
+# idle_gpu_secs = 1800
 
 # Ports MASTER_PORT is chosen from, FIRST-LAST: each job gets one no other
 # running job with its rank 0 on the same node has. A cluster setting: the
@@ -632,8 +646,8 @@ example_agent_toml() {
 #
 # Environment variables override the file, and command-line flags override
 # both: GPUQ_NODE_NAME, GPUQ_DATA_DIR, GPUQ_LISTEN, GPUQ_SOCKET,
-# GPUQ_ADMIN_GROUP, GPUQ_SERVERS (comma-separated HOST:PORT). An empty
-# GPUQ_ADMIN_GROUP clears the setting.
+# GPUQ_HTTP_LISTEN, GPUQ_ADMIN_GROUP, GPUQ_SERVERS (comma-separated
+# HOST:PORT). An empty GPUQ_ADMIN_GROUP clears the setting.
 
 [agent]
 
@@ -649,6 +663,19 @@ example_agent_toml() {
 
 # Unix socket for the gpuq CLI on this host.
 # socket = "/run/gpuq/gpuq.sock"
+
+# TCP address of the agent's HTTP port: Prometheus metrics at /metrics (the
+# node's GPUs: utilisation, memory, temperature, power, ECC and XID counts,
+# labelled with the job and user holding each) and /healthz. Loopback only
+# for now: scrape it from a Prometheus agent on the node. The port taken by
+# another process is an error at start.
+# http_listen = "127.0.0.1:7481"
+
+# A directory for dcgm-exporter's job mapping (its --hpc-job-mapping-dir):
+# one file per GPU index, holding the ids of the jobs on that GPU, one per
+# line, so dcgm-exporter labels its metrics with hpc_job. Default: unset,
+# no files.
+# dcgm_job_map_dir = "/run/dcgm-job-map"
 
 # Servers to contact, as HOST:PORT; any one of them will do, the agent finds
 # the leader. The leader tells the agent every member's address; the agent

@@ -22,10 +22,12 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use checks::{check_group, check_name, check_path, is_host_port};
 pub use gpus::{FakeGpuConfig, FakeNvLink, GpuConfig};
 pub use health_check::HealthCheck;
 use toml_file::field_names;
 
+mod checks;
 pub mod gpus;
 pub mod health_check;
 mod toml_file;
@@ -45,6 +47,11 @@ pub struct ServerConfig {
     #[serde(deserialize_with = "addr::optional")]
     pub advertise: Option<SocketAddr>,
     pub socket: PathBuf,
+    /// TCP address of the HTTP port: `/metrics`, `/healthz`, the JSON API
+    /// under `/api/v1/` and the web page. Beyond loopback it is served
+    /// over TLS with this server's certificate.
+    #[serde(deserialize_with = "addr::required")]
+    pub http_listen: SocketAddr,
     pub admin_group: Option<String>,
     /// Users whose requests count as an admin's when another host (a login
     /// or compute agent) vouches for them as admin there. Empty: admin
@@ -63,6 +70,9 @@ pub struct ServerConfig {
     /// not renewed it for this long is released (Slurm's InactiveLimit);
     /// 0: never.
     pub inactive_limit_secs: u64,
+    /// A running job whose GPUs were all idle this long is flagged idle
+    /// (`gpuq queue`, `gpuq show`); 0: never.
+    pub idle_gpu_secs: u64,
     /// Where MASTER_PORT is chosen from; taken into the cluster's state
     /// when this server bootstraps it.
     pub master_port_range: crate::model::PortRange,
@@ -107,6 +117,12 @@ pub struct AgentConfig {
     #[serde(deserialize_with = "addr::required")]
     pub listen: SocketAddr,
     pub socket: PathBuf,
+    /// TCP address of the agent's HTTP port (`/metrics`, `/healthz`).
+    #[serde(deserialize_with = "addr::required")]
+    pub http_listen: SocketAddr,
+    /// Where to write dcgm-exporter's job-mapping files (one file per GPU
+    /// index holding the ids of the jobs on it), if anywhere.
+    pub dcgm_job_map_dir: Option<PathBuf>,
     pub servers: Vec<String>,
     pub role: AgentRole,
     pub admin_group: Option<String>,
@@ -155,6 +171,7 @@ impl Default for ServerConfig {
             listen: SocketAddr::from(([0, 0, 0, 0], 7420)),
             advertise: None,
             socket: crate::socket_path::system(),
+            http_listen: SocketAddr::from(([127, 0, 0, 1], 7480)),
             admin_group: None,
             admin_users: Vec::new(),
             private_jobs: false,
@@ -162,6 +179,7 @@ impl Default for ServerConfig {
             node_ttl_secs: 10,
             history_retention_secs: 300,
             inactive_limit_secs: 300,
+            idle_gpu_secs: 1800,
             master_port_range: Default::default(),
             raft: RaftConfig::default(),
             bootstrap: BootstrapConfig::default(),
@@ -189,6 +207,8 @@ impl Default for AgentConfig {
             data_dir: "/var/lib/gpuq/agent".into(),
             listen: SocketAddr::from(([0, 0, 0, 0], 7421)),
             socket: crate::socket_path::system(),
+            http_listen: SocketAddr::from(([127, 0, 0, 1], 7481)),
+            dcgm_job_map_dir: None,
             servers: Vec::new(),
             role: AgentRole::Compute,
             admin_group: None,
@@ -286,7 +306,8 @@ impl ServerConfig {
     }
 
     /// Applies `GPUQ_CLUSTER_NAME`, `GPUQ_NODE_NAME`, `GPUQ_DATA_DIR`,
-    /// `GPUQ_LISTEN`, `GPUQ_ADVERTISE`, `GPUQ_SOCKET` and `GPUQ_ADMIN_GROUP`.
+    /// `GPUQ_LISTEN`, `GPUQ_ADVERTISE`, `GPUQ_SOCKET`, `GPUQ_HTTP_LISTEN` and
+    /// `GPUQ_ADMIN_GROUP`.
     pub fn apply_env(&mut self, env: &[(String, String)]) -> Result<(), ConfigError> {
         let env = Env(env);
         env.string("GPUQ_CLUSTER_NAME", &mut self.cluster_name)?;
@@ -301,6 +322,7 @@ impl ServerConfig {
             };
         }
         env.path("GPUQ_SOCKET", &mut self.socket)?;
+        env.addr("GPUQ_HTTP_LISTEN", &mut self.http_listen)?;
         env.optional("GPUQ_ADMIN_GROUP", &mut self.admin_group);
         Ok(())
     }
@@ -406,13 +428,15 @@ impl AgentConfig {
     }
 
     /// Applies `GPUQ_NODE_NAME`, `GPUQ_DATA_DIR`, `GPUQ_LISTEN`, `GPUQ_SOCKET`,
-    /// `GPUQ_ADMIN_GROUP` and `GPUQ_SERVERS` (comma-separated HOST:PORT).
+    /// `GPUQ_HTTP_LISTEN`, `GPUQ_ADMIN_GROUP` and `GPUQ_SERVERS`
+    /// (comma-separated HOST:PORT).
     pub fn apply_env(&mut self, env: &[(String, String)]) -> Result<(), ConfigError> {
         let env = Env(env);
         env.string("GPUQ_NODE_NAME", &mut self.node_name)?;
         env.path("GPUQ_DATA_DIR", &mut self.data_dir)?;
         env.addr("GPUQ_LISTEN", &mut self.listen)?;
         env.path("GPUQ_SOCKET", &mut self.socket)?;
+        env.addr("GPUQ_HTTP_LISTEN", &mut self.http_listen)?;
         env.optional("GPUQ_ADMIN_GROUP", &mut self.admin_group);
         if let Some(value) = env.get("GPUQ_SERVERS") {
             let servers: Vec<String> = value
@@ -440,6 +464,17 @@ impl AgentConfig {
         check_path("agent.data_dir", &self.data_dir)?;
         check_path("agent.socket", &self.socket)?;
         check_group("agent.admin_group", &self.admin_group)?;
+        if !self.http_listen.ip().is_loopback() {
+            return Err(ConfigError::Invalid {
+                key: "agent.http_listen".into(),
+                problem: format!(
+                    "({}) is beyond loopback, and an agent serves its HTTP port on loopback \
+                     only (it has no tokens to check): use e.g. 127.0.0.1:7481 and scrape it \
+                     from a Prometheus agent on the node",
+                    self.http_listen
+                ),
+            });
+        }
         for (i, server) in self.servers.iter().enumerate() {
             if !is_host_port(server) {
                 return Err(ConfigError::Invalid {
@@ -613,67 +648,6 @@ fn empty(var: &'static str) -> ConfigError {
         value: String::new(),
         problem: "is empty; unset it or give a value".into(),
     }
-}
-
-/// Cluster and node names go into certificates and tables: one DNS-like word.
-fn check_name(key: &str, value: &str) -> Result<(), ConfigError> {
-    let ok = !value.is_empty()
-        && value.len() <= 63
-        && value
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
-    if ok {
-        return Ok(());
-    }
-    Err(ConfigError::Invalid {
-        key: key.into(),
-        problem: format!(
-            "{value:?} must be 1-63 letters, digits, '-', '_' or '.', e.g. \"gpu-node-01\""
-        ),
-    })
-}
-
-fn check_path(key: &str, value: &Path) -> Result<(), ConfigError> {
-    if value.as_os_str().is_empty() {
-        return Err(ConfigError::Invalid {
-            key: key.into(),
-            problem: "is empty; give a path".into(),
-        });
-    }
-    Ok(())
-}
-
-fn check_group(key: &str, value: &Option<String>) -> Result<(), ConfigError> {
-    match value {
-        Some(group) if group.trim().is_empty() || group.contains(char::is_whitespace) => {
-            Err(ConfigError::Invalid {
-                key: key.into(),
-                problem: format!(
-                    "{group:?} is not a group name; give one Unix group, or leave it out"
-                ),
-            })
-        }
-        _ => Ok(()),
-    }
-}
-
-/// `HOST:PORT` with a non-empty host and a numeric port (IPv6 in brackets).
-fn is_host_port(text: &str) -> bool {
-    let Some((host, port)) = text.rsplit_once(':') else {
-        return false;
-    };
-    let host_ok = match host.strip_prefix('[') {
-        Some(v6) => v6
-            .strip_suffix(']')
-            .is_some_and(|ip| ip.parse::<std::net::Ipv6Addr>().is_ok()),
-        None => {
-            !host.is_empty()
-                && host
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_'))
-        }
-    };
-    host_ok && port.parse::<u16>().is_ok_and(|p| p != 0)
 }
 
 #[cfg(test)]

@@ -31,6 +31,8 @@ pub struct DevOptions {
     /// Names of links to this binary to make in `dir/bin` (the Slurm
     /// commands, which the binary speaks when started under those names).
     pub links: Vec<String>,
+    /// The server's HTTP port (`--http`, loopback only).
+    pub http: std::net::SocketAddr,
 }
 
 fn current_user() -> anyhow::Result<(String, bool)> {
@@ -64,6 +66,13 @@ pub async fn start(
             opts.gpus_per_node
         );
     }
+    if !opts.http.ip().is_loopback() {
+        anyhow::bail!(
+            "--http {} is beyond loopback: gpuq dev serves its page on this host only; \
+             use e.g. 127.0.0.1:7480",
+            opts.http
+        );
+    }
     if opts.fresh && opts.dir.exists() {
         std::fs::remove_dir_all(&opts.dir)
             .with_context(|| format!("cannot remove {}", opts.dir.display()))?;
@@ -87,6 +96,7 @@ pub async fn start(
         listen: "127.0.0.1:0".parse().expect("literal address"),
         advertise: None,
         socket: socket.clone(),
+        http_listen: opts.http,
         admin_group: None,
         admin_users: Vec::new(),
         private_jobs: false,
@@ -94,6 +104,7 @@ pub async fn start(
         node_ttl_secs: 10,
         history_retention_secs: 300,
         inactive_limit_secs: ServerConfig::default().inactive_limit_secs,
+        idle_gpu_secs: 1800,
         master_port_range: Default::default(),
         raft: Default::default(),
         bootstrap: Default::default(),
@@ -148,6 +159,8 @@ pub async fn start(
             node_name: name.clone(),
             data_dir: data_dir.clone(),
             socket: socket_in(&data_dir),
+            // Any free loopback port: N agents share this host.
+            http_listen: "127.0.0.1:0".parse().expect("literal address"),
             servers: vec![server.quic_addr.to_string()],
             role: AgentRole::Compute,
             gpus: if opts.nvml {
@@ -239,6 +252,10 @@ pub async fn run(opts: DevOptions) -> anyhow::Result<()> {
         opts.dir.display()
     );
     println!("socket: {}", cluster.socket.display());
+    println!(
+        "web page: {0}/  metrics: {0}/metrics  API: {0}/api/v1/",
+        cluster.server.http_url
+    );
     if cluster.socket != default {
         println!("  export GPUQ_SOCKET={}", cluster.socket.display());
     } else {

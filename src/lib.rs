@@ -5,11 +5,13 @@
 //! input into a `model::JobSpec`; `state` is the replicated state machine;
 //! `net` carries typed frames over QUIC and unix sockets; `raft` glues openraft
 //! to `state` and `net`; `server` and `agent` are the two daemon roles; `cli`
-//! is the client side; `compat` is the Slurm front end (sbatch, squeue, ...)
+//! is the client side; `http` is the daemons' HTTP port (metrics, the JSON
+//! API, the web page); `compat` is the Slurm front end (sbatch, squeue, ...)
 //! over `spec` and `cli`'s request path. Nothing but `compat` imports `cli`. Helpers every role needs live
 //! once, low in the house: `clock` (the time in ms), `socket_path` (where
 //! the daemon's unix socket is), `suggest` ("did you mean" for flags and
-//! config keys) and `owner_only` (files only their owner may open); the
+//! config keys), `owner_only` (files only their owner may open) and `metric`
+//! (latency histograms any room may fill); the
 //! hostlist syntax is in `model::hostlist`. `scripts/imports.py` checks the
 //! direction.
 
@@ -20,6 +22,8 @@ pub mod compat;
 pub mod config;
 pub mod dev;
 pub mod hostname;
+pub mod http;
+pub mod metric;
 pub mod model;
 pub mod net;
 pub mod owner_only;

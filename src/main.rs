@@ -152,6 +152,10 @@ struct DevArgs {
     /// fake (simulated GPUs) or nvml (this machine's GPUs, with --nodes 1).
     #[arg(long, default_value = "fake", value_parser = ["fake", "nvml"])]
     gpus: String,
+    /// The server's HTTP port (metrics, API, web page) on loopback; port 0
+    /// takes any free one. The nodes' agents serve theirs on free ports.
+    #[arg(long, env = "GPUQ_HTTP_LISTEN", default_value = "127.0.0.1:7480")]
+    http: std::net::SocketAddr,
 }
 
 // `gpuq sim ...`
@@ -365,6 +369,7 @@ async fn daemon(cmd: Cmd) -> anyhow::Result<()> {
                 fresh: a.fresh,
                 nvml: a.gpus == "nvml",
                 links: gpuq::compat::COMMANDS.map(String::from).to_vec(),
+                http: a.http,
             })
             .await
         }

@@ -45,6 +45,9 @@ pub struct ComputeAgent {
     pub health: Option<super::health::Latest>,
     /// Stay drained on first registration until the health check passes.
     pub preflight: bool,
+    /// Which job holds each GPU, from the last desired set (for metrics
+    /// and dcgm-exporter's job mapping).
+    pub holders: Arc<super::telemetry::GpuHolders>,
 }
 
 enum Session {
@@ -266,6 +269,7 @@ impl ComputeAgent {
             tokio::select! {
                 m = rx.recv() => match m {
                     Some(ServerMsg::Desired { tasks, stopping, preempted, .. }) => {
+                        self.holders.update(&tasks, self.gpus.as_deref());
                         ledger.desired = Some(tasks.into_iter().map(|t| (t.key, t)).collect());
                         ledger.stopping = stopping.into_iter().collect();
                         ledger.preempted = preempted.into_iter().collect();
@@ -293,6 +297,12 @@ impl ComputeAgent {
                 _ = heartbeat.tick() => {
                     if write_frame(&mut send, &AgentMsg::Heartbeat).await.is_err() {
                         break Session::Lost("heartbeat failed".into());
+                    }
+                    let jobs = self.holders.use_report();
+                    if !jobs.is_empty()
+                        && write_frame(&mut send, &AgentMsg::GpuUse { jobs }).await.is_err()
+                    {
+                        break Session::Lost("connection lost".into());
                     }
                     if let Some(msg) = self.gpu_health() {
                         if write_frame(&mut send, &msg).await.is_err() {

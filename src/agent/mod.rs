@@ -17,6 +17,7 @@ pub mod runner;
 pub mod servers;
 mod spool;
 pub mod streams;
+pub mod telemetry;
 
 pub use identity::ensure_identity;
 pub use login::{run_login, start_login, Forwarder};

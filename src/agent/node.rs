@@ -21,6 +21,8 @@ use crate::model::Role;
 pub struct RunningAgent {
     pub agent: Arc<ComputeAgent>,
     pub task: tokio::task::JoinHandle<anyhow::Result<()>>,
+    /// The HTTP port's base URL (`http://127.0.0.1:7481`).
+    pub http_url: String,
 }
 
 /// A compute agent's data dir (0711: the tasks' users pass through it to
@@ -55,6 +57,8 @@ pub async fn start_compute(
     shutdown: watch::Receiver<bool>,
 ) -> anyhow::Result<RunningAgent> {
     data_dirs(&cfg.data_dir)?;
+    // First, so that a port in use stops the start before anything else.
+    let http = crate::http::Listener::bind(cfg.http_listen, "agent.http_listen", None)?;
     let backend = super::gpu::open_backend(&cfg.gpus, &cfg.node_name)
         .context("cannot read this node's GPUs")?;
     let host = HostConfig {
@@ -81,6 +85,7 @@ pub async fn start_compute(
         backend = backend.kind(),
         cpus = inventory.cpus,
         memory_mb = inventory.memory_mb,
+        http = %http.url(),
         "compute agent ready"
     );
     let health = cfg
@@ -90,6 +95,24 @@ pub async fn start_compute(
     if cfg.preflight && health.is_none() {
         anyhow::bail!("preflight = true needs a [agent.health_check] command to pass");
     }
+    let gpus: Arc<dyn super::gpu::GpuBackend> = Arc::from(backend);
+    let holders = Arc::new(super::telemetry::GpuHolders::with_dcgm_dir(
+        cfg.dcgm_job_map_dir.clone(),
+    ));
+    tokio::spawn(super::telemetry::sample_loop(
+        gpus.clone(),
+        holders.clone(),
+        shutdown.clone(),
+    ));
+    let http_url = http.url();
+    http.serve(
+        Arc::new(super::telemetry::AgentSite {
+            node: cfg.node_name.clone(),
+            gpus: Some(gpus.clone()),
+            holders: holders.clone(),
+        }),
+        shutdown.clone(),
+    );
     let agent = Arc::new(ComputeAgent {
         endpoint,
         servers,
@@ -97,12 +120,17 @@ pub async fn start_compute(
         advertise: None,
         runner,
         reconcile_every: Duration::from_millis(100),
-        gpus: Some(Arc::from(backend)),
+        gpus: Some(gpus),
         health,
         preflight: cfg.preflight,
+        holders,
     });
     let task = tokio::spawn(agent.clone().run(shutdown));
-    Ok(RunningAgent { agent, task })
+    Ok(RunningAgent {
+        agent,
+        task,
+        http_url,
+    })
 }
 
 /// Runs a compute agent until SIGINT/SIGTERM. Its tasks keep running under

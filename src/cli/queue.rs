@@ -135,7 +135,10 @@ pub fn queue_table(jobs: &[Job]) -> String {
                 .map(fmt_duration)
                 .unwrap_or_else(|| "UNLIMITED".into()),
             fmt_time(j.submit_time),
-            j.reason.clone().unwrap_or_default(),
+            match j.gpu_use.filter(|u| u.idle) {
+                Some(u) => format!("GPUs idle for {}", fmt_duration(u.idle_secs)),
+                None => j.reason.clone().unwrap_or_default(),
+            },
         ]);
     }
     t.render()

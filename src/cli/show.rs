@@ -32,6 +32,21 @@ pub fn text(j: &Job, placement: &[RankPlacement]) -> String {
     if j.state == JobState::Pending {
         kv("ExpectedStart", opt_time(j.expected_start));
     }
+    if let Some(u) = &j.gpu_use {
+        kv(
+            "GpuUse",
+            format!(
+                "{}% utilisation, {}% memory (mean of {} samples)",
+                u.mean_util_pct, u.mean_memory_pct, u.samples
+            ),
+        );
+        if u.idle {
+            kv(
+                "GpuIdle",
+                format!("yes: no GPU busy for {}", fmt_duration(u.idle_secs)),
+            );
+        }
+    }
     if j.held {
         kv("Held", "yes (gpuq release to let it start)".into());
     }

@@ -467,6 +467,10 @@ pub struct Job {
     /// `Dependency`...), beside the sentence in `reason`; filled in like it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason_code: Option<String>,
+    /// How a running job uses its GPUs, from its agents' samples: filled
+    /// in by the leader when answering, never by apply.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_use: Option<super::GpuUse>,
 }
 
 /// What stands in for a script's body that only its owner may read.
@@ -501,6 +505,7 @@ impl Job {
             array: None,
             expected_start: None,
             reason_code: None,
+            gpu_use: None,
         }
     }
 

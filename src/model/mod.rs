@@ -4,6 +4,7 @@
 
 pub mod acct;
 mod bulk_submit;
+mod gpu_use;
 pub mod hostlist;
 mod job;
 mod node;
@@ -17,6 +18,7 @@ mod token;
 mod update;
 
 pub use bulk_submit::BatchEntryError;
+pub use gpu_use::GpuUse;
 pub use hostlist::{expand_hostlist, HostlistError};
 pub use job::*;
 pub use node::*;

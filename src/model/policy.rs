@@ -500,6 +500,14 @@ pub struct PreemptionRecord {
 pub struct UsageCell {
     pub gpu_ms: u64,
     pub at: super::Millis,
+    /// Every GPU-millisecond ever charged, undecayed (the metrics'
+    /// GPU-seconds per account); absent from states before it was kept.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub total_gpu_ms: u64,
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
 }
 
 /// `2^(-dt / half_life)`: what is left of usage `dt_ms` later.
@@ -522,6 +530,7 @@ impl UsageCell {
         let now = now.max(self.at);
         let kept = self.at_time(now, half_life_secs).round() as u64;
         self.gpu_ms = kept.saturating_add(gpu_ms);
+        self.total_gpu_ms = self.total_gpu_ms.saturating_add(gpu_ms);
         self.at = now;
     }
 }

@@ -68,6 +68,27 @@ pub struct TokenRecord {
     pub max_uses: Option<u64>,
 }
 
+/// What the replicated state keeps of an API token (`gpuq token create
+/// --role user`): a bearer token for the HTTP API that acts as `user`,
+/// never as an admin. Only the secret's SHA-256 is kept.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ApiTokenRecord {
+    /// Public token id (the part after `gpuqapi1-`, before the dot).
+    pub id: String,
+    /// Hex SHA-256 of the secret.
+    pub secret_sha256: String,
+    /// Whose requests the token makes.
+    pub user: String,
+    /// Reads only: every write is refused.
+    #[serde(default)]
+    pub read_only: bool,
+    pub created_at: Millis,
+    pub expires_at: Millis,
+    pub created_by: String,
+    #[serde(default)]
+    pub revoked: bool,
+}
+
 impl TokenRecord {
     /// Whether every use it allows has been taken.
     pub fn used_up(&self) -> bool {

@@ -35,6 +35,11 @@ pub enum AgentMsg {
     Gpus { gpus: Vec<crate::model::GpuInfo> },
     /// The health-check command's latest result, sent when it changes.
     HealthCheck { ok: bool, output: String },
+    /// How each job on the node uses its GPUs so far, with the heartbeat
+    /// (leaders before it close the session on it: upgrade servers first).
+    GpuUse {
+        jobs: Vec<(crate::model::JobId, crate::model::GpuUse)>,
+    },
 }
 
 /// Leader -> agent.

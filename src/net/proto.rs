@@ -184,6 +184,16 @@ pub enum ApiRequest {
         #[serde(default)]
         seen: crate::net::stdio::OutputSeen,
     },
+    /// Create a bearer token for the HTTP API acting as `user` (the caller
+    /// when `None`; another user's only for admins), valid `ttl_secs`;
+    /// with `read_only`, for reads only. Answered with `ApiToken`.
+    ApiTokenCreate {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        user: Option<String>,
+        ttl_secs: u64,
+        #[serde(default)]
+        read_only: bool,
+    },
 }
 
 impl ApiRequest {
@@ -348,6 +358,32 @@ pub struct TokenInfo {
     pub max_uses: Option<u64>,
 }
 
+/// An API token as listed: never the secret.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ApiTokenInfo {
+    pub id: String,
+    pub user: String,
+    pub read_only: bool,
+    pub created_at: Millis,
+    pub expires_at: Millis,
+    pub created_by: String,
+    pub revoked: bool,
+}
+
+impl From<&crate::model::ApiTokenRecord> for ApiTokenInfo {
+    fn from(t: &crate::model::ApiTokenRecord) -> Self {
+        ApiTokenInfo {
+            id: t.id.clone(),
+            user: t.user.clone(),
+            read_only: t.read_only,
+            created_at: t.created_at,
+            expires_at: t.expires_at,
+            created_by: t.created_by.clone(),
+            revoked: t.revoked,
+        }
+    }
+}
+
 /// The class of an error, which decides the CLI's exit code.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ErrorKind {
@@ -413,6 +449,14 @@ pub enum ApiResponse {
     },
     Tokens {
         tokens: Vec<TokenInfo>,
+        /// API tokens: every one for an admin, a user's own otherwise.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        api_tokens: Vec<ApiTokenInfo>,
+    },
+    /// A new API token: printed once, never stored.
+    ApiToken {
+        token: String,
+        info: ApiTokenInfo,
     },
     TokenRevoked {
         id: String,

@@ -184,6 +184,72 @@ fn check_fingerprint(fingerprint: &str) -> Result<String, TokenError> {
     Ok(fingerprint.to_ascii_lowercase())
 }
 
+/// The prefix of an API (bearer) token; the digit is its format version.
+pub const API_TOKEN_PREFIX: &str = "gpuqapi1-";
+
+/// An API token as printed: `gpuqapi1-<id>.<secret>`, id and secret as a
+/// join token's. It carries no CA fingerprint: its holder reaches the
+/// server over HTTPS, checked with the cluster CA it is given.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ApiToken {
+    pub id: String,
+    pub secret: String,
+}
+
+impl fmt::Debug for ApiToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ApiToken")
+            .field("id", &self.id)
+            .field("secret", &"<redacted>")
+            .finish()
+    }
+}
+
+impl ApiToken {
+    /// A fresh token from the OS's random numbers.
+    pub fn generate() -> ApiToken {
+        let id_chars = Uniform::from(0..ID_ALPHABET.len());
+        ApiToken {
+            id: id_chars
+                .sample_iter(OsRng)
+                .take(ID_LEN)
+                .map(|i| char::from(ID_ALPHABET[i]))
+                .collect(),
+            secret: Alphanumeric
+                .sample_iter(OsRng)
+                .take(SECRET_LEN)
+                .map(char::from)
+                .collect(),
+        }
+    }
+
+    /// Parses the printed form; `None` when it is not one.
+    pub fn parse(text: &str) -> Option<ApiToken> {
+        let (id, secret) = text
+            .trim()
+            .strip_prefix(API_TOKEN_PREFIX)?
+            .split_once('.')?;
+        let id_ok = id.len() == ID_LEN && id.bytes().all(|b| ID_ALPHABET.contains(&b));
+        let secret_ok =
+            secret.len() == SECRET_LEN && secret.bytes().all(|b| b.is_ascii_alphanumeric());
+        (id_ok && secret_ok).then(|| ApiToken {
+            id: id.to_string(),
+            secret: secret.to_string(),
+        })
+    }
+
+    /// Hex SHA-256 of the secret: what the state stores.
+    pub fn secret_sha256(&self) -> String {
+        secret_sha256(&self.secret)
+    }
+}
+
+impl fmt::Display for ApiToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{API_TOKEN_PREFIX}{}.{}", self.id, self.secret)
+    }
+}
+
 /// Hex SHA-256 of a token secret.
 pub fn secret_sha256(secret: &str) -> String {
     hex::encode(Sha256::digest(secret.as_bytes()))

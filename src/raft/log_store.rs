@@ -65,6 +65,10 @@ pub struct LogStats {
     pub entries: AtomicU64,
     /// `append` calls those transactions served (one call may carry many entries).
     pub append_calls: AtomicU64,
+    /// The highest log index openraft told this store is committed.
+    pub committed_index: AtomicU64,
+    /// How long each durable log write took, its fsync included.
+    pub write_seconds: crate::metric::Histogram,
 }
 
 impl LogStats {
@@ -364,6 +368,10 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn save_committed(&mut self, committed: Option<LogId<u64>>) -> StorageResult<()> {
+        self.shared
+            .stats
+            .committed_index
+            .fetch_max(index_of(&committed), Ordering::Relaxed);
         *self
             .shared
             .committed
@@ -455,12 +463,14 @@ fn run_writer(
             held = None;
         }
 
+        let began = std::time::Instant::now();
         let outcome = write_batch(db, &batch).map_err(|e| {
             tracing::error!(error = %e, "raft log write failed");
             e.to_string()
         });
 
         if outcome.is_ok() {
+            stats.write_seconds.observe_duration(began.elapsed());
             let mut txns_with_appends = 0;
             let mut entries = 0;
             let mut calls = 0;

@@ -40,9 +40,21 @@ pub struct AgentHub {
     /// (or lost its lease): liveness counts every node's grace from then,
     /// since an agent turned away cannot heartbeat here.
     deposed_at: Mutex<Option<Instant>>,
+    /// Each node's last report of its jobs' GPU use.
+    gpu_use: Mutex<HashMap<String, Vec<(crate::model::JobId, crate::model::GpuUse)>>>,
 }
 
 impl AgentHub {
+    /// `job`'s GPU use over every node that reported it.
+    pub fn gpu_use(&self, job: crate::model::JobId) -> Option<crate::model::GpuUse> {
+        let reports = self.gpu_use.lock().unwrap_or_else(|p| p.into_inner());
+        crate::model::GpuUse::merge(
+            reports
+                .values()
+                .flat_map(|r| r.iter().filter(|(j, _)| *j == job).map(|(_, u)| *u)),
+        )
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Connected>> {
         self.agents.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -283,6 +295,12 @@ pub async fn serve(api: Arc<Api>, hub: Arc<AgentHub>, peer: Peer) {
                 hub.touch(&node, hello.boot_id);
                 match msg {
                     AgentMsg::Heartbeat => {}
+                    AgentMsg::GpuUse { jobs } => {
+                        hub.gpu_use
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .insert(node.clone(), jobs);
+                    }
                     AgentMsg::Gpus { gpus } => {
                         let cmd = Command::GpuHealth { node: node.clone(), gpus, now: now_ms() };
                         if let Err(e) = api.write(cmd).await {

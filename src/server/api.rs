@@ -41,6 +41,8 @@ pub struct Api {
     unacked_since: std::sync::Mutex<Option<(u64, std::time::Instant)>>,
     /// When each peer last answered this server's Raft requests.
     contacts: Arc<super::transport::PeerContacts>,
+    /// What this process measured for `/metrics`.
+    pub(super) observed: super::metrics::Observed,
 }
 
 /// A member further behind the leader's log than this is flagged lagging.
@@ -108,6 +110,7 @@ impl Api {
             proposer: super::propose::Proposer::start(node.raft.clone()),
             unacked_since: Default::default(),
             contacts: Default::default(),
+            observed: Default::default(),
             node,
         }
     }
@@ -205,6 +208,15 @@ impl Api {
             .unwrap_or_else(|p| p.into_inner()) = reasons;
     }
 
+    /// The reasons of the last scheduling pass.
+    pub(super) fn pending_reasons(
+        &self,
+    ) -> std::sync::RwLockReadGuard<'_, crate::sched::PendingReasons> {
+        self.pending_reasons
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+    }
+
     /// The redb file holding the history archive.
     pub(super) fn db(&self) -> Arc<redb::Database> {
         self.node.db.clone()
@@ -230,6 +242,7 @@ impl Api {
     }
 
     pub(super) fn with_reason(&self, mut job: crate::model::Job) -> crate::model::Job {
+        self.fill_gpu_use(&mut job);
         if job.state == JobState::Pending && job.reason.is_none() {
             let reasons = self
                 .pending_reasons
@@ -293,6 +306,7 @@ impl Api {
                 | ApiRequest::Hold { .. }
                 | ApiRequest::TokenCreate { .. }
                 | ApiRequest::TokenRevoke { .. }
+                | ApiRequest::ApiTokenCreate { .. }
                 | ApiRequest::Logs { .. }
                 | ApiRequest::NodeDrain { .. }
                 | ApiRequest::NodeResume { .. }
@@ -523,11 +537,14 @@ impl Api {
                 }
                 self.create_token(&caller, role, ttl_secs, uses).await
             }
-            ApiRequest::TokenList => {
-                if !caller.admin {
-                    return forbidden("listing join tokens");
-                }
-                self.token_list()
+            ApiRequest::TokenList => self.token_list(&caller),
+            ApiRequest::ApiTokenCreate {
+                user,
+                ttl_secs,
+                read_only,
+            } => {
+                self.create_api_token(&caller, user, ttl_secs, read_only)
+                    .await
             }
             ApiRequest::AddServer { .. } => ApiResponse::error(
                 ErrorKind::Forbidden,
@@ -539,22 +556,7 @@ impl Api {
             | ApiRequest::PolicyShow
             | ApiRequest::Share
             | ApiRequest::Priorities { .. }) => self.policy_request(&caller, req).await,
-            ApiRequest::TokenRevoke { id } => {
-                if !caller.admin {
-                    return forbidden("revoking a join token");
-                }
-                match self
-                    .write(Command::RevokeToken {
-                        id: id.clone(),
-                        now: now_ms(),
-                    })
-                    .await
-                {
-                    Ok(CommandResult::TokenRevoked) => ApiResponse::TokenRevoked { id },
-                    Ok(other) => self.unexpected(other),
-                    Err(resp) => resp,
-                }
-            }
+            ApiRequest::TokenRevoke { id } => self.revoke_token(&caller, id).await,
         }
     }
 

@@ -36,10 +36,12 @@ mod desired;
 mod join;
 mod liveness;
 mod members;
+mod metrics;
 mod policy_api;
 mod propose;
 mod scheduler;
 mod show;
+mod site;
 mod transport;
 
 use std::net::SocketAddr;
@@ -80,6 +82,8 @@ pub struct RunningServer {
     pub raft: RaftNode,
     pub quic_addr: SocketAddr,
     pub ca_fingerprint: String,
+    /// The HTTP port's base URL (`http://127.0.0.1:7480`).
+    pub http_url: String,
 }
 
 fn raft_config(cfg: &ServerConfig) -> anyhow::Result<openraft::Config> {
@@ -157,6 +161,7 @@ pub async fn start(
     let identity = dir.identity()?;
     let advertise = cfg.advertise_addr()?;
 
+    let http = open_http(&cfg, &identity)?;
     let endpoint = open_endpoint(&cfg, &identity)?;
     let quic_addr = endpoint.local_addr()?;
     let endpoint = Arc::new(endpoint);
@@ -212,6 +217,11 @@ pub async fn start(
     );
     spawn_leader_duties(&cfg, &api, &shutdown);
     serve_local_socket(&cfg, &api, &shutdown)?;
+    let http_url = http.url();
+    http.serve(
+        Arc::new(site::ServerSite { api: api.clone() }),
+        shutdown.clone(),
+    );
 
     // A joined server that is not yet a member asks for it (again after a
     // restart), now that it serves Raft: the leader replicates to it while
@@ -228,6 +238,7 @@ pub async fn start(
         node = %cfg.node_name,
         quic = %quic_addr,
         socket = %cfg.socket.display(),
+        http = %http_url,
         ca = %ca_fingerprint,
         "server ready"
     );
@@ -236,6 +247,7 @@ pub async fn start(
         raft: node,
         quic_addr,
         ca_fingerprint,
+        http_url,
     })
 }
 
@@ -294,6 +306,29 @@ async fn join_if_asked(
     dir.save_join(&identity, *via)?;
     tracing::info!(node = %cfg.node_name, server = %via, "got a server certificate; asking to become a member");
     Ok(())
+}
+
+/// The HTTP port (`http_listen`), bound before anything else is opened so
+/// that a port in use stops the start at once. Beyond loopback it is TLS
+/// with this server's certificate (its DNS name is the node name).
+fn open_http(
+    cfg: &ServerConfig,
+    identity: &crate::net::NodeIdentity,
+) -> anyhow::Result<crate::http::Listener> {
+    let tls = if cfg.http_listen.ip().is_loopback() {
+        None
+    } else {
+        let id = crate::net::tls::TlsIdentity::from_node(identity)
+            .context("cannot use this server's certificate for the HTTP port")?;
+        let config = crate::net::tls::server_config(&id, &[b"http/1.1".to_vec()])
+            .context("cannot make the HTTP port's TLS configuration")?;
+        Some(Arc::new(config))
+    };
+    Ok(crate::http::Listener::bind(
+        cfg.http_listen,
+        "server.http_listen",
+        tls,
+    )?)
 }
 
 /// The server's QUIC endpoint: raft, api, join and agent sync on one port.
@@ -434,6 +469,7 @@ async fn serve_peer(
 /// history's archive, and node liveness.
 fn spawn_leader_duties(cfg: &ServerConfig, api: &Arc<Api>, shutdown: &watch::Receiver<bool>) {
     tokio::spawn(scheduler::run(api.clone(), shutdown.clone()));
+    tokio::spawn(metrics::watch_leader(api.clone(), shutdown.clone()));
     tokio::spawn(archive::run(
         api.clone(),
         Duration::from_secs(cfg.history_retention_secs),

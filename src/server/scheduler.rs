@@ -54,7 +54,11 @@ pub async fn run(api: Arc<Api>, mut shutdown: watch::Receiver<bool>) {
             // which keeps them between passes; the read lock is held for the
             // pass, so it must stay short.
             let input = state.sched_input();
-            crate::sched::plan_ref(&input.view(), now_ms(), crate::sched::Packing::BestFit)
+            let began = Instant::now();
+            let plan =
+                crate::sched::plan_ref(&input.view(), now_ms(), crate::sched::Packing::BestFit);
+            api.observed.pass_seconds.observe_duration(began.elapsed());
+            plan
         };
         api.set_pending_reasons(crate::sched::PendingReasons::take(&mut plan));
         if !plan.preemptions.is_empty() {
@@ -82,6 +86,7 @@ pub async fn run(api: Arc<Api>, mut shutdown: watch::Receiver<bool>) {
             .await
         {
             Ok(CommandResult::Scheduled { started, skipped }) => {
+                api.observed.started(&api, &started);
                 tracing::debug!(
                     planned = n,
                     started = started.len(),

@@ -322,6 +322,7 @@ pub async fn start_fleet(
             gpus: None,
             health: None,
             preflight: false,
+            holders: Default::default(),
         });
         fleet
             .tasks

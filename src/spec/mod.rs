@@ -9,6 +9,7 @@
 //! later line wins), then flags over directives. Defaults are applied last,
 //! in `build_spec`.
 
+mod command;
 pub mod directives;
 pub mod memory;
 pub mod placement;
@@ -24,6 +25,7 @@ use clap::{value_parser, Args, CommandFactory, Parser};
 
 use crate::clock::now_ms;
 use crate::model::{JobSpec, Program, RequeuePolicy, TopologyRequirement};
+pub use command::build_command_spec;
 use directives::DirectivePrefix;
 pub use placement::{Features, HostList};
 pub use time::TimeLimit;

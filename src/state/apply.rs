@@ -111,6 +111,11 @@ impl State {
                 Ok(CommandResult::TokenCreated)
             }
             Command::RevokeToken { id, .. } => {
+                if let Some(t) = self.api_tokens.get_mut(id) {
+                    t.revoked = true;
+                    dirty.meta = true;
+                    return Ok(CommandResult::TokenRevoked);
+                }
                 let t = self
                     .tokens
                     .get_mut(id)
@@ -118,6 +123,15 @@ impl State {
                 t.revoked = true;
                 dirty.tokens.insert(id.clone());
                 Ok(CommandResult::TokenRevoked)
+            }
+            Command::CreateApiToken { record } => {
+                if self.api_tokens.contains_key(&record.id) || self.tokens.contains_key(&record.id)
+                {
+                    return Err(Rejection::DuplicateToken(record.id.clone()));
+                }
+                self.api_tokens.insert(record.id.clone(), record.clone());
+                dirty.meta = true;
+                Ok(CommandResult::ApiTokenCreated)
             }
             Command::RegisterNode {
                 inventory,

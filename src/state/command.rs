@@ -193,6 +193,11 @@ pub enum Command {
         now: Millis,
         limit_secs: u64,
     },
+    /// Records a new API token (its secret's hash only). `RevokeToken`
+    /// revokes one as it does a join token.
+    CreateApiToken {
+        record: crate::model::ApiTokenRecord,
+    },
 }
 
 /// What applying a command answered. Returned to the proposer after commit.
@@ -214,6 +219,7 @@ pub enum CommandResult {
         hold: bool,
     },
     TokenCreated,
+    ApiTokenCreated,
     TokenRevoked,
     TokenUsed,
     NodeRegistered,

@@ -36,7 +36,11 @@ impl State {
             .entry(account)
             .or_default()
             .entry(user)
-            .or_insert(UsageCell { gpu_ms: 0, at: now })
+            .or_insert(UsageCell {
+                gpu_ms: 0,
+                at: now,
+                total_gpu_ms: 0,
+            })
             .charge(gpu_ms, now, half_life);
         dirty.meta = true;
     }

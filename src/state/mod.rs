@@ -38,7 +38,9 @@ pub use steps::past_inactive_limit;
 pub use update::past_limit_unwatched;
 pub use view::SchedInput;
 
-use crate::model::{Job, JobId, JobState, Millis, NodeInventory, PortRange, TokenRecord};
+use crate::model::{
+    ApiTokenRecord, Job, JobId, JobState, Millis, NodeInventory, PortRange, TokenRecord,
+};
 
 /// The cluster's identity, created once by `Command::InitCluster`. The CA key
 /// lives here so any server can sign certificates for joining daemons; agents
@@ -177,6 +179,9 @@ pub struct State {
     /// Fair-share usage by account, then user.
     #[serde(default)]
     pub usage: BTreeMap<String, BTreeMap<String, crate::model::UsageCell>>,
+    /// Bearer tokens of the HTTP API, by id (kept with `meta`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub api_tokens: BTreeMap<String, ApiTokenRecord>,
 }
 
 /// The records one or more applies touched, for `store::write_dirty`.

@@ -3,7 +3,8 @@
 //! state and index never disagree after a crash).
 //!
 //! Tables: `jobs` (id -> Job), `tokens` (id -> TokenRecord), `nodes` (name ->
-//! NodeRecord), `state_meta` (`cluster`, `counters`, `policy`, `usage`), and the history archive's
+//! NodeRecord), `state_meta` (`cluster`, `counters`, `policy`, `usage`, `api_tokens`),
+//! and the history archive's
 //! tables (`history`). Values are MessagePack with named fields (`codec`), so
 //! records written by an older build still decode after an upgrade.
 //!
@@ -57,6 +58,9 @@ pub fn load(txn: &ReadTransaction) -> Result<State, StoreError> {
             if let Some(v) = db!(meta.get("usage"))? {
                 state.usage = decode(v.value()).map_err(StoreError::decoding("usage"))?;
             }
+            if let Some(v) = db!(meta.get("api_tokens"))? {
+                state.api_tokens = decode(v.value()).map_err(StoreError::decoding("api_tokens"))?;
+            }
         }
         Err(redb::TableError::TableDoesNotExist(_)) => return Ok(state),
         Err(e) => return Err(StoreError::Db(Box::new(e.into()))),
@@ -103,6 +107,9 @@ pub fn write_dirty(txn: &WriteTransaction, state: &State, dirty: &Dirty) -> Resu
         db!(meta.insert("counters", encode(&state.counters)?.as_slice()))?;
         db!(meta.insert("policy", encode(&state.policy)?.as_slice()))?;
         db!(meta.insert("usage", encode(&state.usage)?.as_slice()))?;
+        if !state.api_tokens.is_empty() {
+            db!(meta.insert("api_tokens", encode(&state.api_tokens)?.as_slice()))?;
+        }
     }
     if !dirty.jobs.is_empty() {
         let mut jobs = db!(txn.open_table(JOBS))?;

@@ -3,6 +3,7 @@
 
 #![allow(dead_code)]
 
+pub mod browser;
 pub mod cpu;
 pub mod golden;
 pub mod history;
@@ -40,9 +41,21 @@ pub fn clean_command(program: impl AsRef<std::ffi::OsStr>) -> Command {
     c
 }
 
-/// [`clean_command`] for the gpuq binary under test.
+/// [`clean_command`] for the gpuq binary under test. Its daemons take any
+/// free HTTP port (`GPUQ_HTTP_LISTEN`), since tests run many side by side;
+/// [`http_url_in`] finds it in their logs.
 pub fn gpuq_command() -> Command {
-    clean_command(gpuq_bin())
+    let mut c = clean_command(gpuq_bin());
+    c.env("GPUQ_HTTP_LISTEN", "127.0.0.1:0");
+    c
+}
+
+/// The HTTP base URL a daemon logged as it became ready (`http=URL`).
+pub fn http_url_in(log: &str) -> Option<String> {
+    log.lines()
+        .filter(|l| l.contains(" ready"))
+        .find_map(|l| l.split_whitespace().find_map(|w| w.strip_prefix("http=")))
+        .map(|u| u.trim_matches('"').to_string())
 }
 
 /// A free UDP port on 127.0.0.1 (bound and released; good enough for tests).

@@ -160,6 +160,9 @@ impl Net {
     pub fn command(ns: &str, program: &std::path::Path) -> Command {
         let mut c = super::clean_command("ip");
         c.args(["netns", "exec", ns]).arg(program);
+        // Any free HTTP port, as `gpuq_command` gives: a namespace may
+        // hold more than one daemon.
+        c.env("GPUQ_HTTP_LISTEN", "127.0.0.1:0");
         c
     }
 

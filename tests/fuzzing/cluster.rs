@@ -259,7 +259,8 @@ fn check_session(input: &[u8]) {
     apply_checked(&mut state, &register(&hello, NOW));
     while let Some(msg) = read_one::<AgentMsg>(&mut r) {
         let cmd = match msg {
-            AgentMsg::Heartbeat => continue,
+            // Leader memory only (`gpuq show`'s GPU use): no command.
+            AgentMsg::Heartbeat | AgentMsg::GpuUse { .. } => continue,
             AgentMsg::Gpus { gpus } => Command::GpuHealth {
                 node: node.clone(),
                 gpus,

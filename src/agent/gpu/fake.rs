@@ -26,7 +26,7 @@ use std::sync::Mutex;
 
 use sha2::{Digest, Sha256};
 
-use super::{FakeGpuConfig, FakeNvLink, FaultLedger, GpuBackend, GpuError, GpuEvent};
+use super::{FakeGpuConfig, FakeNvLink, FaultLedger, GpuBackend, GpuError, GpuEvent, GpuTelemetry};
 use crate::model::{GpuInfo, GpuLink};
 
 /// The most fake GPUs one node may have (PCI bus ids need room to stay ordered).
@@ -44,6 +44,8 @@ pub struct FakeGpus {
     injected: Mutex<Vec<GpuEvent>>,
     fault_file: Option<PathBuf>,
     ledger: FaultLedger,
+    /// Utilisation per GPU index (`simulate_load`); absent: idle.
+    load: Mutex<std::collections::BTreeMap<u32, u8>>,
 }
 
 impl FakeGpus {
@@ -60,6 +62,7 @@ impl FakeGpus {
             injected: Mutex::new(Vec::new()),
             fault_file: cfg.fault_file.clone(),
             ledger: FaultLedger::default(),
+            load: Mutex::default(),
         })
     }
 
@@ -154,6 +157,36 @@ impl GpuBackend for FakeGpus {
             self.ledger.observe(event);
         }
         events
+    }
+
+    /// Readings that follow the simulated load as an H100's would: memory
+    /// filled to 90% of the load's share, 32 C idle to 77 C busy, 70 W idle
+    /// to 700 W busy. A GPU that fell off the bus reads nothing.
+    fn telemetry(&self) -> Vec<GpuTelemetry> {
+        let load = self.load.lock().unwrap_or_else(|e| e.into_inner());
+        let mut out: Vec<GpuTelemetry> = self
+            .gpus()
+            .unwrap_or_default()
+            .iter()
+            .map(|g| {
+                let pct = f64::from(load.get(&g.index).copied().unwrap_or(0).min(100));
+                GpuTelemetry {
+                    index: g.index,
+                    utilization_pct: pct,
+                    memory_used_mb: (g.memory_mb as f64 * 0.9 * pct / 100.0) as u64,
+                    memory_total_mb: g.memory_mb,
+                    temperature_c: Some(32.0 + 0.45 * pct),
+                    power_w: Some(70.0 + 6.3 * pct),
+                    ..Default::default()
+                }
+            })
+            .collect();
+        self.ledger.count_into(&mut out);
+        out
+    }
+
+    fn simulate_load(&self, load: &std::collections::BTreeMap<u32, u8>) {
+        *self.load.lock().unwrap_or_else(|e| e.into_inner()) = load.clone();
     }
 }
 

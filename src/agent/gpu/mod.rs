@@ -36,6 +36,29 @@ pub trait GpuBackend: Send + Sync {
     fn links(&self) -> Result<Vec<Vec<GpuLink>>, GpuError>;
     /// Health events since the last call. Never blocks.
     fn poll_events(&self) -> Vec<GpuEvent>;
+    /// Each GPU's utilisation, memory, temperature, power and error counts
+    /// now, in index order; empty where the backend cannot tell.
+    fn telemetry(&self) -> Vec<GpuTelemetry> {
+        Vec::new()
+    }
+    /// Simulated GPUs only: the utilisation (percent) each GPU shows from
+    /// now on, by index; the others show idle. Real GPUs ignore it.
+    fn simulate_load(&self, _load: &BTreeMap<u32, u8>) {}
+}
+
+/// One GPU's readings at one moment (what `nvidia-smi` shows).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct GpuTelemetry {
+    pub index: u32,
+    /// Percent of the last sample period a kernel ran.
+    pub utilization_pct: f64,
+    pub memory_used_mb: u64,
+    pub memory_total_mb: u64,
+    pub temperature_c: Option<f64>,
+    pub power_w: Option<f64>,
+    /// XID errors and uncorrectable ECC errors seen since the agent started.
+    pub xid_errors: u64,
+    pub ecc_uncorrectable_errors: u64,
 }
 
 /// A health event on one GPU (by index).
@@ -198,11 +221,22 @@ pub fn open_backend(cfg: &GpuConfig, node_name: &str) -> Result<Box<dyn GpuBacke
 #[derive(Debug, Default)]
 struct FaultLedger {
     faults: Mutex<BTreeMap<u32, String>>,
+    /// Per GPU: XID events and uncorrectable ECC errors seen (critical or not).
+    counts: Mutex<BTreeMap<u32, (u64, u64)>>,
 }
 
 impl FaultLedger {
-    /// Records `event` if it is critical.
+    /// Counts `event`, and records it as the GPU's fault if it is critical.
     fn observe(&self, event: &GpuEvent) {
+        {
+            let mut counts = self.counts.lock().unwrap_or_else(|e| e.into_inner());
+            let c = counts.entry(event.gpu()).or_default();
+            match *event {
+                GpuEvent::Xid { .. } => c.0 += 1,
+                GpuEvent::EccDoubleBit { count, .. } => c.1 += count.max(1),
+                _ => {}
+            }
+        }
         if is_critical(event) {
             self.lock()
                 .entry(event.gpu())
@@ -217,6 +251,17 @@ impl FaultLedger {
             if let Some(fault) = faults.get(&gpu.index) {
                 gpu.healthy = false;
                 gpu.fault = Some(fault.clone());
+            }
+        }
+    }
+
+    /// Fills in the error counts of `t`.
+    fn count_into(&self, t: &mut [GpuTelemetry]) {
+        let counts = self.counts.lock().unwrap_or_else(|e| e.into_inner());
+        for g in t {
+            if let Some((xid, ecc)) = counts.get(&g.index) {
+                g.xid_errors = *xid;
+                g.ecc_uncorrectable_errors = *ecc;
             }
         }
     }

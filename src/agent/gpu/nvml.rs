@@ -30,7 +30,7 @@ use nvml_wrapper::enums::event::XidError;
 use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::{Device, EventSet, Nvml};
 
-use super::{FaultLedger, GpuBackend, GpuError, GpuEvent};
+use super::{FaultLedger, GpuBackend, GpuError, GpuEvent, GpuTelemetry};
 use crate::model::{GpuInfo, GpuLink};
 
 /// NVML's NVLINK_MAX_LINKS: links per GPU to probe.
@@ -111,6 +111,32 @@ impl GpuBackend for NvmlBackend {
 
     fn links(&self) -> Result<Vec<Vec<GpuLink>>, GpuError> {
         Ok(self.links.clone())
+    }
+
+    /// What NVML answers now; a reading a GPU refuses is left out (or 0).
+    fn telemetry(&self) -> Vec<GpuTelemetry> {
+        use nvml_wrapper::enum_wrappers::device::TemperatureSensor;
+        let mut out = Vec::with_capacity(self.gpus.len());
+        for g in &self.gpus {
+            let Ok(device) = self.nvml.device_by_index(g.index) else {
+                continue;
+            };
+            let memory = device.memory_info().ok();
+            out.push(GpuTelemetry {
+                index: g.index,
+                utilization_pct: device.utilization_rates().map_or(0.0, |u| f64::from(u.gpu)),
+                memory_used_mb: memory.as_ref().map_or(0, |m| m.used >> 20),
+                memory_total_mb: memory.as_ref().map_or(g.memory_mb, |m| m.total >> 20),
+                temperature_c: device
+                    .temperature(TemperatureSensor::Gpu)
+                    .ok()
+                    .map(f64::from),
+                power_w: device.power_usage().ok().map(|mw| f64::from(mw) / 1000.0),
+                ..Default::default()
+            });
+        }
+        self.ledger.count_into(&mut out);
+        out
     }
 
     fn poll_events(&self) -> Vec<GpuEvent> {

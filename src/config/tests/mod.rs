@@ -108,6 +108,7 @@ fn full_agent() -> AgentConfig {
         cpus: Some(64),
         memory_mb: Some(1024),
         health_check: Some(Default::default()),
+        dcgm_job_map_dir: Some("/run/dcgm-job-map".into()),
         ..AgentConfig::default()
     }
 }
@@ -151,6 +152,7 @@ fn the_examples_document_every_key_with_its_default() {
         cpus: parsed.cpus,
         memory_mb: parsed.memory_mb,
         health_check: parsed.health_check.clone(),
+        dcgm_job_map_dir: parsed.dcgm_job_map_dir.clone(),
         ..AgentConfig::default()
     };
     assert_eq!(parsed, defaults);

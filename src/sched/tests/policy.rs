@@ -151,6 +151,7 @@ fn fair_share_favours_the_account_under_its_share() {
             UsageCell {
                 gpu_ms: 36_000_000_000,
                 at: s.now,
+                total_gpu_ms: 0,
             },
         )]
         .into(),

@@ -8,6 +8,19 @@ use crate::net::proto::{ClusterStatus, Member};
 use super::{Api, LAGGING_ENTRIES};
 
 impl Api {
+    /// A running job's GPU use from its agents, flagged idle past the
+    /// servers' `idle_gpu_secs` (leader only: the agents report to it).
+    pub(in crate::server) fn fill_gpu_use(&self, job: &mut crate::model::Job) {
+        if job.state != JobState::Running {
+            return;
+        }
+        job.gpu_use = self.hub.gpu_use(job.id).map(|mut u| {
+            let limit = self.cfg.idle_gpu_secs;
+            u.idle = limit > 0 && u.idle_secs >= limit;
+            u
+        });
+    }
+
     pub(super) fn nodes(&self) -> Vec<crate::net::proto::NodeInfo> {
         let alive: std::collections::HashSet<String> = self.hub.alive().into_iter().collect();
         let s = self.state();

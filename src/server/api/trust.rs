@@ -130,5 +130,6 @@ fn request_name(req: &ApiRequest) -> &'static str {
         ApiRequest::Keepalive { .. } => "keepalive",
         ApiRequest::Exec { .. } => "exec",
         ApiRequest::Attach { .. } => "attach",
+        ApiRequest::ApiTokenCreate { .. } => "api-token-create",
     }
 }
