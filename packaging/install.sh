@@ -578,6 +578,12 @@ example_server_toml() {
 # archived. The leader's value counts.
 # history_retention_secs = 300
 
+# Seconds an interactive allocation (salloc, srun outside an allocation, gpuq
+# run) is held without a word from its client, which renews it every third of
+# this while it runs: a client that was killed, or whose laptop closed, has its
+# allocation released (ended TIMEOUT) this long after its last renewal, not held
+# until its time limit. Slurm's InactiveLimit. 0: never. The leader's counts.
+# inactive_limit_secs = 300
 # Seconds a running job's GPUs may all sit idle (no GPU over 5% busy, as
 # its agents sample them) before `gpuq queue` and `gpuq show` flag the job
 # idle: a hung rank, a crashed worker, a notebook left open. 0: never.
