@@ -115,6 +115,13 @@ async fn follow_in_mode(id: JobId, step: u32, rank: u32, mode: Mode) -> Result<F
         if let Some(s) = current_step(id, step).await? {
             if s.is_over() {
                 drain(id, step, rank, &mut seen).await;
+                // A task that never ran says why, as its stream would have.
+                let nl = if pty { "\r\n" } else { "\n" };
+                for end in s.ended.values() {
+                    if let crate::model::TaskEnd::LaunchFailed { reason } = end {
+                        eprint!("gpuq: the command did not start: {reason}{nl}");
+                    }
+                }
                 let code = s.exit_code().clamp(0, 255) as u8;
                 return Ok(Followed::Exit(ExitCode::from(code)));
             }
