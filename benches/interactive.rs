@@ -23,20 +23,9 @@ use std::time::{Duration, Instant};
 mod common;
 
 use common::pty::Terminal;
-use common::{clean_command, gpuq_bin, Cluster};
+use common::{clean_command, env_u64, gpuq_bin, pct, Cluster};
 
 const LONG: Duration = Duration::from_secs(60);
-
-fn env_u64(key: &str, default: u64) -> u64 {
-    std::env::var(key)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
-fn pct(sorted: &[f64], p: f64) -> f64 {
-    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
-}
 
 fn summary(mut ms: Vec<f64>) -> (f64, f64) {
     ms.sort_by(|a, b| a.total_cmp(b));

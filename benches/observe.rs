@@ -13,35 +13,12 @@
 
 use std::io::{Read, Write};
 use std::path::Path;
-use std::process::Output;
 use std::time::{Duration, Instant};
 
 #[path = "../tests/common/mod.rs"]
 mod common;
 
-use common::{clean_command, gpuq_bin, http_url_in, Server, SimAgents};
-
-fn env_u64(key: &str, default: u64) -> u64 {
-    std::env::var(key)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
-fn run(socket: &Path, args: &[&str]) -> Output {
-    let out = clean_command(gpuq_bin())
-        .args(args)
-        .env("GPUQ_SOCKET", socket)
-        .output()
-        .expect("run gpuq");
-    assert!(
-        out.status.success(),
-        "gpuq {:?}: {}",
-        &args[..args.len().min(4)],
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
-}
+use common::{env_u64, http_url_in, pct, run_clean, Server, SimAgents};
 
 /// One `GET path` over a new connection: (milliseconds, body bytes).
 fn get(addr: &str, path: &str) -> (f64, usize) {
@@ -62,10 +39,6 @@ fn get(addr: &str, path: &str) -> (f64, usize) {
         .position(|w| w == b"\r\n\r\n")
         .map_or(0, |i| buf.len() - i - 4);
     (ms, body)
-}
-
-fn pct(sorted: &[f64], p: f64) -> f64 {
-    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
 }
 
 /// `reps` GETs of `path`: (p50 ms, p99 ms, bytes).
@@ -104,7 +77,7 @@ fn main() {
         .map(|i| format!("-J run{i} -G 8 --export=NONE,GPUQ_SIM_DURATION_MS=3600000 -- train\n"))
         .collect();
     std::fs::write(&long, lines).unwrap();
-    run(&socket, &["submit", "--from", long.to_str().unwrap()]);
+    run_clean(&socket, &["submit", "--from", long.to_str().unwrap()]);
     // The queue: held jobs, 10,000 a call.
     let batch = jobs.min(10_000);
     let sweep = dir.path().join("sweep.txt");
@@ -114,7 +87,7 @@ fn main() {
     std::fs::write(&sweep, lines).unwrap();
     let mut made = 0;
     while made + batch <= jobs {
-        run(
+        run_clean(
             &socket,
             &[
                 "submit",
@@ -134,7 +107,7 @@ fn main() {
     // Wait until the running jobs run (the page then shows them).
     let deadline = Instant::now() + Duration::from_secs(300);
     loop {
-        let out = run(&socket, &["queue", "--state", "RUNNING", "--json"]);
+        let out = run_clean(&socket, &["queue", "--state", "RUNNING", "--json"]);
         let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
         if v.as_array().map_or(0, |a| a.len()) as u64 >= running {
             break;

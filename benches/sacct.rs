@@ -14,40 +14,12 @@
 //! seconds.
 
 use std::path::Path;
-use std::process::Output;
 use std::time::{Duration, Instant};
 
 #[path = "../tests/common/mod.rs"]
 mod common;
 
-use common::{clean_command, gpuq_bin, Server};
-
-fn env_u64(key: &str, default: u64) -> u64 {
-    std::env::var(key)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
-fn run(socket: &Path, args: &[&str]) -> Output {
-    let out = clean_command(gpuq_bin())
-        .args(args)
-        .env("GPUQ_SOCKET", socket)
-        .output()
-        .expect("run gpuq");
-    assert!(
-        out.status.success(),
-        "gpuq {:?} ({} words): {}",
-        &args[..args.len().min(4)],
-        args.len(),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
-}
-
-fn pct(sorted: &[f64], p: f64) -> f64 {
-    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
-}
+use common::{env_u64, pct, run_clean, Server};
 
 /// Times `args` `reps` times: (p50 ms, p99 ms, lines of its output).
 fn time(socket: &Path, args: &[&str], reps: usize) -> (f64, f64, usize) {
@@ -55,7 +27,7 @@ fn time(socket: &Path, args: &[&str], reps: usize) -> (f64, f64, usize) {
     let mut lines = 0;
     for _ in 0..reps {
         let t = Instant::now();
-        let out = run(socket, args);
+        let out = run_clean(socket, args);
         ms.push(t.elapsed().as_secs_f64() * 1e3);
         lines = out.stdout.iter().filter(|&&b| b == b'\n').count();
     }
@@ -86,7 +58,7 @@ fn main() {
         let n = batch.min(jobs - made);
         if arrays.len() <= sweeps {
             let range = format!("0-{}", n - 1);
-            let out = run(
+            let out = run_clean(
                 &socket,
                 &[
                     "submit",
@@ -101,10 +73,10 @@ fn main() {
                 ],
             );
             let id = String::from_utf8_lossy(&out.stdout).trim().to_string();
-            run(&socket, &["cancel", &id]);
+            run_clean(&socket, &["cancel", &id]);
             arrays.push(id);
         } else {
-            let out = run(
+            let out = run_clean(
                 &socket,
                 &[
                     "submit",
@@ -122,7 +94,7 @@ fn main() {
                 .collect();
             let mut args = vec!["cancel"];
             args.extend(ids.iter().map(String::as_str));
-            run(&socket, &args);
+            run_clean(&socket, &args);
             sweeps += 1;
         }
         made += n;
@@ -130,7 +102,7 @@ fn main() {
     // Archived: nothing finished is left in memory.
     let deadline = Instant::now() + Duration::from_secs(600);
     loop {
-        let out = run(&socket, &["queue", "--all", "--json"]);
+        let out = run_clean(&socket, &["queue", "--all", "--json"]);
         let left: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
         if left.as_array().is_some_and(|a| a.is_empty()) {
             break;

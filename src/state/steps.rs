@@ -34,6 +34,25 @@ impl State {
         Ok(job)
     }
 
+    /// The running allocation `id` that `by` may release or keep alive
+    /// (`what`: "is released", "is kept alive by its client").
+    fn own_allocation(
+        &self,
+        id: JobId,
+        by: &str,
+        admin: bool,
+        what: &str,
+    ) -> Result<(), Rejection> {
+        let job = self.own_running_job(id, by, admin)?;
+        if job.spec.launch != Launch::Allocation {
+            return Err(Rejection::InvalidSpec(format!(
+                "job {id} runs its own program; only an allocation (salloc, srun, gpuq run) \
+                 {what} (use scancel to stop it)"
+            )));
+        }
+        Ok(())
+    }
+
     pub(super) fn start_step(
         &mut self,
         by: &str,
@@ -106,13 +125,7 @@ impl State {
         now: Millis,
         dirty: &mut Dirty,
     ) -> Result<CommandResult, Rejection> {
-        let job = self.own_running_job(id, by, admin)?;
-        if job.spec.launch != Launch::Allocation {
-            return Err(Rejection::InvalidSpec(format!(
-                "job {id} runs its own program; only an allocation (salloc, srun) is released \
-                 (use scancel to stop it)"
-            )));
-        }
+        self.own_allocation(id, by, admin, "is released")?;
         self.begin_ending(
             id,
             JobState::Completed,
@@ -132,13 +145,7 @@ impl State {
         now: Millis,
         dirty: &mut Dirty,
     ) -> Result<CommandResult, Rejection> {
-        let job = self.own_running_job(id, by, admin)?;
-        if job.spec.launch != Launch::Allocation {
-            return Err(Rejection::InvalidSpec(format!(
-                "job {id} runs its own program; only an allocation (salloc, srun, gpuq run) is \
-                 kept alive by its client"
-            )));
-        }
+        self.own_allocation(id, by, admin, "is kept alive by its client")?;
         if let Some(run) = self.jobs.get_mut(&id).and_then(|j| j.run.as_mut()) {
             run.renewed_at = Some(run.renewed_at.map_or(now, |t| t.max(now)));
             dirty.jobs.insert(id);

@@ -989,3 +989,35 @@ impl Drop for KillOnDrop {
         let _ = self.0.wait();
     }
 }
+
+/// A bench knob from the environment, or `default`.
+pub fn env_u64(key: &str, default: u64) -> u64 {
+    std::env::var(key)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// Runs the gpuq binary with a clean environment against `socket`,
+/// panicking (naming its first words) when it fails: what a user's shell
+/// would run, for the benches.
+pub fn run_clean(socket: &Path, args: &[&str]) -> Output {
+    let out = clean_command(gpuq_bin())
+        .args(args)
+        .env("GPUQ_SOCKET", socket)
+        .output()
+        .expect("run gpuq");
+    assert!(
+        out.status.success(),
+        "gpuq {:?} ({} words): {}",
+        &args[..args.len().min(4)],
+        args.len(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// The `p` quantile (0..=1) of `sorted`, nearest rank.
+pub fn pct(sorted: &[f64], p: f64) -> f64 {
+    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
+}
