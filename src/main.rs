@@ -168,6 +168,11 @@ enum SimCmd {
     /// GPUQ_SIM_DURATION_MS (default 1000) divided by --compression, failing
     /// when GPUQ_SIM_EXIT is non-zero.
     Agents(SimAgentsArgs),
+    /// Replay a job trace in virtual time through the real scheduler and
+    /// state machine (no network, no agents, no sleeping) and report
+    /// utilisation, waits, completion times and fairness; with --compare,
+    /// two policies side by side.
+    Replay(gpuq::sim::replay::command::ReplayArgs),
 }
 
 // `gpuq sim agents`
@@ -374,6 +379,7 @@ async fn daemon(cmd: Cmd) -> anyhow::Result<()> {
             .await
         }
         Cmd::Sim(SimCmd::Agents(a)) => gpuq::sim::run_agents(a.options()).await,
+        Cmd::Sim(SimCmd::Replay(_)) => unreachable!("not a daemon"),
         Cmd::Client(_) | Cmd::Shim { .. } | Cmd::Slurm { .. } => unreachable!("not a daemon"),
     }
 }
@@ -430,6 +436,16 @@ fn main() -> ExitCode {
             let _ = e.print();
             return ExitCode::from(code);
         }
+    };
+    let cli = match cli.cmd {
+        Cmd::Sim(SimCmd::Replay(a)) => {
+            return match gpuq::sim::replay::command::run(a) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) if e.is_input() => CliError::input(e.to_string()).exit(),
+                Err(e) => CliError::internal(e.to_string()).exit(),
+            }
+        }
+        cmd => Cli { cmd },
     };
     if let Cmd::Shim { task_dir, serve } = &cli.cmd {
         // Before any runtime or thread exists: the shim and the launcher fork.

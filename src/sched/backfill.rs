@@ -38,7 +38,7 @@ use super::{Packing, PendingReason, Pool};
 
 /// Backfill's knobs (Slurm's `bf_*` parameters).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(default)]
+#[serde(default, deny_unknown_fields)]
 pub struct BackfillConfig {
     /// How many blocked jobs get a reservation (and an expected start).
     /// 0: strict priority order, nothing overtakes a blocked job.

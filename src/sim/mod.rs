@@ -12,6 +12,7 @@
 //!   with the figures they produce ([`report`]).
 
 pub mod fleet;
+pub mod replay;
 pub mod report;
 pub mod runner;
 pub mod trace;
