@@ -278,11 +278,7 @@ impl AcctRecord {
                     .iter()
                     .map(|n| n.node.clone())
                     .collect(),
-                run.allocation
-                    .nodes
-                    .iter()
-                    .map(|n| n.gpus.len() as u32)
-                    .sum(),
+                run.allocation.gpus() as u32,
             ),
             None => (Vec::new(), 0),
         };

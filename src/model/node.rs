@@ -121,6 +121,13 @@ pub struct Allocation {
     pub nodes: Vec<NodeAllocation>,
 }
 
+impl Allocation {
+    /// GPUs it holds, on all its nodes.
+    pub fn gpus(&self) -> u64 {
+        self.nodes.iter().map(|n| n.gpus.len() as u64).sum()
+    }
+}
+
 /// Writes CPU ids in cpulist syntax (`0-3,8,10-11`), as cgroup `cpuset.cpus` takes them.
 pub fn format_cpulist(cpus: &[u32]) -> String {
     let mut sorted = cpus.to_vec();

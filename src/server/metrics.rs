@@ -192,12 +192,7 @@ fn queue(api: &Api, e: &mut Exposition) {
         }
         if j.state.is_active() {
             if let (Some(start), Some(run)) = (j.start_time, &j.run) {
-                let gpus: u64 = run
-                    .allocation
-                    .nodes
-                    .iter()
-                    .map(|n| n.gpus.len() as u64)
-                    .sum();
+                let gpus: u64 = run.allocation.gpus();
                 let account = j.spec.account.as_deref().unwrap_or(DEFAULT_ACCOUNT);
                 *running_gpu_ms.entry(account).or_default() +=
                     gpus.saturating_mul(now.saturating_sub(start));

@@ -18,12 +18,7 @@ impl State {
         let (Some(start), Some(run)) = (job.start_time, job.run.as_ref()) else {
             return;
         };
-        let gpus: u64 = run
-            .allocation
-            .nodes
-            .iter()
-            .map(|n| n.gpus.len() as u64)
-            .sum();
+        let gpus: u64 = run.allocation.gpus();
         let gpu_ms = gpus.saturating_mul(now.saturating_sub(start));
         let account = job
             .spec

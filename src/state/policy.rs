@@ -399,12 +399,7 @@ pub(super) fn active_job(j: &crate::model::Job) -> Option<ActiveJob> {
         user: j.user.as_str().into(),
         account: j.spec.account.as_deref().unwrap_or_default().into(),
         qos: j.spec.qos.as_deref().unwrap_or_default().into(),
-        gpus: run
-            .allocation
-            .nodes
-            .iter()
-            .map(|n| n.gpus.len() as u64)
-            .sum(),
+        gpus: run.allocation.gpus(),
         start_time: j.start_time.unwrap_or(0),
         allocation: run.allocation.clone(),
         completing: j.state == JobState::Completing,

@@ -168,12 +168,7 @@ fn fair_share_converges_and_preemption_takes_what_is_needed() {
             let job = state.job(id).unwrap();
             let run = job.run.clone().unwrap();
             let start = job.start_time.unwrap();
-            let gpus: u64 = run
-                .allocation
-                .nodes
-                .iter()
-                .map(|n| n.gpus.len() as u64)
-                .sum();
+            let gpus: u64 = run.allocation.gpus();
             let from = start.max(half);
             if now > from {
                 *gpu_ms.entry(job.spec.account.clone().unwrap()).or_default() +=
