@@ -29,7 +29,10 @@ pub struct ReplayArgs {
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     pub topology_leaves: Option<u32>,
     /// The policy: a built-in (multifactor, the server's default; fifo) or a
-    /// TOML file (see `docs/replay.md`).
+    /// TOML file with any of: name, base (a built-in), packing (best-fit,
+    /// first-fit), limit_factor, tick_secs, [backfill] (depth,
+    /// max_job_test, max_times, default_time_limit_secs) and [policy]
+    /// (weights, accounts, qos, partitions as `gpuq admin` sets them).
     #[arg(long, default_value = "multifactor")]
     pub policy: String,
     /// A second policy, replayed on the same trace and shown side by side.

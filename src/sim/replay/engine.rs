@@ -27,6 +27,12 @@ use super::{Outcome, Run, Sample, TraceJob};
 use crate::model::{JobId, JobState, Millis, TaskEnd, TaskEvent, TaskEventKind, TaskKey};
 use crate::state::{Command, CommandResult, Dirty, State};
 
+/// `State::apply` without a store: what it touched is only for writing
+/// records out, which a replay never does.
+fn apply(state: &mut State, cmd: &Command) -> CommandResult {
+    state.apply(cmd, &mut Dirty::default())
+}
+
 /// The replayed cluster: `nodes` identical nodes of `gpus_per_node` GPUs.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Shape {
@@ -144,7 +150,6 @@ struct Holding {
 
 struct Engine<'p> {
     state: State,
-    dirty: Dirty,
     policy: &'p ReplayPolicy,
     shape: Shape,
     now: Millis,
@@ -175,7 +180,6 @@ impl<'p> Engine<'p> {
             policy: std::sync::Arc::new(policy.policy.clone()),
             ..State::default()
         };
-        let mut dirty = Dirty::default();
         for i in 0..shape.nodes {
             let name = shape.node_name(i);
             let inventory =
@@ -191,7 +195,7 @@ impl<'p> Engine<'p> {
                 now: 0,
                 cert_sha256: String::new(),
             };
-            if let CommandResult::Rejected(r) = state.apply(&cmd, &mut dirty) {
+            if let CommandResult::Rejected(r) = apply(&mut state, &cmd) {
                 return Err(EngineError::Node {
                     node: name,
                     reason: r.to_string(),
@@ -204,7 +208,6 @@ impl<'p> Engine<'p> {
         let may_preempt = policy.policy.qos.values().any(|q| !q.preempts.is_empty());
         Ok(Engine {
             state,
-            dirty,
             policy,
             shape: shape.clone(),
             now: 0,
@@ -234,7 +237,10 @@ impl<'p> Engine<'p> {
         loop {
             let arrival = jobs.get(next).map(|j| j.arrival);
             let end = self.ends.peek().map(|Reverse(e)| e.0);
-            let tick = next_tick.filter(|_| self.state.has_pending());
+            // With nothing running and nothing to come, what still waits
+            // after the last pass can never start: no tick would change that.
+            let idle = arrival.is_none() && end.is_none();
+            let tick = next_tick.filter(|_| !idle && self.state.has_pending());
             let Some(t) = [arrival, end, tick].into_iter().flatten().min() else {
                 break;
             };
@@ -263,16 +269,6 @@ impl<'p> Engine<'p> {
                 progress(&self.progress(next, jobs.len()));
             }
         }
-        // The load holds until the last end: close the record there.
-        self.samples.push(Sample {
-            t: self.now,
-            busy_gpus: self.busy_gpus,
-            pending: 0,
-            running: 0,
-        });
-        self.samples.dedup_by(|b, a| {
-            (a.busy_gpus, a.pending, a.running) == (b.busy_gpus, b.pending, b.running)
-        });
         progress(&self.progress(next, jobs.len()));
         Ok(())
     }
@@ -322,6 +318,9 @@ impl<'p> Engine<'p> {
             std::time::Duration::from_millis(job.duration),
             0,
         );
+        // Traces give no CPUs: one per task, so CPUs never bind before
+        // GPUs whatever --gpus-per-node is.
+        spec.cpus_per_task = 1;
         spec.time_limit_secs = Some(match job.limit {
             Some(l) => l.div_ceil(1000).max(1),
             None => self.policy.limit_secs(job.duration),
@@ -336,7 +335,7 @@ impl<'p> Engine<'p> {
             spec: Box::new(spec),
             now: self.now,
         };
-        match self.state.apply(&cmd, &mut self.dirty) {
+        match apply(&mut self.state, &cmd) {
             CommandResult::Submitted { id } => {
                 self.of_job.insert(id, self.outcomes.len());
                 self.durations.push(job.duration);
@@ -349,7 +348,6 @@ impl<'p> Engine<'p> {
                     end: None,
                     restarts: 0,
                 });
-                self.dirty = Dirty::default();
                 Ok(())
             }
             other => Err(EngineError::Refused {
@@ -376,9 +374,7 @@ impl<'p> Engine<'p> {
                 preemptions: plan.preemptions,
                 now: self.now,
             };
-            if let CommandResult::Preempted { stopped, .. } =
-                self.state.apply(&cmd, &mut self.dirty)
-            {
+            if let CommandResult::Preempted { stopped, .. } = apply(&mut self.state, &cmd) {
                 for id in stopped {
                     self.stop(id, TaskEnd::Cancelled);
                 }
@@ -391,14 +387,13 @@ impl<'p> Engine<'p> {
             allocations: plan.allocations,
             now: self.now,
         };
-        let started = match self.state.apply(&cmd, &mut self.dirty) {
+        let started = match apply(&mut self.state, &cmd) {
             CommandResult::Scheduled { started, .. } => started,
             _ => Vec::new(),
         };
         for id in started {
             self.started(id);
         }
-        self.dirty = Dirty::default();
         Ok(())
     }
 
@@ -420,12 +415,7 @@ impl<'p> Engine<'p> {
             .iter()
             .map(|n| n.node.clone())
             .collect();
-        let gpus: u32 = run
-            .allocation
-            .nodes
-            .iter()
-            .map(|n| n.gpus.len() as u32)
-            .sum();
+        let gpus: u32 = run.allocation.gpus() as u32;
         let duration = self.durations[at];
         let timed_out = duration > limit.saturating_mul(1000);
         let end = self
@@ -479,7 +469,6 @@ impl<'p> Engine<'p> {
         if ended {
             self.outcomes[h.at].end = Some(self.now);
         }
-        self.dirty = Dirty::default();
     }
 
     /// Each node of the allocation reports `kind` for its rank.
@@ -498,7 +487,7 @@ impl<'p> Engine<'p> {
                 }],
                 now: self.now,
             };
-            self.state.apply(&cmd, &mut self.dirty);
+            apply(&mut self.state, &cmd);
         }
     }
 

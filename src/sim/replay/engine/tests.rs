@@ -196,3 +196,16 @@ fn an_empty_cluster_is_refused() {
     let e = replay(&[job("A", 0, 1, 1)], &shape, &p, &mut |_| {}).unwrap_err();
     assert!(e.to_string().contains("--nodes"), "{e}");
 }
+
+/// The trace says nothing of CPUs: a whole 16-GPU node's job is not held
+/// back by them (at 16 CPUs per GPU it needed more than the node has).
+#[test]
+fn cpus_never_bind_before_gpus() {
+    let shape = Shape {
+        nodes: 1,
+        gpus_per_node: 16,
+        topology_leaves: None,
+    };
+    let r = run(&[job("A", 0, 16, 10), job("B", 0, 16, 10)], &shape, "fifo");
+    assert_eq!(schedule(&r), vec![at("A", 0, 10), at("B", 10, 20)]);
+}

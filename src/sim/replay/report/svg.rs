@@ -227,6 +227,20 @@ impl Frame {
         }
     }
 
+    /// The x axis's vertical gridlines and tick labels.
+    fn x_ticks(&self, out: &mut String, x: &Axis) {
+        let (y0, y1) = (self.height - self.bottom, self.top);
+        for (v, label) in &x.ticks {
+            let px = self.x(x, *v);
+            let _ = write!(
+                out,
+                r#"<line x1="{px:.1}" y1="{y1}" x2="{px:.1}" y2="{y0}" class="grid"/><text x="{px:.1}" y="{ty}" text-anchor="middle">{l}</text>"#,
+                ty = y0 + 16.0,
+                l = escape(label),
+            );
+        }
+    }
+
     /// Gridlines, tick labels and axis titles.
     fn axes(&self, out: &mut String, x: &Axis, y: &Axis) {
         let (x0, x1) = (self.left, self.width - self.right);
@@ -241,15 +255,7 @@ impl Frame {
                 l = escape(label),
             );
         }
-        for (v, label) in &x.ticks {
-            let px = self.x(x, *v);
-            let _ = write!(
-                out,
-                r#"<line x1="{px:.1}" y1="{y1}" x2="{px:.1}" y2="{y0}" class="grid"/><text x="{px:.1}" y="{ty}" text-anchor="middle">{l}</text>"#,
-                ty = y0 + 16.0,
-                l = escape(label),
-            );
-        }
+        self.x_ticks(out, x);
         let _ = write!(
             out,
             r#"<line x1="{x0}" y1="{y0}" x2="{x1}" y2="{y0}" class="axis"/><line x1="{x0}" y1="{y0}" x2="{x0}" y2="{y1}" class="axis"/><text x="{cx:.1}" y="{ty}" text-anchor="middle" class="label">{xt}</text><text transform="translate(14 {cy:.1}) rotate(-90)" text-anchor="middle" class="label">{yt}</text>"#,
@@ -322,15 +328,7 @@ pub(super) fn bar_chart(
     frame.open(&mut out, title, runs, false);
     let (x0, x1) = (frame.left, frame.width - frame.right);
     let (y0, y1) = (frame.height - frame.bottom, frame.top);
-    for (v, label) in &x.ticks {
-        let px = frame.x(x, *v);
-        let _ = write!(
-            out,
-            r#"<line x1="{px:.1}" y1="{y1}" x2="{px:.1}" y2="{y0}" class="grid"/><text x="{px:.1}" y="{ty}" text-anchor="middle">{l}</text>"#,
-            ty = y0 + 16.0,
-            l = escape(label),
-        );
-    }
+    frame.x_ticks(&mut out, x);
     for (g, (label, values)) in groups.iter().enumerate() {
         let top = y1 + g as f64 * row + GAP / 2.0;
         let short: String = label.chars().take(22).collect();
