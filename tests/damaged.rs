@@ -16,7 +16,7 @@ fn golden_server(root: &Path) -> Server {
     common::golden::copy_data_dir(&root.join("data"));
     let mut s = Server::joining(root, "s1", "", "");
     s.mode = vec!["--bootstrap".into()];
-    s.extra_config = "history_retention_secs = 86400".into();
+    s.extra_config = common::golden::KEEP_HISTORY.into();
     s
 }
 

@@ -53,9 +53,7 @@ fn todays_server_on_an_earlier_release_data_dir_shows_all_it_held_and_goes_on() 
     let mut s = Server::joining(dir.path(), "s1", "", "");
     s.mode = vec!["--bootstrap".into()];
     s.node_ttl_secs = 3600;
-    // Longer than the golden data dir can age: its finished jobs must stay
-    // unarchived whenever the test runs (a day was a time bomb).
-    s.extra_config = "history_retention_secs = 3153600000".into();
+    s.extra_config = common::golden::KEEP_HISTORY.into();
     s.start();
 
     let pending = ["reason", "reason_code", "expected_start"];

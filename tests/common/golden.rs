@@ -43,6 +43,11 @@ pub fn copy_release_data(rel: &Path, to: &Path) {
     assert!(ok, "{cmd} failed");
 }
 
+/// Server config for a golden data dir: a history retention longer than the
+/// data can ever age, so its finished jobs stay unarchived whenever a test
+/// runs (a one-day retention was a time bomb a day after the data was made).
+pub const KEEP_HISTORY: &str = "history_retention_secs = 3153600000";
+
 /// Copies the newest release's data dir to `to`.
 pub fn copy_data_dir(to: &Path) {
     copy_release_data(releases().last().unwrap(), to);
