@@ -31,6 +31,11 @@
 #                                               simulated nodes and 100,000
 #                                               jobs: /metrics scrape time
 #                                               and size, API list p50
+#                            benches/replay.rs  virtual-time ITP replay: each
+#                                               built-in policy on the whole
+#                                               trace and on cluster04 at load
+#                                               0.9, and 69k jobs on 1,000
+#                                               nodes: jobs/s
 #                            benches/fuzz.rs    10 million fuzz inputs over the
 #                                               local socket's frames, agent and
 #                                               Raft protocols, apply, snapshots,
@@ -71,7 +76,7 @@ smoke=0
 case "${1:-}" in
   --smoke) smoke=1 ;;
   "") ;;
-  -h|--help) sed -n '2,66p' "$0"; exit 0 ;;
+  -h|--help) sed -n '2,71p' "$0"; exit 0 ;;
   *) echo "bench/run.sh: unknown argument $1 (use --smoke or nothing)" >&2; exit 1 ;;
 esac
 
@@ -86,6 +91,7 @@ if [ "$smoke" = 1 ]; then
   cargo bench --profile dev --bench sacct
   cargo bench --profile dev --bench interactive
   cargo bench --profile dev --bench observe
+  cargo bench --profile dev --bench replay
   cargo bench --profile dev --bench fuzz
   cargo bench --profile dev --bench chaos
   bench/peer.sh --smoke
@@ -98,6 +104,7 @@ else
   cargo bench --bench sacct
   cargo bench --bench interactive
   cargo bench --bench observe
+  cargo bench --bench replay
   cargo bench --bench fuzz
   cargo bench --bench chaos
   bench/peer.sh

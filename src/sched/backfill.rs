@@ -51,6 +51,26 @@ pub struct BackfillConfig {
     /// its start (a guess for the timeline only: it is not enforced, and a
     /// job without a limit is never backfilled ahead of a reservation).
     pub default_time_limit_secs: u64,
+    /// The order jobs are tried in once `depth` reservations are made.
+    pub order: BackfillOrder,
+}
+
+/// The order backfill tries the jobs in once the pass has made its `depth`
+/// reservations (before that, and for the reservations themselves, it is
+/// queue order). Nothing tried after the reservations can delay them, and a
+/// job reaches the head of the queue as its priority grows: neither order
+/// starves a job.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum BackfillOrder {
+    /// Queue (priority) order, as Slurm's backfill.
+    #[default]
+    Priority,
+    /// Shortest time limit first, then queue order (a job without a limit
+    /// last): short jobs fill the holes before the reservations first, so
+    /// more of them fit and fewer long ones are left waiting behind holes
+    /// they could not use (Tsafrir et al.'s SJBF).
+    Shortest,
 }
 
 impl Default for BackfillConfig {
@@ -60,6 +80,7 @@ impl Default for BackfillConfig {
             max_job_test: 500,
             max_times: 1000,
             default_time_limit_secs: 24 * 3600,
+            order: BackfillOrder::default(),
         }
     }
 }

@@ -73,7 +73,7 @@ mod tests;
 
 use crate::model::Millis;
 
-pub use backfill::BackfillConfig;
+pub use backfill::{BackfillConfig, BackfillOrder};
 pub use check::{check_allocation, check_allocation_by, feasible};
 pub use cpus::pick_cpus;
 pub use gpus::pick_gpus;

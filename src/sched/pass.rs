@@ -36,7 +36,7 @@ use super::preempt;
 use super::queue::{gate, Queue};
 use super::quota::Quotas;
 use super::view::{ClusterView, PendingJob};
-use super::{ActiveJob, Packing, Partitions, PendingReason, Plan, Pool, Preemption};
+use super::{ActiveJob, BackfillOrder, Packing, Partitions, PendingReason, Plan, Pool, Preemption};
 
 /// One pass over `queue` (`view`'s pending jobs, already in priority order).
 pub(super) fn run<'v>(
@@ -89,8 +89,14 @@ pub(super) fn run<'v>(
     let mut barrier = false;
     let mut tested = 0usize;
     let mut out = Plan::default();
+    // The order the jobs are tried in: the queue's, and once `depth`
+    // reservations are made, backfill's (`BackfillOrder`).
+    let mut order: Vec<usize> = (0..queue.jobs.len()).collect();
+    let mut next = 0;
 
-    for q in &queue.jobs {
+    while let Some(&k) = order.get(next) {
+        next += 1;
+        let q = &queue.jobs[k];
         // Until it is tried, a job is read from `q` only: see `super::queue`.
         if !q.plain {
             if let Some(reason) = gate(q.job, now, &slots, &singletons) {
@@ -259,6 +265,13 @@ pub(super) fn run<'v>(
                         });
                         holds.push(Hold { start, end, alloc });
                         reserved = true;
+                        if holds.len() == cfg.depth && cfg.order == BackfillOrder::Shortest {
+                            // The reservations are made: the rest is
+                            // backfill, tried in its own order.
+                            let jobs = &queue.jobs;
+                            order[next..]
+                                .sort_unstable_by_key(|&k| (jobs[k].limit.unwrap_or(u64::MAX), k));
+                        }
                     }
                 }
                 if !reserved && holds.len() < cfg.depth {

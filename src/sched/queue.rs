@@ -59,6 +59,9 @@ pub(super) struct Queued<'v> {
     pub plain: bool,
     /// Its account or QoS has a cap (`super::quota`).
     pub capped: bool,
+    /// Its time limit, seconds (`None`: none), for backfill's
+    /// [`super::BackfillOrder::Shortest`] without reading the record again.
+    pub limit: Option<u64>,
 }
 
 /// What a job asks for, within its partition (its index): jobs with equal
@@ -129,6 +132,7 @@ pub(super) fn build<'v>(
                 request,
                 plain,
                 capped: n.capped,
+                limit: job.time_limit_secs,
             };
             // The view's order breaks a tie of ids (a hand-built view).
             keys.push((priority::key(job, total), i as u32));

@@ -31,7 +31,8 @@ pub struct ReplayArgs {
     /// The policy: a built-in (multifactor, the server's default; fifo) or a
     /// TOML file with any of: name, base (a built-in), packing (best-fit,
     /// first-fit), limit_factor, tick_secs, [backfill] (depth,
-    /// max_job_test, max_times, default_time_limit_secs) and [policy]
+    /// max_job_test, max_times, default_time_limit_secs, order: shortest or
+    /// priority) and [policy]
     /// (weights, accounts, qos, partitions as `gpuq admin` sets them).
     #[arg(long, default_value = "multifactor")]
     pub policy: String,
