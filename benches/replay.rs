@@ -213,20 +213,19 @@ fn main() {
     }
 
     // Speed: the whole trace on a large fleet, one policy, one thread.
-    let (jobs, nodes) = if smoke {
-        (sets[0].1.clone(), 64)
+    // The first set: the whole trace (cluster04's first jobs in a smoke run).
+    let jobs = &sets[0].1;
+    let nodes = if smoke {
+        64
     } else {
-        (
-            read(&path, None, None),
-            env_or("GPUQ_BENCH_REPLAY_NODES", 1000u32),
-        )
+        env_or("GPUQ_BENCH_REPLAY_NODES", 1000u32)
     };
     let shape = Shape {
         nodes,
         gpus_per_node: gpn,
         topology_leaves: None,
     };
-    let (s, wall, share) = run_one(&jobs, &shape, &policies[0]);
+    let (s, wall, share) = run_one(jobs, &shape, &policies[0]);
     let rate = jobs.len() as f64 / wall.as_secs_f64().max(1e-9);
     println!(
         "\n== speed: {} jobs on {nodes} nodes x {gpn} under {}: {:.1} s wall, {rate:.0} jobs/s, \

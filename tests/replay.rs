@@ -77,6 +77,16 @@ fn replay_bin(trace: &Path, args: &[&str]) -> Output {
         .expect("run gpuq sim replay")
 }
 
+/// A quiet replay of a [`COLUMNS`] trace on 4 nodes x 8 GPUs with `args`,
+/// into `out`, which must succeed.
+fn replay_4x8(trace: &Path, args: &[&str], out: &Path) {
+    let mut all = vec!["--columns", COLUMNS, "--nodes", "4", "--gpus-per-node", "8"];
+    all.extend_from_slice(args);
+    all.extend(["--quiet", "--out", out.to_str().unwrap()]);
+    let o = replay_bin(trace, &all);
+    assert!(o.status.success(), "{}", common::stderr(&o));
+}
+
 /// What a directory holds, by name (empty when it does not exist).
 fn listing(dir: &Path) -> Vec<String> {
     match std::fs::read_dir(dir) {
@@ -210,25 +220,11 @@ fn the_same_trace_gives_the_same_summary_and_a_self_contained_report() {
     std::fs::write(&trace, csv(&mixed_trace(60, 7))).unwrap();
     let run = |out: &str| {
         let out = dir.path().join(out);
-        let o = replay_bin(
+        replay_4x8(
             &trace,
-            &[
-                "--columns",
-                COLUMNS,
-                "--nodes",
-                "4",
-                "--gpus-per-node",
-                "8",
-                "--policy",
-                "fifo",
-                "--compare",
-                "multifactor",
-                "--quiet",
-                "--out",
-                out.to_str().unwrap(),
-            ],
+            &["--policy", "fifo", "--compare", "multifactor"],
+            &out,
         );
-        assert!(o.status.success(), "{}", common::stderr(&o));
         let read = |name: &str| std::fs::read(out.join(name)).unwrap();
         (read("summary.json"), read("report.html"))
     };
@@ -484,25 +480,11 @@ fn live_and_replayed_runs_start_jobs_in_the_same_order() {
     let fifo = ReplayPolicy::load("fifo").unwrap();
     let run = engine::replay(&read.jobs, &shape, &fifo, &mut |_| {}).unwrap();
     let out = dir.path().join("out");
-    let o = replay_bin(
+    replay_4x8(
         &trace,
-        &[
-            "--columns",
-            COLUMNS,
-            "--nodes",
-            "4",
-            "--gpus-per-node",
-            "8",
-            "--topology-leaves",
-            "1",
-            "--policy",
-            "fifo",
-            "--quiet",
-            "--out",
-            out.to_str().unwrap(),
-        ],
+        &["--topology-leaves", "1", "--policy", "fifo"],
+        &out,
     );
-    assert!(o.status.success(), "{}", common::stderr(&o));
     let summary = report::summarize(&run);
     assert_eq!(
         std::fs::read_to_string(out.join("summary.json")).unwrap(),

@@ -89,14 +89,15 @@ pub(super) fn run<'v>(
     let mut barrier = false;
     let mut tested = 0usize;
     let mut out = Plan::default();
-    // The order the jobs are tried in: the queue's, and once `depth`
-    // reservations are made, backfill's (`BackfillOrder`).
-    let mut order: Vec<usize> = (0..queue.jobs.len()).collect();
+    // The order the jobs are tried in, made only where it is not the
+    // queue's: once `depth` reservations are made, backfill's
+    // (`BackfillOrder`).
+    let mut order: Option<Vec<usize>> = None;
     let mut next = 0;
 
-    while let Some(&k) = order.get(next) {
+    while next < queue.jobs.len() {
+        let q = &queue.jobs[order.as_ref().map_or(next, |o| o[next])];
         next += 1;
-        let q = &queue.jobs[k];
         // Until it is tried, a job is read from `q` only: see `super::queue`.
         if !q.plain {
             if let Some(reason) = gate(q.job, now, &slots, &singletons) {
@@ -269,7 +270,7 @@ pub(super) fn run<'v>(
                             // The reservations are made: the rest is
                             // backfill, tried in its own order.
                             let jobs = &queue.jobs;
-                            order[next..]
+                            order.get_or_insert_with(|| (0..jobs.len()).collect())[next..]
                                 .sort_unstable_by_key(|&k| (jobs[k].limit.unwrap_or(u64::MAX), k));
                         }
                     }

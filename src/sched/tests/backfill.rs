@@ -5,6 +5,7 @@
 
 use super::*;
 use crate::model::TopologyRequirement::Leaf;
+use crate::sched::BackfillOrder;
 use crate::sched::PendingReason::{
     BeginTime, Dependency, Held, JobArrayTaskLimit, Priority, ReservedForOthers, Resources,
     Topology,
@@ -13,6 +14,23 @@ use crate::sched::PendingReason::{
 const NOW: Millis = 10_000_000;
 const MIN: Millis = 60_000;
 const HOUR: Millis = 3_600_000;
+
+/// One GPU free on `a` until a 7-GPU job ends in an hour; job 1 needs all 8
+/// (its reservation, the pass's one: depth 1), jobs 2 (50 minutes) and 3
+/// (10 minutes) both fit the hole, one at a time; backfill tries them in
+/// `order`.
+fn one_hole(order: BackfillOrder) -> Scenario {
+    let mut s = at_now([dgx("a")])
+        .running_until(held(90, "a", &[0, 1, 2, 3, 4, 5, 6]), NOW + HOUR)
+        .pending([
+            job(1).gpus(8).time(7200),
+            job(2).gpus(1).time(3000),
+            job(3).gpus(1).time(600),
+        ]);
+    s.view.backfill.depth = 1;
+    s.view.backfill.order = order;
+    s
+}
 
 /// A scenario at [`NOW`].
 fn at_now(nodes: impl IntoIterator<Item = NodeBuilder>) -> Scenario {
@@ -102,6 +120,24 @@ fn cases() -> Vec<Case> {
                 (1, Waits(Resources)),
                 (2, Nodes(&["a"])),
                 (3, Waits(Priority)),
+            ],
+        },
+        Case {
+            name: "backfill in priority order: the first job to fit the hole takes it",
+            scenario: one_hole(BackfillOrder::Priority),
+            expect: vec![
+                (1, Waits(Resources)),
+                (2, On(&[("a", &[7])])),
+                (3, Waits(Priority)),
+            ],
+        },
+        Case {
+            name: "backfill shortest first: the shorter job takes the hole",
+            scenario: one_hole(BackfillOrder::Shortest),
+            expect: vec![
+                (1, Waits(Resources)),
+                (2, Waits(Priority)),
+                (3, On(&[("a", &[7])])),
             ],
         },
         Case {
