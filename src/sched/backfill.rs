@@ -3,7 +3,8 @@
 //! loop (`pass`) gives blocked jobs, and the rule by which a lower job may
 //! start ahead of them.
 //!
-//! - The first `depth` jobs that cannot start get a [`Reservation`]: the
+//! - The first `depth` jobs of each partition that cannot start get a
+//!   [`Reservation`] (per partition, as Slurm's `bf_max_job_part`): the
 //!   earliest time `T` their placement (the same gang-, topology- and
 //!   constraint-aware placement as a start now) fits on a timeline of free
 //!   capacity, built from running jobs' expected ends (start + time limit)
@@ -40,8 +41,9 @@ use super::{Packing, PendingReason, Pool};
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct BackfillConfig {
-    /// How many blocked jobs get a reservation (and an expected start).
-    /// 0: strict priority order, nothing overtakes a blocked job.
+    /// How many blocked jobs of each partition get a reservation (and an
+    /// expected start). 0: strict priority order, nothing overtakes a
+    /// blocked job.
     pub depth: usize,
     /// Jobs tried per pass behind the first blocked one (`bf_max_job_test`).
     pub max_job_test: usize,
@@ -51,12 +53,13 @@ pub struct BackfillConfig {
     /// its start (a guess for the timeline only: it is not enforced, and a
     /// job without a limit is never backfilled ahead of a reservation).
     pub default_time_limit_secs: u64,
-    /// The order jobs are tried in once `depth` reservations are made.
+    /// The order jobs are tried in once every partition with jobs left has
+    /// its `depth` reservations.
     pub order: BackfillOrder,
 }
 
 /// The order backfill tries the jobs in once the pass has made its `depth`
-/// reservations (before that, and for the reservations themselves, it is
+/// reservations in every partition with jobs left (before that, and for the reservations themselves, it is
 /// queue order). Nothing tried after the reservations can delay them, and a
 /// job reaches the head of the queue as its priority grows: neither order
 /// starves a job.

@@ -81,6 +81,16 @@ pub(super) fn run<'v>(
     // Requests (with their time limit) that could not start now.
     let mut failed: BTreeMap<(usize, Option<u64>), PendingReason> = BTreeMap::new();
     let mut holds: Vec<Hold> = Vec::new();
+    // Reservations made in each partition (`depth` is per partition, so one
+    // partition's blocked jobs do not use up another's), and jobs each has
+    // left to try.
+    let mut held_in = vec![0usize; parts.members.len()];
+    let mut left = vec![0usize; parts.members.len()];
+    for q in &queue.jobs {
+        if let Some(p) = q.part {
+            left[p] += 1;
+        }
+    }
     // What this pass started, with when it ends: part of the timeline.
     let mut started: Vec<(Option<Millis>, Allocation)> = Vec::new();
     let mut slots: BTreeMap<JobId, u32> = BTreeMap::new();
@@ -98,6 +108,9 @@ pub(super) fn run<'v>(
     while next < queue.jobs.len() {
         let q = &queue.jobs[order.as_ref().map_or(next, |o| o[next])];
         next += 1;
+        if let Some(p) = q.part {
+            left[p] -= 1;
+        }
         // Until it is tried, a job is read from `q` only: see `super::queue`.
         if !q.plain {
             if let Some(reason) = gate(q.job, now, &slots, &singletons) {
@@ -244,7 +257,7 @@ pub(super) fn run<'v>(
                 let first = !blocked;
                 blocked = true;
                 let mut reserved = false;
-                if holds.len() < cfg.depth {
+                if held_in[part] < cfg.depth {
                     let timeline = Timeline {
                         pool: &pool,
                         running: &releases,
@@ -265,17 +278,22 @@ pub(super) fn run<'v>(
                             allocation: alloc.clone(),
                         });
                         holds.push(Hold { start, end, alloc });
+                        held_in[part] += 1;
                         reserved = true;
-                        if holds.len() == cfg.depth && cfg.order == BackfillOrder::Shortest {
-                            // The reservations are made: the rest is
-                            // backfill, tried in its own order.
+                        let all_made = || {
+                            (left.iter().zip(&held_in)).all(|(&l, &h)| l == 0 || h >= cfg.depth)
+                        };
+                        if cfg.order == BackfillOrder::Shortest && order.is_none() && all_made() {
+                            // Every partition with jobs left has its
+                            // reservations: the rest is backfill, tried in
+                            // its own order.
                             let jobs = &queue.jobs;
-                            order.get_or_insert_with(|| (0..jobs.len()).collect())[next..]
+                            order.insert((0..jobs.len()).collect())[next..]
                                 .sort_unstable_by_key(|&k| (jobs[k].limit.unwrap_or(u64::MAX), k));
                         }
                     }
                 }
-                if !reserved && holds.len() < cfg.depth {
+                if !reserved && held_in[part] < cfg.depth {
                     // Its start is unknown: protect it the strict way.
                     barrier = true;
                 }

@@ -335,3 +335,38 @@ fn a_reservation_earlier_than_the_last_one_is_found() {
     // from +2h; c is whole at +3h.
     assert_eq!(out.expected_start(4), Some(NOW + 3 * HOUR));
 }
+
+#[test]
+fn each_partition_gets_its_own_reservations() {
+    // Depth 1 in each of two partitions, one node each: job 2 is the first
+    // blocked job of its partition, so it gets a reservation there although
+    // job 1 took the pass's first; the long job 3 may not take b's free GPU
+    // ahead of it, the short job 4 may.
+    let mut p = crate::model::Policy::fifo();
+    for (name, node) in [("left", "a"), ("right", "b")] {
+        let mut part = crate::model::Partition::new(name);
+        part.nodes = Some(node.into());
+        p.partitions.insert(name.into(), part);
+    }
+    let mut s = at_now([dgx("a"), dgx("b")])
+        .running_until(held(90, "a", &[0, 1, 2, 3, 4, 5, 6]), NOW + HOUR)
+        .running_until(held(91, "b", &[0, 1, 2, 3, 4, 5, 6]), NOW + HOUR)
+        .pending([
+            job(1).gpus(8).time(7200).partition("left"),
+            job(2).gpus(8).time(7200).partition("right"),
+            job(3).gpus(1).time(36_000).partition("right"),
+            job(4).gpus(1).time(600).partition("right"),
+        ]);
+    s.view.policy.policy = std::sync::Arc::new(p);
+    s.view.backfill.depth = 1;
+    let out = s.run();
+    assert_eq!(out.expected_start(1), Some(NOW + HOUR));
+    assert_eq!(out.expected_start(2), Some(NOW + HOUR));
+    let expect = [
+        (1, Expect::Waits(Resources)),
+        (2, Expect::Waits(Priority)),
+        (3, Expect::Waits(ReservedForOthers)),
+        (4, Expect::On(&[("b", &[7])])),
+    ];
+    assert_eq!(out.mismatches(&expect), Vec::<String>::new());
+}
