@@ -67,19 +67,25 @@ pub struct BackfillConfig {
 #[serde(rename_all = "kebab-case")]
 pub enum BackfillOrder {
     /// Queue (priority) order, as Slurm's backfill.
-    #[default]
     Priority,
     /// Shortest time limit first, then queue order (a job without a limit
     /// last): short jobs fill the holes before the reservations first, so
     /// more of them fit and fewer long ones are left waiting behind holes
     /// they could not use (Tsafrir et al.'s SJBF).
+    #[default]
     Shortest,
 }
 
+/// EASY backfill with the shortest jobs tried first (Tsafrir et al.'s
+/// EASY-SJBF): one reservation per partition, the rest shortest limit
+/// first. On the ITP trace's largest cluster at load 0.9 (`gpuq sim replay`,
+/// docs/replay.md) it cut the mean wait by 35% against ten reservations in
+/// priority order, at the same utilisation, with large jobs waiting about
+/// as long and the longest wait no longer.
 impl Default for BackfillConfig {
     fn default() -> Self {
         BackfillConfig {
-            depth: 10,
+            depth: 1,
             max_job_test: 500,
             max_times: 1000,
             default_time_limit_secs: 24 * 3600,

@@ -39,6 +39,16 @@ fn at_now(nodes: impl IntoIterator<Item = NodeBuilder>) -> Scenario {
     s
 }
 
+/// A scenario at [`NOW`] where ten blocked jobs get reservations, tried in
+/// priority order (Slurm's way; the default is one, then shortest first):
+/// for the timeline's work across reservations.
+fn deep_at_now(nodes: impl IntoIterator<Item = NodeBuilder>) -> Scenario {
+    let mut s = at_now(nodes);
+    s.view.backfill.depth = 10;
+    s.view.backfill.order = BackfillOrder::Priority;
+    s
+}
+
 fn cases() -> Vec<Case> {
     use Expect::{Nodes, On, Waits};
     vec![
@@ -214,7 +224,7 @@ fn backfill_table() {
 
 #[test]
 fn expected_starts_come_from_running_jobs_ends() {
-    let out = at_now([dgx("a"), dgx("b"), dgx("c")])
+    let out = deep_at_now([dgx("a"), dgx("b"), dgx("c")])
         .running_until(held(90, "a", ALL8), NOW + HOUR)
         .running_until(held(91, "b", ALL8), NOW + 2 * HOUR)
         .running_until(held(92, "c", ALL8), NOW + 3 * HOUR)
@@ -288,7 +298,7 @@ fn the_timeline_carried_between_reservations_counts_the_starts_made_since() {
     // Job 1's reservation leaves the timeline's pool at +1h. Job 2 then
     // starts on d until +2h; job 3's search starts at +1h on that same
     // pool, which must hold job 2 too: d is not whole before +2h.
-    let out = at_now([dgx("a"), dgx("b"), dgx("c"), dgx("d")])
+    let out = deep_at_now([dgx("a"), dgx("b"), dgx("c"), dgx("d")])
         .running_until(held(90, "a", ALL8), NOW + HOUR)
         .running_until(held(91, "b", ALL8), NOW + HOUR)
         .running_until(held(92, "c", ALL8), NOW + HOUR)
@@ -313,7 +323,7 @@ fn a_reservation_earlier_than_the_last_one_is_found() {
     // Job 1 is reserved at +2h; job 2 starts on c now and ends in 30
     // minutes; job 3 fits a at +1h, before job 1's reservation, so its
     // search must look at times before the timeline's last one.
-    let out = at_now([dgx("a"), dgx("b"), dgx("c")])
+    let out = deep_at_now([dgx("a"), dgx("b"), dgx("c")])
         .running_until(held(90, "a", ALL8), NOW + HOUR)
         .running_until(held(91, "b", ALL8), NOW + 2 * HOUR)
         .running_until(held(92, "c", &[0, 1, 2, 3]), NOW + 3 * HOUR)
@@ -358,7 +368,7 @@ fn each_partition_gets_its_own_reservations() {
             job(4).gpus(1).time(600).partition("right"),
         ]);
     s.view.policy.policy = std::sync::Arc::new(p);
-    s.view.backfill.depth = 1;
+    s.view.backfill.order = BackfillOrder::Priority;
     let out = s.run();
     assert_eq!(out.expected_start(1), Some(NOW + HOUR));
     assert_eq!(out.expected_start(2), Some(NOW + HOUR));

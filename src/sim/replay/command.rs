@@ -12,7 +12,7 @@ use super::policy::{PolicyError, ReplayPolicy};
 use super::report::{self, ReportError};
 use super::Run;
 
-/// `gpuq sim replay TRACE ...`
+// `gpuq sim replay TRACE ...`
 #[derive(Args, Debug)]
 pub struct ReplayArgs {
     /// The trace: a CSV file with a header line. The ITP trace
@@ -28,8 +28,10 @@ pub struct ReplayArgs {
     /// Spread the nodes over L leaf switches, so placement is topology-aware.
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     pub topology_leaves: Option<u32>,
-    /// The policy: a built-in (multifactor, the server's default; fifo) or a
-    /// TOML file with any of: name, base (a built-in), packing (best-fit,
+    /// The policy: a built-in (multifactor, the server's default; fifo,
+    /// submit order with the server's backfill; slurm-like, submit order
+    /// with Slurm's backfill: ten reservations, priority order) or a TOML
+    /// file with any of: name, base (a built-in), packing (best-fit,
     /// first-fit), limit_factor, tick_secs, [backfill] (depth,
     /// max_job_test, max_times, default_time_limit_secs, order: shortest or
     /// priority) and [policy]
