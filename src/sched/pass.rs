@@ -280,9 +280,8 @@ pub(super) fn run<'v>(
                         holds.push(Hold { start, end, alloc });
                         held_in[part] += 1;
                         reserved = true;
-                        let all_made = || {
-                            (left.iter().zip(&held_in)).all(|(&l, &h)| l == 0 || h >= cfg.depth)
-                        };
+                        let all_made =
+                            || (left.iter().zip(&held_in)).all(|(&l, &h)| l == 0 || h >= cfg.depth);
                         if cfg.order == BackfillOrder::Shortest && order.is_none() && all_made() {
                             // Every partition with jobs left has its
                             // reservations: the rest is backfill, tried in

@@ -212,7 +212,10 @@ mod tests {
         assert_eq!(m.backfill, f.backfill);
         let s = ReplayPolicy::built_in("slurm-like").unwrap();
         assert_eq!(s.policy.weights, f.policy.weights);
-        assert_eq!((s.backfill.depth, s.backfill.order), (10, BackfillOrder::Priority));
+        assert_eq!(
+            (s.backfill.depth, s.backfill.order),
+            (10, BackfillOrder::Priority)
+        );
         assert!(ReplayPolicy::built_in("nope").is_none());
     }
 
@@ -220,7 +223,10 @@ mod tests {
     fn a_backfill_table_changes_only_the_keys_it_names() {
         let p = ReplayPolicy::from_toml("base = \"slurm-like\"\n[backfill]\ndepth = 50\n", "x")
             .unwrap();
-        assert_eq!((p.backfill.depth, p.backfill.order), (50, BackfillOrder::Priority));
+        assert_eq!(
+            (p.backfill.depth, p.backfill.order),
+            (50, BackfillOrder::Priority)
+        );
         let e = ReplayPolicy::from_toml("[backfill]\ndepht = 2\n", "x").unwrap_err();
         assert!(e.contains("depht"), "{e}");
     }
