@@ -373,7 +373,8 @@ fn the_api_takes_user_tokens_and_keeps_users_apart() {
 }
 
 /// The web page in headless Chromium on a cluster with jobs running: the
-/// queue lists them, the GPU map shows each job on its GPUs, and a job
+/// queue lists them, the GPU map shows each job on its GPUs, the
+/// utilisation chart draws their GPUs under the cluster's total, and a job
 /// cancelled from the page (with a token) ends CANCELLED. A screenshot is
 /// kept in target/observe-web.png.
 #[test]
@@ -425,6 +426,19 @@ fn the_web_page_shows_jobs_on_the_gpu_map_and_cancels() {
     );
     let gpus = page.eval("document.querySelectorAll('#nodes .gpu').length");
     assert_eq!(gpus, 8);
+    // The chart: a bar per bucket of the last day, the last ones holding
+    // the running jobs' GPUs, under a line at the cluster's 8.
+    page.wait(
+        "the running jobs on the utilisation chart",
+        "[...document.querySelectorAll('#utilisation svg rect.bucket')]\
+         .some(r => Number(r.getAttribute('data-gpus')) > 0)",
+        Duration::from_secs(15),
+    );
+    let bars = page.eval("document.querySelectorAll('#utilisation svg rect.bucket').length");
+    assert_eq!(bars, 96);
+    let total = page
+        .eval("document.querySelector('#utilisation svg line.total').getAttribute('data-gpus')");
+    assert_eq!(total, "8");
     assert_eq!(page.eval("document.getElementById('error').hidden"), true);
     let png = page.screenshot();
     let shot = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/observe-web.png");
@@ -451,6 +465,55 @@ fn the_web_page_shows_jobs_on_the_gpu_map_and_cancels() {
     page.eval(&format!("document.querySelector('{button}').click(); true"));
     c.wait_state(&one, "CANCELLED", Duration::from_secs(30));
     assert_eq!(c.job(&two)["state"], "RUNNING");
+}
+
+/// `GET /api/v1/utilisation` (loopback, no token): the last hour in 60
+/// buckets adds up to exactly the running job's GPU-milliseconds since its
+/// start, under the cluster's total; defaults of 24 h in 96 buckets; a
+/// parameter out of range is refused with 400 naming it and the range.
+#[test]
+fn the_utilisation_route_counts_running_jobs_and_refuses_bad_parameters() {
+    let dir = common::shared_tempdir();
+    let c = Cluster::start(dir.path(), 1, 4);
+    let url = http_url(&c.server.log());
+    let route = format!("{url}/api/v1/utilisation");
+    let job = c.submit(&["--gpus", "2", "--", "sleep", "120"]);
+    c.wait_started(&job, Duration::from_secs(30));
+    let started = c.job(&job)["start_time"].as_u64().unwrap();
+
+    let (code, u) = call(&format!("{route}?hours=1&buckets=60"), "", "GET", None);
+    assert_eq!(code, 200, "{u}");
+    assert_eq!(
+        (&u["total_gpus"], &u["bucket_ms"]),
+        (&4.into(), &60_000.into())
+    );
+    let allocated: Vec<f64> = serde_json::from_value(u["allocated"].clone()).unwrap();
+    assert_eq!(allocated.len(), 60);
+    assert!(allocated[59] > 0.0, "{allocated:?}");
+    let now = u["from"].as_u64().unwrap() + 3_600_000;
+    let gpu_ms: f64 = allocated.iter().map(|g| g * 60_000.0).sum();
+    let want = 2.0 * now.saturating_sub(started) as f64;
+    assert!(
+        want > 0.0 && (gpu_ms - want).abs() < 1.0,
+        "{gpu_ms} GPU-ms, want {want}"
+    );
+
+    let (code, u) = call(&route, "", "GET", None);
+    assert_eq!(code, 200, "{u}");
+    assert_eq!(u["allocated"].as_array().map(Vec::len), Some(96));
+    assert_eq!(u["bucket_ms"], 15 * 60_000);
+    for (query, name, range) in [
+        ("hours=0", "hours", "from 1 to 720"),
+        ("hours=721", "hours", "from 1 to 720"),
+        ("hours=day", "hours", "from 1 to 720"),
+        ("buckets=0", "buckets", "from 1 to 1000"),
+        ("hours=2&buckets=1001", "buckets", "from 1 to 1000"),
+    ] {
+        let (code, e) = call(&format!("{route}?{query}"), "", "GET", None);
+        assert_eq!(code, 400, "{query}: {e}");
+        let why = e["error"].as_str().unwrap_or_default();
+        assert!(why.starts_with(name) && why.contains(range), "{query}: {e}");
+    }
 }
 
 /// Beyond loopback the server's HTTP port is TLS with its certificate
@@ -561,4 +624,26 @@ fn idle_gpu_jobs_are_flagged_and_busy_ones_are_not() {
     };
     assert!(line(&idle).contains("GPUs idle for"), "{queue}");
     assert!(!line(&busy).contains("idle"), "{queue}");
+
+    // Once over, the use stays with the job: the leader puts its agent's
+    // last report into the command carrying the ends.
+    c.server.ok(&["cancel", &busy]);
+    let ended = c.wait_state(&busy, "CANCELLED", Duration::from_secs(30));
+    assert_eq!(ended["gpu_use"]["mean_util_pct"], 80, "{ended}");
+    let acct: serde_json::Value = serde_json::from_str(&c.server.ok(&["acct", "--json"])).unwrap();
+    let row = acct
+        .as_array()
+        .and_then(|rows| {
+            rows.iter()
+                .find(|r| r["id"].as_u64().map(|i| i.to_string()) == Some(busy.clone()))
+        })
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(row["gpu_use"]["mean_util_pct"], 80, "{acct}");
+    let table = c.server.ok(&["acct"]);
+    let acct_line = table
+        .lines()
+        .find(|l| l.split_whitespace().next() == Some(busy.as_str()))
+        .unwrap_or_default();
+    assert!(acct_line.contains("80%"), "{table}");
 }

@@ -233,3 +233,56 @@ fn a_preempted_job_gets_its_signal_first_then_the_grace_then_sigterm() {
         term - usr1
     );
 }
+
+/// A QoS may cancel its jobs once their GPUs sat idle for its idle time;
+/// other QoS's jobs are only flagged, at the servers' time (long here).
+#[test]
+fn a_qos_that_cancels_idle_jobs_cancels_them_and_no_other() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = Cluster::start(dir.path(), 1, 4);
+    // Refused whole, naming the flags to change.
+    let bad = c.server.cli(&[
+        "admin",
+        "qos",
+        "add",
+        "never",
+        "--idle-gpu-time",
+        "0",
+        "--cancel-idle",
+        "true",
+    ]);
+    assert_eq!(bad.status.code(), Some(1));
+    assert!(
+        stderr(&bad).contains("--idle-gpu-time 0"),
+        "{}",
+        stderr(&bad)
+    );
+    let bad = c
+        .server
+        .cli(&["admin", "qos", "add", "x", "--cancel-idle", "maybe"]);
+    assert_eq!(bad.status.code(), Some(1), "{}", stderr(&bad));
+    assert!(stderr(&bad).contains("--cancel-idle"), "{}", stderr(&bad));
+    assert!(!c.server.ok(&["admin", "qos", "list"]).contains("never"));
+
+    c.server.ok(&[
+        "admin",
+        "qos",
+        "add",
+        "scavenger",
+        "--idle-gpu-time",
+        "3s",
+        "--cancel-idle",
+        "true",
+    ]);
+    let list = c.server.ok(&["admin", "qos", "list"]);
+    assert!(list.contains("3s,cancel"), "{list}");
+    let idle = c.submit(&["--qos", "scavenger", "--gpus", "1", "--", "sleep", "300"]);
+    let other = c.submit(&["--gpus", "1", "--", "sleep", "300"]);
+    c.wait_started(&other, LONG);
+    let ended = c.wait_state(&idle, "CANCELLED", LONG);
+    let reason = ended["reason"].as_str().unwrap_or_default();
+    assert!(reason.contains("QoS scavenger's idle-GPU rule"), "{ended}");
+    let still = c.job(&other);
+    assert_eq!(still["state"], "RUNNING", "{still}");
+    assert!(still["gpu_use"]["idle"].is_null(), "{still}");
+}

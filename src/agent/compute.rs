@@ -260,6 +260,9 @@ impl ComputeAgent {
         });
         let mut tick = tokio::time::interval(self.reconcile_every);
         let mut heartbeat = tokio::time::interval(Duration::from_secs(1));
+        // Service replicas' health checks (this session's leader hears each
+        // verdict from the start).
+        let prober = super::probe::Prober::default();
         let mut health = self.health.clone();
         if let Some(h) = health.as_mut() {
             h.mark_changed(); // report the current result on every connect
@@ -308,6 +311,22 @@ impl ComputeAgent {
                         if write_frame(&mut send, &msg).await.is_err() {
                             break Session::Lost("connection lost".into());
                         }
+                    }
+                    let verdicts = ledger
+                        .desired
+                        .as_ref()
+                        .map(|d| prober.tick(d.values()))
+                        .unwrap_or_default();
+                    let mut lost = false;
+                    for (job, attempt, healthy, detail) in verdicts {
+                        let msg = AgentMsg::ReplicaHealth { job, attempt, healthy, detail };
+                        if write_frame(&mut send, &msg).await.is_err() {
+                            lost = true;
+                            break;
+                        }
+                    }
+                    if lost {
+                        break Session::Lost("connection lost".into());
                     }
                 }
                 Ok(()) = async {

@@ -314,6 +314,7 @@ mod tests {
             array: None,
             kill_grace_secs: None,
             facts: None,
+            health: None,
         }
     }
 

@@ -13,6 +13,7 @@ mod ledger;
 mod login;
 pub mod logs;
 mod node;
+mod probe;
 pub mod runner;
 pub mod servers;
 mod spool;

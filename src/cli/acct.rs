@@ -128,8 +128,15 @@ fn records_table(records: &[AcctRecord]) -> String {
         "END",
         "ELAPSED",
         "GPU_HOURS",
+        "GPU_UTIL",
+        "GPU_MEM",
     ]);
     for r in records {
+        let pct = |f: fn(&crate::model::GpuUse) -> u32| {
+            r.gpu_use
+                .as_ref()
+                .map_or_else(|| "-".into(), |u| format!("{}%", f(u)))
+        };
         t.row(vec![
             r.id.to_string(),
             r.name.clone(),
@@ -150,6 +157,8 @@ fn records_table(records: &[AcctRecord]) -> String {
             opt_time(r.end_time),
             fmt_duration(r.elapsed_secs),
             format!("{:.2}", r.gpu_hours),
+            pct(|u| u.mean_util_pct),
+            pct(|u| u.mean_memory_pct),
         ]);
     }
     t.render()

@@ -139,6 +139,13 @@ pub struct QosArgs {
     /// These users may use it whatever their account (comma list).
     #[arg(long, value_delimiter = ',')]
     allow_users: Option<Vec<String>>,
+    /// Flag its running jobs whose GPUs were all idle this long (30m, 2h;
+    /// 0: never), or "none" for the servers' idle_gpu_secs.
+    #[arg(long, value_parser = parse_duration_limit)]
+    idle_gpu_time: Option<Limit>,
+    /// Cancel its jobs once flagged idle (true or false; off by default).
+    #[arg(long, value_parser = clap::builder::BoolishValueParser::new())]
+    cancel_idle: Option<bool>,
 }
 
 // `gpuq admin partition ...`
@@ -222,7 +229,7 @@ fn parse_limit(s: &str) -> Result<Limit, String> {
         .map_err(|_| format!("{s:?} is not a number; give N or none"))
 }
 
-fn parse_secs(s: &str) -> Result<u64, String> {
+pub(super) fn parse_secs(s: &str) -> Result<u64, String> {
     crate::spec::time::parse_ttl(s)
         .map(|d| d.as_secs())
         .map_err(|e| e.to_string())
@@ -296,7 +303,23 @@ fn qos_change(op: Op, q: QosArgs) -> PolicyChange {
             max_gpus_per_job: q.max_gpus_per_job,
             allowed_accounts: q.allow_accounts.map(non_empty),
             allowed_users: q.allow_users.map(non_empty),
+            idle_gpu_secs: q.idle_gpu_time,
+            cancel_idle: q.cancel_idle,
         },
+    }
+}
+
+/// A QoS's idle-GPU rule as `admin qos list` shows it.
+fn idle(q: &crate::model::Qos) -> String {
+    let time = match q.idle_gpu_secs {
+        None => "server".to_string(),
+        Some(0) => "never".to_string(),
+        Some(s) => format!("{s}s"),
+    };
+    if q.cancel_idle {
+        format!("{time},cancel")
+    } else {
+        time
     }
 }
 
@@ -426,6 +449,7 @@ pub async fn run(cmd: AdminCommand) -> Result<(), CliError> {
                     "MAX_GPUS_USER",
                     "MAX_GPUS_JOB",
                     "ALLOWED",
+                    "IDLE_GPU",
                 ]);
                 for q in p.qos.values() {
                     t.row(vec![
@@ -443,6 +467,7 @@ pub async fn run(cmd: AdminCommand) -> Result<(), CliError> {
                         opt(q.max_gpus_per_user),
                         opt(q.max_gpus_per_job),
                         allowed(q),
+                        idle(q),
                     ]);
                 }
                 print!("{}", t.render());

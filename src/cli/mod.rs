@@ -17,6 +17,7 @@ pub(crate) mod queue;
 mod report;
 mod run;
 pub mod session;
+mod service;
 mod show;
 pub(crate) mod submit;
 pub mod table;
@@ -248,6 +249,12 @@ pub enum ClientCommand {
         #[arg(long)]
         step: Option<u32>,
     },
+    /// Long-running replicated services (inference servers, APIs) beside
+    /// batch jobs: create, list, show, scale, delete, endpoints.
+    Service {
+        #[command(subcommand)]
+        cmd: service::ServiceCommand,
+    },
     /// Create, list and revoke join tokens (admins) and API tokens (users).
     Token {
         #[command(subcommand)]
@@ -457,6 +464,7 @@ async fn run_command(cmd: ClientCommand) -> Result<(), CliError> {
         }
         ClientCommand::Logs { id, rank, follow } => logs(JobId(id), rank, follow).await,
         ClientCommand::Token { cmd } => token::token(cmd).await,
+        ClientCommand::Service { cmd } => service::run(cmd).await,
         ClientCommand::Admin { cmd } => admin::run(cmd).await,
         ClientCommand::Share { json } => report::share(json.json).await,
     }

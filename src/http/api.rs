@@ -16,6 +16,7 @@
 //! | `GET /api/v1/jobs/ID/logs?rank=R&offset=N` | `Logs` |
 //! | `GET /api/v1/nodes`, `/api/v1/cluster` | `Nodes`, `Cluster` |
 //! | `GET /api/v1/acct?user=U&account=A&state=S&after=ID&summary=1` | `Acct` |
+//! | `GET /api/v1/utilisation?hours=24&buckets=96` | `Utilisation` |
 //!
 //! Answers are the response's fields as JSON (`{"jobs": [...]}`); errors
 //! are `{"error": sentence, "kind": ...}` with 400, 403, 404, 503 or 500.
@@ -23,6 +24,7 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
+use std::ops::RangeInclusive;
 
 use bytes::Bytes;
 use http_body_util::Full;
@@ -32,7 +34,9 @@ use serde::Deserialize;
 
 use super::{body_bytes, identify, json_error, respond, Site};
 use crate::model::{JobId, JobRef, JobState};
-use crate::net::proto::{ApiRequest, ApiResponse, Caller, ErrorKind};
+use crate::net::proto::{
+    ApiRequest, ApiResponse, Caller, ErrorKind, UTILISATION_BUCKETS, UTILISATION_HOURS,
+};
 
 /// The user loopback readers act as, without a token.
 pub const ANONYMOUS: &str = "anonymous";
@@ -163,6 +167,7 @@ pub(super) async fn route(site: &dyn Site, peer: SocketAddr, req: Request<Incomi
         (Method::GET, ["nodes"]) => Ok(ApiRequest::Nodes),
         (Method::GET, ["cluster"]) => Ok(ApiRequest::Cluster),
         (Method::GET, ["acct"]) => acct_request(&query),
+        (Method::GET, ["utilisation"]) => utilisation_request(&query),
         _ => return not_found(&path),
     };
     let request = match request {
@@ -300,6 +305,23 @@ fn acct_request(q: &[(String, String)]) -> Result<ApiRequest, String> {
     })
 }
 
+/// The chart's window: `hours` (default 24) cut into `buckets` (default 96).
+fn utilisation_request(q: &[(String, String)]) -> Result<ApiRequest, String> {
+    let within = |key: &str, range: RangeInclusive<u32>, default: u32| {
+        let Some(v) = value(q, key) else {
+            return Ok(default);
+        };
+        v.parse().ok().filter(|n| range.contains(n)).ok_or_else(|| {
+            let (lo, hi) = (range.start(), range.end());
+            format!("{key}={v:?} is out of range: give a whole number from {lo} to {hi}")
+        })
+    };
+    Ok(ApiRequest::Utilisation {
+        hours: within("hours", UTILISATION_HOURS, 24)?,
+        buckets: within("buckets", UTILISATION_BUCKETS, 96)?,
+    })
+}
+
 /// Flags as `gpuq submit` takes them (the program comes apart).
 #[derive(clap::Parser, Debug)]
 #[command(name = "submit", no_binary_name = true, disable_help_flag = true)]
@@ -420,6 +442,39 @@ mod tests {
         assert!(number(&parse_query("rank=x"), "rank").is_err());
         assert_eq!(decode("%zz%4"), "%zz%4");
         assert_eq!(decode("%C3%A9%é"), "é%é");
+    }
+
+    #[test]
+    fn utilisation_takes_defaults_and_refuses_out_of_range() {
+        let req = utilisation_request(&parse_query("")).unwrap();
+        assert_eq!(
+            req,
+            ApiRequest::Utilisation {
+                hours: 24,
+                buckets: 96
+            }
+        );
+        let req = utilisation_request(&parse_query("hours=720&buckets=1")).unwrap();
+        assert_eq!(
+            req,
+            ApiRequest::Utilisation {
+                hours: 720,
+                buckets: 1
+            }
+        );
+        for (query, name, range) in [
+            ("hours=0", "hours", "from 1 to 720"),
+            ("hours=721", "hours", "from 1 to 720"),
+            ("hours=-3", "hours", "from 1 to 720"),
+            ("buckets=1001", "buckets", "from 1 to 1000"),
+            ("hours=2&buckets=x", "buckets", "from 1 to 1000"),
+        ] {
+            let err = utilisation_request(&parse_query(query)).unwrap_err();
+            assert!(
+                err.starts_with(name) && err.contains(range),
+                "{query}: {err}"
+            );
+        }
     }
 
     #[test]

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::{ArrayTask, Job, JobId, JobState, Launch, Millis, TaskEnd};
+use super::{ArrayTask, GpuUse, Job, JobId, JobState, Launch, Millis, TaskEnd};
 
 /// The account a job is charged to when it names none: the policy's
 /// built-in account (apply fills in the resolved account at submit, so only
@@ -98,6 +98,11 @@ pub struct AcctRecord {
     /// `gpus` × elapsed, in hours.
     pub gpu_hours: f64,
     pub restart_count: u32,
+    /// Mean GPU and memory utilisation of the last attempt, as its agents
+    /// sampled it; absent for jobs that held no GPU, ran on older agents or
+    /// ended before a sample.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_use: Option<GpuUse>,
     /// What sacct shows beyond `gpuq acct`'s columns; absent from older
     /// servers' records.
     #[serde(default, flatten)]
@@ -301,6 +306,7 @@ impl AcctRecord {
             elapsed_secs: elapsed_ms / 1000,
             gpu_hours: f64::from(gpus) * elapsed_ms as f64 / 3_600_000.0,
             restart_count: job.restart_count,
+            gpu_use: job.run.as_ref().and_then(|r| r.gpu_use()),
             detail: AcctDetail::from_job(job),
         }
     }

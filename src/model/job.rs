@@ -459,6 +459,9 @@ pub struct Job {
     /// The array this job is a task of, and its index (`12_3`).
     #[serde(default)]
     pub array: Option<super::ArrayTask>,
+    /// The service and replica index this job runs for (`gpuq service`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replica_of: Option<super::ReplicaOf>,
     /// When backfill expects it to start: filled in by the leader from its
     /// last pass when answering, like a pending `reason`; never by apply.
     #[serde(default)]
@@ -503,6 +506,7 @@ impl Job {
             run: None,
             preemptions: Vec::new(),
             array: None,
+            replica_of: None,
             expected_start: None,
             reason_code: None,
             gpu_use: None,
@@ -642,9 +646,20 @@ pub struct JobRun {
     /// start) is `inactive_limit_secs` ago.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub renewed_at: Option<super::Millis>,
+    /// Each node's GPU use in this attempt, as its agent last reported it
+    /// before ranks ended there (the leader adds its latest report to the
+    /// command carrying the ends): what `gpuq acct` and `gpuq show` report
+    /// once the job is over.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub gpu_use: std::collections::BTreeMap<String, super::GpuUse>,
 }
 
 impl JobRun {
+    /// The attempt's GPU use over all its nodes, once reported.
+    pub fn gpu_use(&self) -> Option<super::GpuUse> {
+        super::GpuUse::merge(self.gpu_use.values().copied())
+    }
+
     /// The node a global rank runs on.
     pub fn node_of_rank(&self, rank: u32, ntasks_per_node: u32) -> Option<&str> {
         self.allocation

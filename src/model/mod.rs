@@ -12,6 +12,7 @@ pub mod policy;
 pub mod policy_change;
 mod ports;
 mod queue;
+mod service;
 mod step;
 mod task;
 mod token;
@@ -28,6 +29,7 @@ pub use policy::{
 };
 pub use ports::{PortRange, PortRangeError};
 pub use queue::*;
+pub use service::*;
 pub use step::*;
 pub use task::*;
 pub use token::*;

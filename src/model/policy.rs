@@ -116,6 +116,13 @@ pub struct Qos {
     /// Users who may use this QoS whatever their account.
     #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
     pub allowed_users: BTreeSet<String>,
+    /// A running job of this QoS whose GPUs were all idle this long is
+    /// flagged; `None`: the servers' `idle_gpu_secs`; 0: never.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_gpu_secs: Option<u64>,
+    /// Cancel a job once it is flagged idle (off: only flagged).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub cancel_idle: bool,
 }
 
 impl Qos {
@@ -137,7 +144,15 @@ impl Qos {
             max_gpus_per_job: None,
             allowed_accounts: BTreeSet::new(),
             allowed_users: BTreeSet::new(),
+            idle_gpu_secs: None,
+            cancel_idle: false,
         }
+    }
+
+    /// How long a job's GPUs may sit idle before it is flagged, given the
+    /// servers' `idle_gpu_secs`; `None`: never.
+    pub fn idle_limit_secs(&self, server_default: u64) -> Option<u64> {
+        Some(self.idle_gpu_secs.unwrap_or(server_default)).filter(|&s| s > 0)
     }
 }
 

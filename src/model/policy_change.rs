@@ -80,6 +80,11 @@ pub struct QosPatch {
     /// Replaces the users allowed to use it whatever their account.
     #[serde(default)]
     pub allowed_users: Option<Vec<String>>,
+    /// `none`: the servers' `idle_gpu_secs` again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_gpu_secs: Option<Limit>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cancel_idle: Option<bool>,
 }
 
 /// What `gpuq admin partition add|modify` sets.

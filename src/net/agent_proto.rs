@@ -40,6 +40,15 @@ pub enum AgentMsg {
     GpuUse {
         jobs: Vec<(crate::model::JobId, crate::model::GpuUse)>,
     },
+    /// A service replica's health check changed its verdict (the agent of
+    /// the replica's first node checks it; see `model::HealthCheck`).
+    ReplicaHealth {
+        job: crate::model::JobId,
+        attempt: u32,
+        healthy: bool,
+        /// What the last check saw (`GET /healthz: 503`).
+        detail: String,
+    },
 }
 
 /// Leader -> agent.
@@ -196,6 +205,9 @@ pub struct DesiredTask {
     /// fields above; absent from leaders before job steps.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub facts: Option<Box<TaskFacts>>,
+    /// The service replica's health check, on its first task only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub health: Option<crate::model::HealthCheck>,
 }
 
 /// The job-level facts of a task's environment (`SLURM_*`), and how it

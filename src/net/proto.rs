@@ -194,7 +194,32 @@ pub enum ApiRequest {
         #[serde(default)]
         read_only: bool,
     },
+    /// GPUs allocated over the last `hours`, as `buckets` means (the web
+    /// page's chart), within [`UTILISATION_HOURS`] and
+    /// [`UTILISATION_BUCKETS`]. A read: any server answers.
+    Utilisation { hours: u32, buckets: u32 },
+    /// Create service `name` (`gpuq service create`): a job per replica is
+    /// queued at once, and another whenever one ends.
+    ServiceCreate {
+        name: String,
+        spec: Box<JobSpec>,
+        replicas: u32,
+        restart_delay_secs: u64,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        health: Option<crate::model::HealthCheck>,
+    },
+    /// Set a service's replica count.
+    ServiceScale { name: String, replicas: u32 },
+    /// Delete a service, cancelling its replicas.
+    ServiceDelete { name: String },
+    /// Every service, or the one named, with its replicas (a read).
+    Services { name: Option<String> },
 }
+
+/// How far back a `Utilisation` request may look, in hours (30 days).
+pub const UTILISATION_HOURS: std::ops::RangeInclusive<u32> = 1..=720;
+/// How many buckets a `Utilisation` answer may have.
+pub const UTILISATION_BUCKETS: std::ops::RangeInclusive<u32> = 1..=1000;
 
 impl ApiRequest {
     /// Whether the request opens an interactive stream (answered, then
@@ -234,6 +259,44 @@ pub struct Caller {
 pub struct Vouched {
     pub caller: Caller,
     pub request: ApiRequest,
+}
+
+/// A service as `gpuq service list|show` shows it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServiceInfo {
+    pub name: String,
+    pub user: String,
+    /// Replicas wanted.
+    pub replicas: u32,
+    pub restart_delay_secs: u64,
+    pub created: Millis,
+    /// GPUs each replica holds.
+    pub gpus_per_replica: u64,
+    /// What each replica runs, as `gpuq show` prints a job's program.
+    pub command: String,
+    /// Each replica index, wanted or still stopping.
+    pub slots: Vec<ReplicaInfo>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub health: Option<crate::model::HealthCheck>,
+}
+
+/// One replica of a service.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReplicaInfo {
+    pub index: u32,
+    /// Its current job, and that job's state.
+    pub job: Option<JobId>,
+    pub state: Option<JobState>,
+    /// Where it runs: its node, and `host:PORT` its clients reach it at.
+    pub node: Option<String>,
+    pub endpoint: Option<String>,
+    /// Its health check's verdict (`None`: no check, or none made yet).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub healthy: Option<bool>,
+    /// Jobs the index had after its first, and the current job's reason
+    /// (why it waits, or why it was restarted).
+    pub restarts: u32,
+    pub reason: Option<String>,
 }
 
 /// A control-plane member as `gpuq cluster` shows it.
@@ -469,6 +532,22 @@ pub enum ApiResponse {
     },
     AcctSummary {
         rows: Vec<crate::model::acct::AcctSummary>,
+    },
+    /// A service command's outcome: replica jobs queued and cancelled.
+    ServiceChanged {
+        queued: Vec<JobId>,
+        cancelled: Vec<JobId>,
+    },
+    Services {
+        services: Vec<ServiceInfo>,
+    },
+    /// `allocated[i]`: the mean GPUs allocated from `from + i * bucket_ms`
+    /// for `bucket_ms`, up to now; `total_gpus`: the nodes' GPUs now.
+    Utilisation {
+        from: Millis,
+        bucket_ms: u64,
+        allocated: Vec<f64>,
+        total_gpus: u64,
     },
     /// The server is a voter now.
     ServerAdded {

@@ -16,12 +16,13 @@ use super::Api;
 impl Api {
     /// One job, active or archived.
     pub(super) async fn show(&self, caller: &Caller, id: JobId) -> ApiResponse {
-        let found = {
+        let (found, policy) = {
             let s = self.state();
-            s.job(id).or_else(|| s.archiving_job(id)).cloned()
+            let found = s.job(id).or_else(|| s.archiving_job(id)).cloned();
+            (found, s.policy.clone())
         };
         let found = match found {
-            Some(job) => Some(self.with_reason(job)),
+            Some(job) => Some(self.with_reason(job, &policy)),
             None => {
                 let db = self.db();
                 let read = tokio::task::spawn_blocking(move || -> Result<Option<Job>, String> {
@@ -30,7 +31,7 @@ impl Api {
                 })
                 .await;
                 match read {
-                    Ok(Ok(job)) => job,
+                    Ok(Ok(job)) => job.map(|j| self.with_reason(j, &policy)),
                     Ok(Err(e)) => return ApiResponse::error(ErrorKind::Internal, e),
                     Err(e) => return ApiResponse::error(ErrorKind::Internal, e.to_string()),
                 }
@@ -62,38 +63,10 @@ impl Api {
                 );
             }
         }
-        let mut jobs: BTreeMap<JobId, AcctRecord> = {
-            let s = self.state();
-            s.jobs
-                .values()
-                .chain(s.archiving.iter())
-                .filter(|j| filter.matches(j))
-                .map(|j| (j.id, j.clone()))
-                .collect::<Vec<_>>()
-        }
-        .into_iter()
-        .map(|(id, job)| {
-            // A pending job's reason is the leader's last pass's, as in `queue`.
-            let job = match job.state {
-                JobState::Pending => self.with_reason(job),
-                _ => job,
-            };
-            (id, AcctRecord::from_job(&job))
-        })
-        .collect();
-        let db = self.db();
-        let f = filter.clone();
-        let read = tokio::task::spawn_blocking(move || -> Result<Vec<AcctRecord>, String> {
-            let txn = db.begin_read().map_err(|e| e.to_string())?;
-            let jobs = history::query(&txn, &f).map_err(|e| e.to_string())?;
-            Ok(jobs.iter().map(AcctRecord::from_job).collect())
-        })
-        .await;
-        match read {
-            Ok(Ok(records)) => jobs.extend(records.into_iter().map(|r| (r.id, r))),
-            Ok(Err(e)) => return ApiResponse::error(ErrorKind::Internal, e),
-            Err(e) => return ApiResponse::error(ErrorKind::Internal, e.to_string()),
-        }
+        let mut jobs = match self.acct_records(&filter).await {
+            Ok(jobs) => jobs,
+            Err(resp) => return resp,
+        };
         // A page: the lowest ids of both sources together, as many as the
         // filter's limit and a page's bytes allow.
         let mut more = false;
@@ -114,5 +87,51 @@ impl Api {
                 next: next.or(last.filter(|_| more)),
             }
         }
+    }
+
+    /// The record of every job `filter` selects, by id: the active set and
+    /// the jobs being archived, then the history tables (where `limit`
+    /// caps the rows read). `gpuq acct`'s rows, and the runs the
+    /// utilisation chart adds up (`api/utilisation.rs`).
+    pub(super) async fn acct_records(
+        &self,
+        filter: &AcctFilter,
+    ) -> Result<BTreeMap<JobId, AcctRecord>, ApiResponse> {
+        let (active, policy) = {
+            let s = self.state();
+            let active = s
+                .jobs
+                .values()
+                .chain(s.archiving.iter())
+                .filter(|j| filter.matches(j))
+                .map(|j| (j.id, j.clone()))
+                .collect::<Vec<_>>();
+            (active, s.policy.clone())
+        };
+        let mut jobs: BTreeMap<JobId, AcctRecord> = active
+            .into_iter()
+            .map(|(id, job)| {
+                // A pending job's reason is the leader's last pass's, as in `queue`.
+                let job = match job.state {
+                    JobState::Pending => self.with_reason(job, &policy),
+                    _ => job,
+                };
+                (id, AcctRecord::from_job(&job))
+            })
+            .collect();
+        let db = self.db();
+        let f = filter.clone();
+        let read = tokio::task::spawn_blocking(move || -> Result<Vec<AcctRecord>, String> {
+            let txn = db.begin_read().map_err(|e| e.to_string())?;
+            let jobs = history::query(&txn, &f).map_err(|e| e.to_string())?;
+            Ok(jobs.iter().map(AcctRecord::from_job).collect())
+        })
+        .await;
+        match read {
+            Ok(Ok(records)) => jobs.extend(records.into_iter().map(|r| (r.id, r))),
+            Ok(Err(e)) => return Err(ApiResponse::error(ErrorKind::Internal, e)),
+            Err(e) => return Err(ApiResponse::error(ErrorKind::Internal, e.to_string())),
+        }
+        Ok(jobs)
     }
 }

@@ -42,9 +42,20 @@ pub struct AgentHub {
     deposed_at: Mutex<Option<Instant>>,
     /// Each node's last report of its jobs' GPU use.
     gpu_use: Mutex<HashMap<String, Vec<(crate::model::JobId, crate::model::GpuUse)>>>,
+    /// Service replicas' last health verdicts, from their agents.
+    replica_health: Mutex<HashMap<crate::model::JobId, bool>>,
 }
 
 impl AgentHub {
+    /// A replica's last health verdict, if its agent made one.
+    pub fn replica_health(&self, job: crate::model::JobId) -> Option<bool> {
+        let h = self
+            .replica_health
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        h.get(&job).copied()
+    }
+
     /// `job`'s GPU use over every node that reported it.
     pub fn gpu_use(&self, job: crate::model::JobId) -> Option<crate::model::GpuUse> {
         let reports = self.gpu_use.lock().unwrap_or_else(|p| p.into_inner());
@@ -53,6 +64,29 @@ impl AgentHub {
                 .values()
                 .flat_map(|r| r.iter().filter(|(j, _)| *j == job).map(|(_, u)| *u)),
         )
+    }
+
+    /// `node`'s last use report for each job whose ranks end in `events`,
+    /// to go into the run with the ends.
+    fn gpu_use_for_ends(
+        &self,
+        node: &str,
+        events: &[crate::model::TaskEvent],
+    ) -> Vec<(crate::model::JobId, crate::model::GpuUse)> {
+        let reports = self.gpu_use.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(report) = reports.get(node) else {
+            return Vec::new();
+        };
+        let ending: std::collections::BTreeSet<crate::model::JobId> = events
+            .iter()
+            .filter(|e| matches!(e.kind, crate::model::TaskEventKind::Ended(_)))
+            .map(|e| e.key.job)
+            .collect();
+        report
+            .iter()
+            .filter(|(job, _)| ending.contains(job))
+            .copied()
+            .collect()
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Connected>> {
@@ -301,6 +335,15 @@ pub async fn serve(api: Arc<Api>, hub: Arc<AgentHub>, peer: Peer) {
                             .unwrap_or_else(|p| p.into_inner())
                             .insert(node.clone(), jobs);
                     }
+                    AgentMsg::ReplicaHealth { job, attempt, healthy, detail } => {
+                        hub.replica_health
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .insert(job, healthy);
+                        if !healthy {
+                            stop_unhealthy(&api, &node, job, attempt, &detail).await;
+                        }
+                    }
                     AgentMsg::Gpus { gpus } => {
                         let cmd = Command::GpuHealth { node: node.clone(), gpus, now: now_ms() };
                         if let Err(e) = api.write(cmd).await {
@@ -337,7 +380,8 @@ pub async fn serve(api: Arc<Api>, hub: Arc<AgentHub>, peer: Peer) {
                         }
                     }
                     AgentMsg::Events { seq, events } => {
-                        let cmd = Command::TaskEvents { node: node.clone(), events, now: now_ms() };
+                        let gpu_use = hub.gpu_use_for_ends(&node, &events);
+                        let cmd = Command::TaskEvents { node: node.clone(), events, now: now_ms(), gpu_use };
                         match api.write(cmd).await {
                             Ok(_) => {
                                 if write_frame(&mut send, &ServerMsg::EventsCommitted { seq }).await.is_err() {
@@ -363,4 +407,33 @@ pub fn running_jobs_on(state: &State, node: &str) -> usize {
         .jobs_on(node)
         .filter(|j| j.state == JobState::Running || j.state == JobState::Completing)
         .count()
+}
+
+/// Stops a replica its agent found unhealthy (`detail`: what the check
+/// saw), if that attempt still runs; apply then queues its index's next job.
+async fn stop_unhealthy(
+    api: &Api,
+    node: &str,
+    job: crate::model::JobId,
+    attempt: u32,
+    detail: &str,
+) {
+    let current = api.state().job(job).is_some_and(|j| {
+        j.state == crate::model::JobState::Running
+            && j.replica_of.is_some()
+            && j.run.as_ref().is_some_and(|r| r.attempt == attempt)
+    });
+    if !current {
+        return;
+    }
+    tracing::warn!(%node, %job, %detail, "stopping an unhealthy replica");
+    let cmd = Command::Cancel {
+        by: format!("its health check ({detail})"),
+        admin: true,
+        ids: vec![job],
+        now: now_ms(),
+    };
+    if let Err(e) = api.write(cmd).await {
+        tracing::warn!(%node, %job, "could not stop the unhealthy replica: {e:?}");
+    }
 }

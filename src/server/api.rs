@@ -20,9 +20,11 @@ mod interactive;
 mod logs;
 mod status;
 mod steps;
+mod services;
 mod submit;
 mod tokens;
 mod trust;
+mod utilisation;
 
 /// The server's request handler.
 pub struct Api {
@@ -63,10 +65,11 @@ fn rejection(r: Rejection) -> ApiResponse {
 
 fn rejection_kind(r: &Rejection) -> ErrorKind {
     match r {
-        Rejection::NoSuchJob(_) | Rejection::NoSuchToken(_) | Rejection::NoSuchStep { .. } => {
-            ErrorKind::NotFound
-        }
-        Rejection::NotOwner { .. } => ErrorKind::Forbidden,
+        Rejection::NoSuchJob(_)
+        | Rejection::NoSuchToken(_)
+        | Rejection::NoSuchStep { .. }
+        | Rejection::NoSuchService(_) => ErrorKind::NotFound,
+        Rejection::NotOwner { .. } | Rejection::NotServiceOwner { .. } => ErrorKind::Forbidden,
         _ => ErrorKind::BadInput,
     }
 }
@@ -241,8 +244,14 @@ impl Api {
         job
     }
 
-    pub(super) fn with_reason(&self, mut job: crate::model::Job) -> crate::model::Job {
-        self.fill_gpu_use(&mut job);
+    /// `job` as answered: its pending reason and GPU use filled in (`policy`
+    /// is the state's, passed in since callers may hold the state's lock).
+    pub(super) fn with_reason(
+        &self,
+        mut job: crate::model::Job,
+        policy: &crate::model::Policy,
+    ) -> crate::model::Job {
+        self.fill_gpu_use(&mut job, policy);
         if job.state == JobState::Pending && job.reason.is_none() {
             let reasons = self
                 .pending_reasons
@@ -321,6 +330,9 @@ impl Api {
                 | ApiRequest::Signal { .. }
                 | ApiRequest::Requeue { .. }
                 | ApiRequest::Update { .. }
+                | ApiRequest::ServiceCreate { .. }
+                | ApiRequest::ServiceScale { .. }
+                | ApiRequest::ServiceDelete { .. }
         );
         if needs_leader {
             if let Some(resp) = self.forward_if_follower(&caller, &req).await {
@@ -332,6 +344,21 @@ impl Api {
         }
         match req {
             ApiRequest::Submit { spec } => self.submit(caller, spec).await,
+            ApiRequest::ServiceCreate {
+                name,
+                spec,
+                replicas,
+                restart_delay_secs,
+                health,
+            } => {
+                self.service_create(caller, name, spec, (replicas, restart_delay_secs, health))
+                    .await
+            }
+            ApiRequest::ServiceScale { name, replicas } => {
+                self.service_scale(caller, name, replicas).await
+            }
+            ApiRequest::ServiceDelete { name } => self.service_delete(caller, name).await,
+            ApiRequest::Services { name } => self.services(&caller, name),
             ApiRequest::SubmitMany { specs } => self.submit_many(caller, specs).await,
             ApiRequest::Cancel { ids, tasks } => {
                 // `12` of an array is every unfinished task; `12_3` one task.
@@ -371,7 +398,7 @@ impl Api {
                     .filter(|j| user.as_ref().is_none_or(|u| &j.user == u))
                     .filter(|j| states.is_empty() || states.contains(&j.state))
                     .filter(|j| self.may_see(&caller, j))
-                    .map(|j| self.as_seen_by(&caller, self.with_reason(j.clone())));
+                    .map(|j| self.as_seen_by(&caller, self.with_reason(j.clone(), &s.policy)));
                 match after {
                     Some(_) => {
                         let (jobs, next) = take_page(seen, |j| j.id);
@@ -429,6 +456,7 @@ impl Api {
             ApiRequest::Nodes => ApiResponse::Nodes {
                 nodes: self.nodes(),
             },
+            ApiRequest::Utilisation { hours, buckets } => self.utilisation(hours, buckets).await,
             ApiRequest::Logs { id, rank, offset } => {
                 self.logs(&caller, id, rank, offset, None).await
             }

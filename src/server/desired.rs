@@ -108,6 +108,12 @@ pub fn desired_tasks(state: &State, node: &str) -> Vec<DesiredTask> {
             task.nodelist = job_nodes.clone();
             task.num_nodes = job.spec.nodes;
             task.facts = Some(Box::new(facts.clone()));
+            if rank == 0 {
+                task.health = job
+                    .replica_of
+                    .as_ref()
+                    .and_then(|r| state.services.get(&r.service)?.health.clone());
+            }
             out.push(task);
         }
         for step in run.steps.iter().filter(|s| !s.cancelled && !s.is_over()) {
@@ -190,7 +196,7 @@ fn base_task(job: &Job, run: &JobRun, na: &NodeAllocation, key: TaskKey) -> Desi
         job_name: job.spec.name.clone(),
         program: job.spec.program.clone(),
         workdir: job.spec.workdir.clone(),
-        env: job.spec.env.clone(),
+        env: replica_env(job, run.master_port),
         output: job.spec.output.clone(),
         error: job.spec.error.clone(),
         gpus: na.gpus.clone(),
@@ -204,5 +210,19 @@ fn base_task(job: &Job, run: &JobRun, na: &NodeAllocation, key: TaskKey) -> Desi
         array: job.array,
         kill_grace_secs: run.kill_grace_secs,
         facts: None,
+        health: None,
     }
+}
+
+/// A task's environment from its spec; a service replica's also says which
+/// service and index it serves, and the port it should listen on (`PORT`:
+/// its job's port, unique among the jobs on its first node).
+fn replica_env(job: &crate::model::Job, port: u16) -> Vec<(String, String)> {
+    let mut env = job.spec.env.clone();
+    if let Some(r) = &job.replica_of {
+        env.push(("GPUQ_SERVICE".into(), r.service.clone()));
+        env.push(("GPUQ_REPLICA".into(), r.index.to_string()));
+        env.push(("PORT".into(), port.to_string()));
+    }
+    env
 }

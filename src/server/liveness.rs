@@ -82,6 +82,20 @@ pub async fn run(api: Arc<Api>, ttl: Duration, mut shutdown: watch::Receiver<boo
                 tracing::warn!("could not release inactive allocations: {e:?}");
             }
         }
+        // Jobs whose GPUs sat idle past their QoS's idle time, where the
+        // QoS says to cancel them (off unless an admin turned it on).
+        for (id, by) in idle_to_cancel(&api) {
+            tracing::info!(job = %id, %by, "cancelling an idle job");
+            let cmd = Command::Cancel {
+                by,
+                admin: true,
+                ids: vec![id],
+                now: now_ms(),
+            };
+            if let Err(e) = api.write(cmd).await {
+                tracing::warn!(job = %id, "could not cancel the idle job: {e:?}");
+            }
+        }
         for node in silent {
             let reason = format!("no heartbeat from its agent for {} s", ttl.as_secs_f64());
             tracing::warn!(%node, %reason, "node is down");
@@ -95,4 +109,33 @@ pub async fn run(api: Arc<Api>, ttl: Duration, mut shutdown: watch::Receiver<boo
             }
         }
     }
+}
+
+/// Running jobs flagged idle whose QoS cancels idle jobs, each with who
+/// cancels it, as its reason will say.
+fn idle_to_cancel(api: &Api) -> Vec<(crate::model::JobId, String)> {
+    let s = api.state();
+    if !s.policy.qos.values().any(|q| q.cancel_idle) {
+        return Vec::new();
+    }
+    s.jobs
+        .values()
+        .filter(|j| j.state == crate::model::JobState::Running)
+        .filter_map(|j| {
+            let name = j
+                .spec
+                .qos
+                .as_deref()
+                .unwrap_or(crate::model::policy::DEFAULT_QOS);
+            if !s.policy.qos.get(name).is_some_and(|q| q.cancel_idle) {
+                return None;
+            }
+            let limit = api.idle_limit_secs(j, &s.policy)?;
+            let idle = api.hub.gpu_use(j.id)?.idle_secs;
+            (idle >= limit).then(|| {
+                let by = format!("QoS {name}'s idle-GPU rule (its GPUs idle for {idle} s)");
+                (j.id, by)
+            })
+        })
+        .collect()
 }

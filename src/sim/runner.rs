@@ -262,6 +262,7 @@ mod tests {
             array: None,
             kill_grace_secs: None,
             facts: None,
+            health: None,
         }
     }
 

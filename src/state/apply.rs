@@ -14,6 +14,10 @@ impl State {
             Err(why) => CommandResult::Rejected(why),
         };
         if !matches!(cmd, Command::Batch(_)) {
+            if !self.services.is_empty() {
+                let touched = mine.jobs.clone();
+                self.replace_ended_replicas(&touched, &mut mine);
+            }
             for id in &mine.jobs {
                 self.reindex_job(*id);
             }
@@ -152,9 +156,41 @@ impl State {
             Command::Schedule { allocations, now } => {
                 Ok(self.apply_schedule(allocations, *now, dirty))
             }
-            Command::TaskEvents { node, events, now } => {
-                Ok(self.apply_task_events(node, events, *now, dirty))
-            }
+            Command::ServiceCreate {
+                user,
+                name,
+                spec,
+                replicas,
+                restart_delay_secs,
+                now,
+                health,
+            } => self.service_create(
+                user,
+                name,
+                spec,
+                (*replicas, *restart_delay_secs, health.clone()),
+                *now,
+                dirty,
+            ),
+            Command::ServiceScale {
+                by,
+                admin,
+                name,
+                replicas,
+                now,
+            } => self.service_scale(by, *admin, name, *replicas, *now, dirty),
+            Command::ServiceDelete {
+                by,
+                admin,
+                name,
+                now,
+            } => self.service_delete(by, *admin, name, *now, dirty),
+            Command::TaskEvents {
+                node,
+                events,
+                now,
+                gpu_use,
+            } => Ok(self.apply_task_events(node, events, gpu_use, *now, dirty)),
             Command::NodeDown { node, reason, now } => {
                 Ok(self.node_down(node, reason, *now, dirty))
             }

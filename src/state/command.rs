@@ -3,7 +3,8 @@
 use serde::{Deserialize, Serialize};
 
 use crate::model::{
-    Allocation, JobId, JobSpec, JobState, Millis, NodeInventory, PortRange, TaskEvent, TokenRecord,
+    Allocation, GpuUse, JobId, JobSpec, JobState, Millis, NodeInventory, PortRange, TaskEvent,
+    TokenRecord,
 };
 
 /// One entry of the replicated log. Every variant carries the leader's `now`
@@ -120,6 +121,10 @@ pub enum Command {
         node: String,
         events: Vec<TaskEvent>,
         now: Millis,
+        /// The node's last GPU use report for the jobs whose ranks end in
+        /// `events` (kept in their runs for accounting).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        gpu_use: Vec<(JobId, GpuUse)>,
     },
     /// Queues many jobs for `user` as one log entry, all or none: one spec
     /// apply refuses refuses the whole batch, naming its index.
@@ -198,6 +203,34 @@ pub enum Command {
     CreateApiToken {
         record: crate::model::ApiTokenRecord,
     },
+    /// Creates service `name` owned by `user` (`gpuq service create`):
+    /// `spec` is admitted as a submit's, and a job is queued per replica.
+    ServiceCreate {
+        user: String,
+        name: String,
+        spec: Box<JobSpec>,
+        replicas: u32,
+        restart_delay_secs: u64,
+        now: Millis,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        health: Option<crate::model::HealthCheck>,
+    },
+    /// Sets a service's replica count: missing indexes get a job, the
+    /// replicas at indexes beyond the count are cancelled.
+    ServiceScale {
+        by: String,
+        admin: bool,
+        name: String,
+        replicas: u32,
+        now: Millis,
+    },
+    /// Deletes a service and cancels its replicas.
+    ServiceDelete {
+        by: String,
+        admin: bool,
+        name: String,
+        now: Millis,
+    },
 }
 
 /// What applying a command answered. Returned to the proposer after commit.
@@ -268,6 +301,12 @@ pub enum CommandResult {
     Updated {
         ids: Vec<JobId>,
     },
+    /// A service was created, scaled or deleted; `queued`: the replica
+    /// jobs this queued, `cancelled`: those it stopped.
+    ServiceChanged {
+        queued: Vec<JobId>,
+        cancelled: Vec<JobId>,
+    },
 }
 
 /// Why apply refused a command. Nothing of a rejected command is applied.
@@ -328,4 +367,11 @@ pub enum Rejection {
     NotRequeueable { id: JobId, why: String },
     #[error("job {id} cannot be changed so: {why}")]
     NotUpdatable { id: JobId, why: String },
+    #[error("service {0} does not exist (see `gpuq service list`)")]
+    NoSuchService(String),
+    #[error("service {name} belongs to {owner}; only its owner or an admin may change it")]
+    NotServiceOwner { name: String, owner: String },
+    /// A service command refused; the text names the input and the fix.
+    #[error("{0}")]
+    Service(String),
 }

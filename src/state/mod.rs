@@ -17,6 +17,7 @@ mod preempt;
 mod queue;
 mod requeue;
 mod runs;
+mod services;
 mod steps;
 pub mod store;
 mod store_error;
@@ -182,6 +183,9 @@ pub struct State {
     /// Bearer tokens of the HTTP API, by id (kept with `meta`).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub api_tokens: BTreeMap<String, ApiTokenRecord>,
+    /// Services by name (`gpuq service`; kept with `meta`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub services: BTreeMap<String, crate::model::Service>,
 }
 
 /// The records one or more applies touched, for `store::write_dirty`.

@@ -290,6 +290,18 @@ impl State {
         if let Some(list) = &p.allowed_users {
             q.allowed_users = list.iter().cloned().collect();
         }
+        if let Some(l) = p.idle_gpu_secs {
+            q.idle_gpu_secs = l.get();
+        }
+        if let Some(c) = p.cancel_idle {
+            q.cancel_idle = c;
+        }
+        if q.cancel_idle && q.idle_gpu_secs == Some(0) {
+            return Err(refuse(format!(
+                "QoS {name} cancels idle jobs but never flags one (--idle-gpu-time 0): \
+                 give a time, or --cancel-idle false"
+            )));
+        }
         Arc::make_mut(&mut self.policy)
             .qos
             .insert(name.to_string(), q);

@@ -58,7 +58,7 @@ impl State {
     /// Everything that may refuse a submission, changing nothing: the spec's
     /// invariants, its dependencies and the policy. Returns the spec with the
     /// policy's defaults (account, QoS, partition) filled in.
-    fn admit(&self, user: &str, spec: &JobSpec) -> Result<JobSpec, Rejection> {
+    pub(super) fn admit(&self, user: &str, spec: &JobSpec) -> Result<JobSpec, Rejection> {
         spec.check_invariants().map_err(Rejection::InvalidSpec)?;
         self.check_dependencies(&spec.queue.dependency)
             .map_err(Rejection::UnknownDependency)?;
@@ -79,7 +79,7 @@ impl State {
 
     /// Queues an admitted spec: one job, or one per array index. Cannot fail,
     /// so a batch that was admitted whole is queued whole.
-    fn queue_admitted(
+    pub(super) fn queue_admitted(
         &mut self,
         user: &str,
         spec: &JobSpec,

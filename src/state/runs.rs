@@ -11,7 +11,8 @@ use std::collections::{BTreeMap, HashMap};
 
 use super::{CommandResult, Dirty, State};
 use crate::model::{
-    Allocation, JobId, JobRun, JobState, Millis, RequeuePolicy, TaskEnd, TaskEvent, TaskEventKind,
+    Allocation, GpuUse, JobId, JobRun, JobState, Millis, RequeuePolicy, TaskEnd, TaskEvent,
+    TaskEventKind,
 };
 use crate::sched::NodeView;
 
@@ -144,6 +145,7 @@ impl State {
                     preempted_for: None,
                     limit_changed: false,
                     renewed_at: None,
+                    gpu_use: BTreeMap::new(),
                     // An allocation asked for with its first step (`srun`
                     // outside one) starts that step with the job.
                     steps: job
@@ -252,9 +254,20 @@ impl State {
         &mut self,
         node: &str,
         events: &[TaskEvent],
+        gpu_use: &[(JobId, GpuUse)],
         now: Millis,
         dirty: &mut Dirty,
     ) -> CommandResult {
+        // Before the ends: the last one may archive the job.
+        for (id, use_) in gpu_use {
+            let Some(run) = self.jobs.get_mut(id).and_then(|j| j.run.as_mut()) else {
+                continue;
+            };
+            if run.allocation.nodes.iter().any(|n| n.node == node) {
+                run.gpu_use.insert(node.to_string(), *use_);
+                dirty.jobs.insert(*id);
+            }
+        }
         let mut applied = 0;
         for ev in events {
             if ev.key.step.is_some() {

@@ -58,6 +58,9 @@ pub fn load(txn: &ReadTransaction) -> Result<State, StoreError> {
             if let Some(v) = db!(meta.get("usage"))? {
                 state.usage = decode(v.value()).map_err(StoreError::decoding("usage"))?;
             }
+            if let Some(v) = db!(meta.get("services"))? {
+                state.services = decode(v.value()).map_err(StoreError::decoding("services"))?;
+            }
             if let Some(v) = db!(meta.get("api_tokens"))? {
                 state.api_tokens = decode(v.value()).map_err(StoreError::decoding("api_tokens"))?;
             }
@@ -109,6 +112,11 @@ pub fn write_dirty(txn: &WriteTransaction, state: &State, dirty: &Dirty) -> Resu
         db!(meta.insert("usage", encode(&state.usage)?.as_slice()))?;
         if !state.api_tokens.is_empty() {
             db!(meta.insert("api_tokens", encode(&state.api_tokens)?.as_slice()))?;
+        }
+        if state.services.is_empty() {
+            db!(meta.remove("services"))?;
+        } else {
+            db!(meta.insert("services", encode(&state.services)?.as_slice()))?;
         }
     }
     if !dirty.jobs.is_empty() {

@@ -122,6 +122,7 @@ pub fn fixture() -> &'static State {
                     node,
                     events: vec![ev],
                     now: 6,
+                    gpu_use: Vec::new(),
                 },
             );
         }
@@ -260,7 +261,16 @@ fn check_session(input: &[u8]) {
     while let Some(msg) = read_one::<AgentMsg>(&mut r) {
         let cmd = match msg {
             // Leader memory only (`gpuq show`'s GPU use): no command.
-            AgentMsg::Heartbeat | AgentMsg::GpuUse { .. } => continue,
+            AgentMsg::Heartbeat
+            | AgentMsg::GpuUse { .. }
+            | AgentMsg::ReplicaHealth { healthy: true, .. } => continue,
+            // The leader stops a replica found unhealthy (as `agents.rs`).
+            AgentMsg::ReplicaHealth { job, detail, .. } => Command::Cancel {
+                by: format!("its health check ({detail})"),
+                admin: true,
+                ids: vec![job],
+                now: NOW,
+            },
             AgentMsg::Gpus { gpus } => Command::GpuHealth {
                 node: node.clone(),
                 gpus,
@@ -270,6 +280,7 @@ fn check_session(input: &[u8]) {
                 node: node.clone(),
                 events,
                 now: NOW,
+                gpu_use: Vec::new(),
             },
             AgentMsg::HealthCheck { ok, output } => {
                 let status = state.nodes.get(&node).map(|n| &n.status);

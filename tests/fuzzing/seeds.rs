@@ -399,6 +399,7 @@ pub fn desired_task() -> DesiredTask {
         array: None,
         kill_grace_secs: Some(10),
         facts: None,
+        health: None,
     }
 }
 
@@ -502,6 +503,7 @@ pub fn commands() -> Vec<Command> {
             node: "n1".into(),
             events: task_events(),
             now: now + 2,
+            gpu_use: Vec::new(),
         },
         Command::Cancel {
             by: "alice".into(),

@@ -327,6 +327,7 @@ pub fn samples(store: &Store, _dir: &Path) -> Vec<Sample> {
         array: None,
         kill_grace_secs: Some(5),
         facts: None,
+        health: None,
     };
     let server_msgs = [
         ServerMsg::Welcome {

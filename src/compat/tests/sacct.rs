@@ -27,6 +27,7 @@ fn finished() -> AcctRecord {
         elapsed_secs: 3600,
         gpu_hours: 16.0,
         restart_count: 0,
+        gpu_use: None,
         detail: AcctDetail {
             partition: Some("gpu".into()),
             req_nodes: 2,

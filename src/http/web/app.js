@@ -1,6 +1,7 @@
 // The gpuq page: reads /api/v1/ and draws the queue, the nodes as a GPU
-// map, the cluster's Raft status and one job's page. Without a token it
-// reads (from the server's own host); with one it may cancel and hold.
+// map, the cluster's Raft status, GPUs allocated over the last day and
+// one job's page. Without a token it reads (from the server's own host);
+// with one it may cancel and hold.
 "use strict";
 
 const $ = (id) => document.getElementById(id);
@@ -23,6 +24,14 @@ function el(tag, attrs = {}, ...children) {
     else e.setAttribute(k, v);
   }
   for (const c of children) e.append(c instanceof Node ? c : String(c ?? ""));
+  return e;
+}
+
+// The same for SVG, whose elements need their namespace.
+function svg(tag, attrs = {}, ...children) {
+  const e = document.createElementNS("http://www.w3.org/2000/svg", tag);
+  for (const [k, v] of Object.entries(attrs)) e.setAttribute(k, v);
+  e.append(...children);
   return e;
 }
 
@@ -68,8 +77,32 @@ function gpusOf(job) {
   return (s.total_gpus ?? (s.gpus_per_node || 0) * (s.nodes || 1));
 }
 
+// GPUs allocated over time, from /api/v1/utilisation: a bar per bucket
+// (its mean), and the cluster's GPUs now as a dashed line above them.
+function utilisationChart(u) {
+  const width = 960, height = 180, axis = 36, base = height - 18;
+  const top = Math.max(u.total_gpus, ...u.allocated, 1);
+  const y = (gpus) => base - (base - 8) * gpus / top;
+  const step = (width - axis) / u.allocated.length;
+  const minutes = Math.round(u.bucket_ms / 60000);
+  const bars = u.allocated.map((gpus, i) => {
+    const at = { x: axis + i * step, y: y(gpus), width: Math.max(step - 1, 0.5), height: base - y(gpus) };
+    const start = when(u.from + i * u.bucket_ms).slice(5, 16);
+    return svg("rect", { class: "bucket", "data-gpus": gpus, ...at }, svg("title", {}, start + ": " + gpus.toFixed(1) + " GPUs"));
+  });
+  const label = (x, yy, anchor, text) => svg("text", { x, y: yy, "text-anchor": anchor }, text);
+  const chart = svg("svg", { viewBox: "0 0 " + width + " " + height, role: "img" },
+    svg("line", { class: "axis", x1: axis, x2: width, y1: base, y2: base }),
+    ...bars,
+    svg("line", { class: "total", "data-gpus": u.total_gpus, x1: axis, x2: width, y1: y(u.total_gpus), y2: y(u.total_gpus) }),
+    label(axis - 4, y(top) + 4, "end", +top.toFixed(1)), label(axis - 4, base, "end", 0),
+    label(axis, height - 2, "start", when(u.from).slice(5, 16)), label(width, height - 2, "end", "now"));
+  const caption = el("figcaption", {}, "Mean GPUs allocated per " + minutes + " min; dashed: the " + u.total_gpus + " GPUs of the cluster now.");
+  return [chart, caption];
+}
+
 async function home() {
-  const [cluster, nodes, queue] = await Promise.all([api("cluster"), api("nodes"), api("jobs")]);
+  const [cluster, nodes, queue, usage] = await Promise.all([api("cluster"), api("nodes"), api("jobs"), api("utilisation")]);
   const st = cluster.status;
   $("cluster-name").textContent = st.cluster_name;
   const facts = [
@@ -78,6 +111,7 @@ async function home() {
     ["jobs", st.jobs.map(([s, n]) => s + " " + n).join(", ")],
   ];
   $("cluster").replaceChildren(el("dl", { id: "raft" }, ...facts.flatMap(([k, v]) => [el("dt", {}, k), el("dd", {}, v)])));
+  $("utilisation").replaceChildren(...utilisationChart(usage));
 
   // Which job holds each GPU, from the running jobs' allocations.
   const holder = {};

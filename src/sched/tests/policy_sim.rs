@@ -206,6 +206,7 @@ fn fair_share_converges_and_preemption_takes_what_is_needed() {
                             },
                         ],
                         now,
+                        gpu_use: Vec::new(),
                     },
                 );
             }

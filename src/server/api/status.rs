@@ -8,17 +8,41 @@ use crate::net::proto::{ClusterStatus, Member};
 use super::{Api, LAGGING_ENTRIES};
 
 impl Api {
-    /// A running job's GPU use from its agents, flagged idle past the
-    /// servers' `idle_gpu_secs` (leader only: the agents report to it).
-    pub(in crate::server) fn fill_gpu_use(&self, job: &mut crate::model::Job) {
+    /// A running job's GPU use from its agents, flagged idle past its
+    /// QoS's idle time (or the servers' `idle_gpu_secs`; leader only: the
+    /// agents report to it); an ended job's as its run kept it.
+    pub(in crate::server) fn fill_gpu_use(
+        &self,
+        job: &mut crate::model::Job,
+        policy: &crate::model::Policy,
+    ) {
         if job.state != JobState::Running {
+            job.gpu_use = job.run.as_ref().and_then(|r| r.gpu_use());
             return;
         }
+        let limit = self.idle_limit_secs(job, policy);
         job.gpu_use = self.hub.gpu_use(job.id).map(|mut u| {
-            let limit = self.cfg.idle_gpu_secs;
-            u.idle = limit > 0 && u.idle_secs >= limit;
+            u.idle = limit.is_some_and(|l| u.idle_secs >= l);
             u
         });
+    }
+
+    /// How long `job`'s GPUs may sit idle before it is flagged; `None`:
+    /// never.
+    pub(in crate::server) fn idle_limit_secs(
+        &self,
+        job: &crate::model::Job,
+        policy: &crate::model::Policy,
+    ) -> Option<u64> {
+        let name = job
+            .spec
+            .qos
+            .as_deref()
+            .unwrap_or(crate::model::policy::DEFAULT_QOS);
+        match policy.qos(name) {
+            Some(q) => q.idle_limit_secs(self.cfg.idle_gpu_secs),
+            None => Some(self.cfg.idle_gpu_secs).filter(|&s| s > 0),
+        }
     }
 
     pub(super) fn nodes(&self) -> Vec<crate::net::proto::NodeInfo> {

@@ -82,7 +82,7 @@ impl Api {
 }
 
 /// The checks of one spec before it is proposed.
-fn check<'a>(
+pub(super) fn check<'a>(
     caller: &Caller,
     spec: &JobSpec,
     inventories: impl IntoIterator<Item = &'a NodeInventory>,

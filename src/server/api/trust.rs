@@ -131,5 +131,10 @@ fn request_name(req: &ApiRequest) -> &'static str {
         ApiRequest::Exec { .. } => "exec",
         ApiRequest::Attach { .. } => "attach",
         ApiRequest::ApiTokenCreate { .. } => "api-token-create",
+        ApiRequest::Utilisation { .. } => "utilisation",
+        ApiRequest::ServiceCreate { .. } => "service-create",
+        ApiRequest::ServiceScale { .. } => "service-scale",
+        ApiRequest::ServiceDelete { .. } => "service-delete",
+        ApiRequest::Services { .. } => "services",
     }
 }

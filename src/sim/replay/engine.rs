@@ -486,6 +486,7 @@ impl<'p> Engine<'p> {
                     kind: kind.clone(),
                 }],
                 now: self.now,
+                gpu_use: Vec::new(),
             };
             apply(&mut self.state, &cmd);
         }

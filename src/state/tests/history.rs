@@ -45,6 +45,7 @@ fn run_to_end(s: &mut State, d: &mut Dirty, id: JobId, start: u64, end: u64, end
             node: "n1".into(),
             events: vec![ev(TaskEventKind::Started), ev(TaskEventKind::Ended(end_as))],
             now: end,
+            gpu_use: Vec::new(),
         },
         d,
     );

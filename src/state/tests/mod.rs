@@ -12,6 +12,7 @@ mod queue;
 mod requeue;
 mod restart;
 mod run;
+mod services;
 mod steps;
 mod update;
 

@@ -147,6 +147,7 @@ pub(super) fn report(s: &mut State, d: &mut Dirty, node: &str, events: Vec<TaskE
             node: node.into(),
             events,
             now: 10,
+            gpu_use: Vec::new(),
         },
         d,
     ) {
@@ -641,4 +642,49 @@ fn a_health_check_resumes_only_its_own_drain() {
         r,
         CommandResult::Rejected(Rejection::NoSuchNode("n9".into()))
     );
+}
+
+#[test]
+fn the_gpu_use_reported_with_the_ends_stays_with_the_run() {
+    let (mut s, mut d) = cluster();
+    let a = submit(&mut s, &mut d, 2, 8);
+    let all8: &[u32] = &[0, 1, 2, 3, 4, 5, 6, 7];
+    s.apply(
+        &Command::Schedule {
+            allocations: vec![alloc(a.0, &[("n1", all8), ("n2", all8)])],
+            now: 5,
+        },
+        &mut d,
+    );
+    let used = |samples, util| crate::model::GpuUse {
+        samples,
+        mean_util_pct: util,
+        mean_memory_pct: util / 2,
+        idle_secs: 0,
+        idle: false,
+    };
+    let done = TaskEventKind::Ended(TaskEnd::Completed);
+    let mut end_on = |node: &str, rank, use_| {
+        s.apply(
+            &Command::TaskEvents {
+                node: node.into(),
+                events: vec![ev(a, rank, done.clone())],
+                now: 10,
+                gpu_use: vec![(a, use_)],
+            },
+            &mut d,
+        );
+    };
+    // A report from a node the job does not hold changes nothing.
+    end_on("n3", 0, used(10, 100));
+    end_on("n1", 0, used(10, 90));
+    end_on("n2", 1, used(30, 50));
+    let job = s.job(a).or_else(|| s.archiving_job(a)).unwrap();
+    assert_eq!(job.state, JobState::Completed);
+    let run = job.run.as_ref().unwrap();
+    assert_eq!(run.gpu_use.keys().collect::<Vec<_>>(), ["n1", "n2"]);
+    // Weighted by samples: (10 x 90 + 30 x 50) / 40.
+    let record = crate::model::acct::AcctRecord::from_job(job);
+    assert_eq!(record.gpu_use.map(|u| u.mean_util_pct), Some(60));
+    assert_eq!(record.gpu_use.map(|u| u.samples), Some(40));
 }

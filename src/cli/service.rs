@@ -1,0 +1,236 @@
+//! `gpuq service`: long-running replicated workloads (inference servers,
+//! APIs) scheduled beside batch jobs. Each replica runs as a job named
+//! `NAME-INDEX`, shown by `gpuq queue` and accounted by `gpuq acct`; one
+//! that ends is started again, later and later while it keeps failing.
+
+use clap::{Args, Subcommand};
+
+use super::table::{fmt_time, Table};
+use super::{call, print_json, unexpected, CliError, JsonFlag};
+use crate::net::proto::{ApiRequest, ApiResponse, ServiceInfo};
+use crate::spec::SubmitArgs;
+
+// `gpuq service ...`
+#[derive(Subcommand, Debug)]
+#[command(defer = true)]
+pub enum ServiceCommand {
+    /// Create a service: REPLICAS copies of the command, each a job with
+    /// the resources the job flags ask for (as `gpuq submit`'s), started
+    /// again whenever one ends. Each replica gets GPUQ_SERVICE,
+    /// GPUQ_REPLICA and PORT (a port no other job on its node has).
+    Create(CreateArgs),
+    /// List services with their replicas (running / wanted).
+    List {
+        #[command(flatten)]
+        json: JsonFlag,
+    },
+    /// Show one service and each replica: its job, state, node, endpoint,
+    /// restarts and why it waits or restarted.
+    Show {
+        name: String,
+        #[command(flatten)]
+        json: JsonFlag,
+    },
+    /// Set the number of replicas: new ones are queued, the highest
+    /// indexes beyond N are stopped.
+    Scale { name: String, replicas: u32 },
+    /// Delete a service; its replicas are stopped.
+    Delete { name: String },
+    /// The running replicas' `host:port`, one a line: what a load balancer
+    /// or a client reads.
+    Endpoints {
+        name: String,
+        #[command(flatten)]
+        json: JsonFlag,
+    },
+}
+
+// `gpuq service create NAME --replicas N [job flags] -- CMD ...`
+#[derive(Args, Debug)]
+pub struct CreateArgs {
+    /// The service's name: lowercase letters, digits and '-'.
+    pub name: String,
+    /// How many copies run.
+    #[arg(long, default_value_t = 1)]
+    pub replicas: u32,
+    /// Wait before a replica that ended starts again (5s, 1m), doubled for
+    /// each failure within a minute of its start, up to 5 minutes.
+    #[arg(long, default_value = "5s", value_parser = parse_delay)]
+    pub restart_delay: u64,
+    /// Check each replica with an HTTP GET of PATH on its PORT (from its
+    /// node): a replica is an endpoint once it answers 2xx or 3xx, and is
+    /// stopped and replaced after --health-failures failures in a row
+    /// past its --health-grace.
+    #[arg(long, value_name = "PATH")]
+    pub health_http: Option<String>,
+    /// Time between checks.
+    #[arg(long, default_value = "5s", value_parser = parse_delay)]
+    pub health_interval: u64,
+    /// Time after a replica's start during which failed checks do not count.
+    #[arg(long, default_value = "30s", value_parser = parse_delay)]
+    pub health_grace: u64,
+    /// Failed checks in a row that stop a replica.
+    #[arg(long, default_value_t = 3)]
+    pub health_failures: u32,
+    #[command(flatten)]
+    pub job: Box<SubmitArgs>,
+}
+
+fn parse_delay(s: &str) -> Result<u64, String> {
+    s.parse().or_else(|_| super::admin::parse_secs(s))
+}
+
+/// Runs `gpuq service ...`.
+pub async fn run(cmd: ServiceCommand) -> Result<(), CliError> {
+    match cmd {
+        ServiceCommand::Create(a) => create(a).await,
+        ServiceCommand::Scale { name, replicas } => {
+            changed(call(ApiRequest::ServiceScale { name, replicas }).await?)
+        }
+        ServiceCommand::Delete { name } => changed(call(ApiRequest::ServiceDelete { name }).await?),
+        ServiceCommand::List { json } => {
+            let services = fetch(None).await?;
+            if json.json {
+                return print_json(&services);
+            }
+            let mut t = Table::new(&["NAME", "USER", "READY", "GPUS_EACH", "CREATED", "COMMAND"]);
+            for s in &services {
+                t.row(vec![
+                    s.name.clone(),
+                    s.user.clone(),
+                    format!("{}/{}", running(s), s.replicas),
+                    s.gpus_per_replica.to_string(),
+                    fmt_time(s.created),
+                    s.command.clone(),
+                ]);
+            }
+            print!("{}", t.render());
+            Ok(())
+        }
+        ServiceCommand::Show { name, json } => {
+            let services = fetch(Some(name)).await?;
+            if json.json {
+                return print_json(&services);
+            }
+            for s in &services {
+                print!("{}", show(s));
+            }
+            Ok(())
+        }
+        ServiceCommand::Endpoints { name, json } => {
+            let services = fetch(Some(name)).await?;
+            let endpoints: Vec<&str> = services
+                .iter()
+                .flat_map(|s| &s.slots)
+                .filter_map(|r| r.endpoint.as_deref())
+                .collect();
+            if json.json {
+                return print_json(&endpoints);
+            }
+            for e in endpoints {
+                println!("{e}");
+            }
+            Ok(())
+        }
+    }
+}
+
+async fn create(a: CreateArgs) -> Result<(), CliError> {
+    let env: Vec<(String, String)> = std::env::vars().collect();
+    let cwd = std::env::current_dir()
+        .map_err(|e| CliError::input(format!("cannot read the current directory: {e}")))?;
+    let spec =
+        crate::spec::build_spec(&a.job, &env, &cwd).map_err(|e| CliError::input(e.to_string()))?;
+    super::submit::check_output_files(&spec).map_err(CliError::input)?;
+    let req = ApiRequest::ServiceCreate {
+        name: a.name.clone(),
+        spec: Box::new(spec),
+        replicas: a.replicas,
+        restart_delay_secs: a.restart_delay,
+        health: a.health_http.map(|path| crate::model::HealthCheck {
+            path,
+            interval_secs: a.health_interval,
+            grace_secs: a.health_grace,
+            failures: a.health_failures,
+        }),
+    };
+    match call(req).await? {
+        ApiResponse::ServiceChanged { queued, .. } => {
+            let ids: Vec<String> = queued.iter().map(ToString::to_string).collect();
+            println!(
+                "service {} created: replica jobs {}",
+                a.name,
+                if ids.is_empty() {
+                    "-".into()
+                } else {
+                    ids.join(" ")
+                }
+            );
+            Ok(())
+        }
+        other => Err(unexpected(other)),
+    }
+}
+
+fn changed(resp: ApiResponse) -> Result<(), CliError> {
+    match resp {
+        ApiResponse::ServiceChanged { queued, cancelled } => {
+            let list = |ids: &[crate::model::JobId]| {
+                ids.iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            };
+            if !queued.is_empty() {
+                println!("queued {}", list(&queued));
+            }
+            if !cancelled.is_empty() {
+                println!("stopping {}", list(&cancelled));
+            }
+            Ok(())
+        }
+        other => Err(unexpected(other)),
+    }
+}
+
+async fn fetch(name: Option<String>) -> Result<Vec<ServiceInfo>, CliError> {
+    match call(ApiRequest::Services { name }).await? {
+        ApiResponse::Services { services } => Ok(services),
+        other => Err(unexpected(other)),
+    }
+}
+
+fn running(s: &ServiceInfo) -> usize {
+    s.slots.iter().filter(|r| r.endpoint.is_some()).count()
+}
+
+fn show(s: &ServiceInfo) -> String {
+    let mut out = format!(
+        "Service {} (user {}): {}/{} replicas running, {} GPUs each, restart delay {} s\n\
+         Command: {}\n",
+        s.name,
+        s.user,
+        running(s),
+        s.replicas,
+        s.gpus_per_replica,
+        s.restart_delay_secs,
+        s.command
+    );
+    let mut t = Table::new(&[
+        "REPLICA", "JOB", "STATE", "NODE", "ENDPOINT", "RESTARTS", "REASON",
+    ]);
+    let dash = |v: Option<String>| v.unwrap_or_else(|| "-".into());
+    for r in &s.slots {
+        t.row(vec![
+            r.index.to_string(),
+            dash(r.job.map(|j| j.to_string())),
+            dash(r.state.map(|st| st.to_string())),
+            dash(r.node.clone()),
+            dash(r.endpoint.clone()),
+            r.restarts.to_string(),
+            dash(r.reason.clone()),
+        ]);
+    }
+    out.push_str(&t.render());
+    out
+}

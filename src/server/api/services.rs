@@ -1,0 +1,164 @@
+//! `gpuq service`: creating, scaling and deleting services (writes through
+//! the log; apply keeps a job per replica, see `state::services`) and
+//! listing them with their replicas and endpoints (a read of this server's
+//! state).
+
+use crate::clock::now_ms;
+use crate::model::{HealthCheck, JobId, JobSpec, JobState, Program, Service};
+use crate::net::proto::{ApiResponse, Caller, ReplicaInfo, ServiceInfo};
+use crate::state::{Command, CommandResult, State};
+
+use super::Api;
+
+impl Api {
+    pub(super) async fn service_create(
+        &self,
+        caller: Caller,
+        name: String,
+        spec: Box<JobSpec>,
+        how: (u32, u64, Option<HealthCheck>),
+    ) -> ApiResponse {
+        let (replicas, restart_delay_secs, health) = how;
+        // The checks a submit makes (the spec, --nice, whether any node
+        // could hold one replica), once for the template.
+        let checked = {
+            let s = self.state();
+            super::submit::check(&caller, &spec, s.nodes.values().map(|n| &n.inventory))
+        };
+        if let Err((kind, why)) = checked {
+            return ApiResponse::error(kind, why);
+        }
+        let cmd = Command::ServiceCreate {
+            user: caller.user,
+            name,
+            spec,
+            replicas,
+            restart_delay_secs,
+            now: now_ms(),
+            health,
+        };
+        self.service_write(cmd).await
+    }
+
+    pub(super) async fn service_scale(
+        &self,
+        caller: Caller,
+        name: String,
+        replicas: u32,
+    ) -> ApiResponse {
+        let cmd = Command::ServiceScale {
+            by: caller.user,
+            admin: caller.admin,
+            name,
+            replicas,
+            now: now_ms(),
+        };
+        self.service_write(cmd).await
+    }
+
+    pub(super) async fn service_delete(&self, caller: Caller, name: String) -> ApiResponse {
+        let cmd = Command::ServiceDelete {
+            by: caller.user,
+            admin: caller.admin,
+            name,
+            now: now_ms(),
+        };
+        self.service_write(cmd).await
+    }
+
+    async fn service_write(&self, cmd: Command) -> ApiResponse {
+        match self.write(cmd).await {
+            Ok(CommandResult::ServiceChanged { queued, cancelled }) => {
+                ApiResponse::ServiceChanged { queued, cancelled }
+            }
+            Ok(other) => self.unexpected(other),
+            Err(resp) => resp,
+        }
+    }
+
+    /// Every service, or the one named; a command only to its owner and
+    /// admins, as a job's script.
+    pub(super) fn services(&self, caller: &Caller, name: Option<String>) -> ApiResponse {
+        let s = self.state();
+        if let Some(n) = &name {
+            if !s.services.contains_key(n) {
+                return ApiResponse::error(
+                    crate::net::proto::ErrorKind::NotFound,
+                    format!("service {n} does not exist (see `gpuq service list`)"),
+                );
+            }
+        }
+        let services = s
+            .services
+            .values()
+            .filter(|svc| name.as_ref().is_none_or(|n| &svc.name == n))
+            .map(|svc| {
+                let owner = caller.admin || caller.user == svc.user;
+                info(&s, svc, owner, &|job| self.hub.replica_health(job))
+            })
+            .collect();
+        ApiResponse::Services { services }
+    }
+}
+
+/// `health`: a job's last health verdict, if its service checks and one
+/// was made; a replica with a check is an endpoint only once healthy.
+fn info(
+    s: &State,
+    svc: &Service,
+    owner: bool,
+    health: &dyn Fn(JobId) -> Option<bool>,
+) -> ServiceInfo {
+    let command = if !owner {
+        crate::model::REDACTED.to_string()
+    } else {
+        match &svc.spec.program {
+            Program::Command { argv } => argv.join(" "),
+            Program::Script { path, .. } => format!("script {path}"),
+        }
+    };
+    let slots = svc
+        .slots
+        .iter()
+        .map(|(&index, slot)| {
+            let job = slot.job.and_then(|id| s.job(id));
+            let run = job
+                .filter(|j| j.state == JobState::Running)
+                .and_then(|j| j.run.as_ref());
+            let node = run
+                .and_then(|r| r.allocation.nodes.first())
+                .map(|n| n.node.clone());
+            let healthy = svc.health.as_ref().and(slot.job).and_then(health);
+            let serving = svc.health.is_none() || healthy == Some(true);
+            let endpoint = run
+                .filter(|_| serving)
+                .zip(node.as_ref())
+                .and_then(|(r, n)| {
+                    let addr = &s.nodes.get(n)?.addr;
+                    let host = addr.rsplit_once(':').map_or(addr.as_str(), |(h, _)| h);
+                    Some(format!("{host}:{}", r.master_port))
+                });
+            ReplicaInfo {
+                index,
+                job: slot.job,
+                state: job.map(|j| j.state),
+                node,
+                endpoint,
+                healthy,
+                restarts: slot.restarts,
+                reason: job.and_then(|j| j.reason.clone()),
+            }
+        })
+        .collect();
+    ServiceInfo {
+        name: svc.name.clone(),
+        user: svc.user.clone(),
+        replicas: svc.replicas,
+        restart_delay_secs: svc.restart_delay_secs,
+        created: svc.created,
+        gpus_per_replica: svc.spec.total_gpus(),
+        command,
+        slots,
+        health: svc.health.clone(),
+    }
+}

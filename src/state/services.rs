@@ -1,0 +1,272 @@
+//! Services in apply (`gpuq service`): creating, scaling and deleting them,
+//! and keeping one job per replica index. A replica is an ordinary job whose
+//! `replica_of` names its service and index; when it ends, however it ends
+//! (exit, failure, lost node, time limit, a user's cancel), apply queues the
+//! next job for its index, not before a delay that doubles with each quick
+//! failure in a row (`model::service`). Cancels that scaling or deleting
+//! make end replicas the service no longer wants, so nothing replaces them.
+//! All of it is here, in the deterministic apply: a server failover loses
+//! no service, and no controller loop is needed to converge.
+
+use std::collections::BTreeSet;
+
+use super::{CommandResult, Dirty, Rejection, State};
+use crate::model::{
+    check_service_name, HealthCheck, JobId, JobSpec, JobState, Millis, ReplicaOf, Service,
+    MAX_REPLICAS, QUICK_FAILURE_SECS,
+};
+
+impl State {
+    /// `how`: replicas, restart delay (seconds) and health check.
+    pub(super) fn service_create(
+        &mut self,
+        user: &str,
+        name: &str,
+        spec: &JobSpec,
+        how: (u32, u64, Option<HealthCheck>),
+        now: Millis,
+        dirty: &mut Dirty,
+    ) -> Result<CommandResult, Rejection> {
+        let (replicas, restart_delay_secs, health) = how;
+        check_service_name(name).map_err(Rejection::Service)?;
+        if let Some(h) = &health {
+            h.check().map_err(Rejection::Service)?;
+        }
+        if self.services.contains_key(name) {
+            return Err(Rejection::Service(format!(
+                "service {name} exists already: change its size with `gpuq service scale {name} N`, \
+                 or delete it first"
+            )));
+        }
+        check_replicas(replicas)?;
+        if spec.queue.array.is_some() {
+            return Err(Rejection::Service(
+                "a service cannot be an array: --replicas N runs N copies; drop --array".into(),
+            ));
+        }
+        if !spec.queue.dependency.is_empty() || spec.queue.hold {
+            return Err(Rejection::Service(
+                "a service's replicas start at once: drop --dependency and --hold".into(),
+            ));
+        }
+        let spec = self.admit(user, spec)?;
+        self.services.insert(
+            name.to_string(),
+            Service {
+                name: name.to_string(),
+                user: user.to_string(),
+                spec,
+                replicas,
+                restart_delay_secs,
+                created: now,
+                slots: Default::default(),
+                health,
+            },
+        );
+        dirty.meta = true;
+        let queued = self.fill_replicas(name, now, dirty);
+        Ok(CommandResult::ServiceChanged {
+            queued,
+            cancelled: Vec::new(),
+        })
+    }
+
+    pub(super) fn service_scale(
+        &mut self,
+        by: &str,
+        admin: bool,
+        name: &str,
+        replicas: u32,
+        now: Millis,
+        dirty: &mut Dirty,
+    ) -> Result<CommandResult, Rejection> {
+        self.service_owned(by, admin, name)?;
+        check_replicas(replicas)?;
+        if let Some(s) = self.services.get_mut(name) {
+            s.replicas = replicas;
+        }
+        dirty.meta = true;
+        let why = format!("service {name} scaled to {replicas} replicas by {by}");
+        let cancelled = self.stop_replicas(name, |index| index >= replicas, &why, now, dirty);
+        let queued = self.fill_replicas(name, now, dirty);
+        Ok(CommandResult::ServiceChanged { queued, cancelled })
+    }
+
+    pub(super) fn service_delete(
+        &mut self,
+        by: &str,
+        admin: bool,
+        name: &str,
+        now: Millis,
+        dirty: &mut Dirty,
+    ) -> Result<CommandResult, Rejection> {
+        self.service_owned(by, admin, name)?;
+        let why = format!("service {name} deleted by {by}");
+        let cancelled = self.stop_replicas(name, |_| true, &why, now, dirty);
+        self.services.remove(name);
+        dirty.meta = true;
+        Ok(CommandResult::ServiceChanged {
+            queued: Vec::new(),
+            cancelled,
+        })
+    }
+
+    /// After a command: each replica among `touched` that has ended gets
+    /// its index's next job, if its service still wants the index.
+    pub(super) fn replace_ended_replicas(&mut self, touched: &BTreeSet<JobId>, dirty: &mut Dirty) {
+        for id in touched {
+            let Some(job) = self.jobs.get(id) else {
+                continue;
+            };
+            let Some(ReplicaOf { service, index }) = job.replica_of.clone() else {
+                continue;
+            };
+            if !job.state.is_final() {
+                continue;
+            }
+            let now = job.end_time.unwrap_or(job.submit_time);
+            let quick = job
+                .start_time
+                .is_none_or(|start| now.saturating_sub(start) < QUICK_FAILURE_SECS * 1000);
+            let why = job.reason.clone().unwrap_or_else(|| job.state.to_string());
+            let Some(s) = self.services.get_mut(&service) else {
+                continue;
+            };
+            let slot = s.slots.entry(index).or_default();
+            if slot.job != Some(*id) {
+                continue;
+            }
+            slot.job = None;
+            slot.quick_failures = if quick { slot.quick_failures + 1 } else { 0 };
+            let slot = slot.clone();
+            dirty.meta = true;
+            if index < s.replicas {
+                let delay = s.restart_delay(&slot);
+                let reason = if slot.quick_failures > 1 {
+                    format!(
+                        "replica {index} restarting in {delay} s (crash loop: {} quick exits in \
+                         a row) after: {why}",
+                        slot.quick_failures
+                    )
+                } else {
+                    format!("replica {index} restarting in {delay} s after: {why}")
+                };
+                self.queue_replica(&service, index, now, Some((delay, reason)), dirty);
+            } else {
+                s.slots.remove(&index);
+            }
+        }
+    }
+
+    /// Queues a job for every index below the service's count that has
+    /// none. Returns the jobs queued.
+    fn fill_replicas(&mut self, name: &str, now: Millis, dirty: &mut Dirty) -> Vec<JobId> {
+        let Some(s) = self.services.get(name) else {
+            return Vec::new();
+        };
+        let missing: Vec<u32> = (0..s.replicas)
+            .filter(|i| {
+                let job = s.slots.get(i).and_then(|slot| slot.job);
+                job.is_none_or(|j| self.jobs.get(&j).is_none_or(|j| j.state.is_final()))
+            })
+            .collect();
+        missing
+            .into_iter()
+            .filter_map(|index| self.queue_replica(name, index, now, None, dirty))
+            .collect()
+    }
+
+    /// Queues index `index`'s next job; with `after`, not before its delay
+    /// (seconds) and with its reason.
+    fn queue_replica(
+        &mut self,
+        name: &str,
+        index: u32,
+        now: Millis,
+        after: Option<(u64, String)>,
+        dirty: &mut Dirty,
+    ) -> Option<JobId> {
+        let s = self.services.get(name)?;
+        let user = s.user.clone();
+        let mut spec = s.spec.clone();
+        spec.name = format!("{name}-{index}");
+        let restart = after.is_some();
+        if let Some((delay, _)) = &after {
+            spec.queue.begin_time = Some(now + delay * 1000);
+        }
+        let id = self.queue_admitted(&user, &spec, now, dirty);
+        if let Some(job) = self.jobs.get_mut(&id) {
+            job.replica_of = Some(ReplicaOf {
+                service: name.to_string(),
+                index,
+            });
+            job.reason = after.map(|(_, why)| why);
+        }
+        let slot = self.services.get_mut(name)?.slots.entry(index).or_default();
+        slot.job = Some(id);
+        slot.restarts += u32::from(restart);
+        dirty.meta = true;
+        Some(id)
+    }
+
+    /// Cancels the live replicas of `name` whose index `which` picks, with
+    /// `why` as their reason; they are not replaced once the service no
+    /// longer wants their index.
+    fn stop_replicas(
+        &mut self,
+        name: &str,
+        which: impl Fn(u32) -> bool,
+        why: &str,
+        now: Millis,
+        dirty: &mut Dirty,
+    ) -> Vec<JobId> {
+        let Some(s) = self.services.get(name) else {
+            return Vec::new();
+        };
+        let jobs: Vec<JobId> = s
+            .slots
+            .iter()
+            .filter(|(i, _)| which(**i))
+            .filter_map(|(_, slot)| slot.job)
+            .filter(|j| {
+                self.jobs
+                    .get(j)
+                    .is_some_and(|j| matches!(j.state, JobState::Pending | JobState::Running))
+            })
+            .collect();
+        for id in &jobs {
+            if let Some(job) = self.jobs.get_mut(id) {
+                job.cancelled_by = Some(why.to_string());
+            }
+            self.begin_ending(*id, JobState::Cancelled, why.to_string(), now, dirty);
+        }
+        if let Some(s) = self.services.get_mut(name) {
+            s.slots
+                .retain(|i, slot| !which(*i) || slot.job.is_some_and(|j| jobs.contains(&j)));
+        }
+        jobs
+    }
+
+    fn service_owned(&self, by: &str, admin: bool, name: &str) -> Result<(), Rejection> {
+        let s = self
+            .services
+            .get(name)
+            .ok_or_else(|| Rejection::NoSuchService(name.to_string()))?;
+        if !admin && s.user != by {
+            return Err(Rejection::NotServiceOwner {
+                name: name.to_string(),
+                owner: s.user.clone(),
+            });
+        }
+        Ok(())
+    }
+}
+
+fn check_replicas(replicas: u32) -> Result<(), Rejection> {
+    if replicas > MAX_REPLICAS {
+        return Err(Rejection::Service(format!(
+            "{replicas} replicas: a service may have at most {MAX_REPLICAS}"
+        )));
+    }
+    Ok(())
+}

@@ -1,0 +1,224 @@
+//! Services end to end: a server and an agent as real processes, replicas
+//! as real jobs with their service's environment and ports, replaced when
+//! they end (later and later in a crash loop), scaled, kept across a server
+//! restart, and deleted; refusals name the input.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{stderr, wait_for, Cluster};
+
+const LONG: Duration = Duration::from_secs(60);
+
+fn show(c: &Cluster, name: &str) -> serde_json::Value {
+    let v: serde_json::Value =
+        serde_json::from_str(&c.server.ok(&["service", "show", name, "--json"])).unwrap();
+    v[0].clone()
+}
+
+/// Replica `index`'s field `key`.
+fn replica(c: &Cluster, name: &str, index: usize, key: &str) -> serde_json::Value {
+    show(c, name)["slots"][index][key].clone()
+}
+
+fn endpoints(c: &Cluster, name: &str) -> Vec<String> {
+    c.server
+        .ok(&["service", "endpoints", name])
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn replicas_run_as_jobs_are_replaced_when_they_end_and_follow_scale_and_delete() {
+    let dir = common::shared_tempdir();
+    let mut c = Cluster::start(dir.path(), 1, 4);
+    let w = dir.path().join("w");
+    std::fs::create_dir_all(&w).unwrap();
+    let wd = w.to_str().unwrap();
+
+    // Refusals name the input, and create nothing.
+    for (args, says) in [
+        (vec!["Web"], "lowercase"),
+        (vec!["web", "--replicas", "5000"], "at most 1000"),
+        (vec!["web", "--gpus-per-node", "9"], "largest node has 4"),
+        (vec!["web", "--restart-delay", "soon"], "--restart-delay"),
+    ] {
+        let mut all = vec!["service", "create"];
+        all.extend(args);
+        all.extend(["--", "sleep", "1"]);
+        let out = c.server.cli(&all);
+        assert_eq!(out.status.code(), Some(1), "{all:?}: {}", stderr(&out));
+        assert!(stderr(&out).contains(says), "{all:?}: {}", stderr(&out));
+    }
+    let out = c.server.cli(&["service", "scale", "nope", "2"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr(&out).contains("service nope does not exist"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(c.server.ok(&["service", "list", "--json"]).trim(), "[]");
+
+    // Two replicas, each writing what it was given, then serving.
+    let script = format!(
+        "echo \"$GPUQ_SERVICE $GPUQ_REPLICA $PORT\" > {wd}/r$GPUQ_REPLICA-$GPUQ_JOB_ID; exec sleep 300"
+    );
+    let out = c.server.ok(&[
+        "service",
+        "create",
+        "web",
+        "--replicas",
+        "2",
+        "--gpus",
+        "1",
+        "--restart-delay",
+        "1s",
+        "-D",
+        wd,
+        "--wrap",
+        &script,
+    ]);
+    assert!(out.contains("service web created"), "{out}");
+    let dup = c.server.cli(&["service", "create", "web", "--", "true"]);
+    assert!(stderr(&dup).contains("exists already"), "{}", stderr(&dup));
+    wait_for("two endpoints", LONG, || endpoints(&c, "web").len() == 2);
+    let eps = endpoints(&c, "web");
+    let ports: Vec<&str> = eps.iter().map(|e| e.rsplit(':').next().unwrap()).collect();
+    assert_ne!(ports[0], ports[1], "each replica has its own port: {eps:?}");
+    for i in 0..2 {
+        let job = replica(&c, "web", i, "job").to_string();
+        let file = w.join(format!("r{i}-{job}"));
+        wait_for("the replica's file", LONG, || file.exists());
+        let said = std::fs::read_to_string(&file).unwrap();
+        let fields: Vec<&str> = said.split_whitespace().collect();
+        assert_eq!(fields[..2], ["web", &i.to_string()[..]], "{said}");
+        assert!(ports.contains(&fields[2]), "{said} vs {eps:?}");
+    }
+    // The replicas are jobs in the queue, named NAME-INDEX.
+    let queue = c.server.ok(&["queue"]);
+    assert!(
+        queue.contains("web-0") && queue.contains("web-1"),
+        "{queue}"
+    );
+
+    // A replica that ends (here: cancelled as a user would) is replaced.
+    let first = replica(&c, "web", 0, "job");
+    c.server.ok(&["cancel", &first.to_string()]);
+    wait_for("replica 0 replaced and running", LONG, || {
+        let r = &show(&c, "web")["slots"][0];
+        r["job"] != first && r["state"] == "RUNNING"
+    });
+    assert_eq!(replica(&c, "web", 0, "restarts"), 1);
+
+    // The service outlives its server's restart.
+    c.server.kill();
+    c.server.start();
+    assert_eq!(show(&c, "web")["replicas"], 2);
+    wait_for("two endpoints after the restart", LONG, || {
+        endpoints(&c, "web").len() == 2
+    });
+
+    // Scale down: the higher index stops and is not replaced.
+    let second = replica(&c, "web", 1, "job").to_string();
+    c.server.ok(&["service", "scale", "web", "1"]);
+    c.wait_state(&second, "CANCELLED", LONG);
+    wait_for("one endpoint", LONG, || endpoints(&c, "web").len() == 1);
+    assert_eq!(show(&c, "web")["slots"].as_array().map(Vec::len), Some(1));
+
+    // A replica that keeps failing at once is restarted later and later.
+    c.server.ok(&[
+        "service",
+        "create",
+        "crash",
+        "--restart-delay",
+        "1s",
+        "--",
+        "false",
+    ]);
+    wait_for("a crash loop", LONG, || {
+        replica(&c, "crash", 0, "reason")
+            .as_str()
+            .is_some_and(|r| r.contains("crash loop"))
+    });
+    let list = c.server.ok(&["service", "list"]);
+    assert!(list.contains("crash") && list.contains("1/1"), "{list}");
+
+    // Delete: every replica stops; nothing replaces them.
+    let last = replica(&c, "web", 0, "job").to_string();
+    c.server.ok(&["service", "delete", "web"]);
+    c.server.ok(&["service", "delete", "crash"]);
+    c.wait_state(&last, "CANCELLED", LONG);
+    assert_eq!(c.server.ok(&["service", "list", "--json"]).trim(), "[]");
+    std::thread::sleep(Duration::from_secs(2));
+    let queue = c.server.ok(&["queue"]);
+    assert!(
+        !queue.contains("web-") && !queue.contains("crash-"),
+        "{queue}"
+    );
+}
+
+#[test]
+fn health_checks_gate_endpoints_and_replace_replicas_that_fail_them() {
+    let dir = common::shared_tempdir();
+    let c = Cluster::start(dir.path(), 1, 4);
+    let check = [
+        "--health-http",
+        "/",
+        "--health-interval",
+        "1s",
+        "--health-grace",
+        "1s",
+        "--health-failures",
+        "2",
+    ];
+    let bad = c.server.cli(&[
+        "service",
+        "create",
+        "x",
+        "--health-http",
+        "healthz",
+        "--",
+        "true",
+    ]);
+    assert_eq!(bad.status.code(), Some(1));
+    assert!(stderr(&bad).contains("--health-http"), "{}", stderr(&bad));
+
+    // Serves on its PORT: healthy, and an endpoint.
+    let mut args = vec!["service", "create", "web"];
+    args.extend(check);
+    args.extend([
+        "-D",
+        dir.path().to_str().unwrap(),
+        "--wrap",
+        "exec python3 -m http.server $PORT --bind 127.0.0.1",
+    ]);
+    c.server.ok(&args);
+    wait_for("the server healthy", LONG, || {
+        replica(&c, "web", 0, "healthy") == true
+    });
+    assert_eq!(endpoints(&c, "web").len(), 1);
+
+    // Never listens: never an endpoint, stopped after two failed checks
+    // past its grace, and replaced.
+    let mut args = vec!["service", "create", "deaf"];
+    args.extend(check);
+    args.extend(["--restart-delay", "1s", "--", "sleep", "300"]);
+    c.server.ok(&args);
+    let first = replica(&c, "deaf", 0, "job");
+    wait_for("the deaf replica running", LONG, || {
+        replica(&c, "deaf", 0, "state") == "RUNNING"
+    });
+    assert!(endpoints(&c, "deaf").is_empty());
+    let ended = c.wait_state(&first.to_string(), "CANCELLED", LONG);
+    let reason = ended["reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains("health check") && reason.contains("2 failed checks"),
+        "{ended}"
+    );
+    wait_for("the deaf replica replaced", LONG, || {
+        replica(&c, "deaf", 0, "job") != first
+    });
+    assert!(endpoints(&c, "deaf").is_empty());
+}
