@@ -222,3 +222,70 @@ fn health_checks_gate_endpoints_and_replace_replicas_that_fail_them() {
     });
     assert!(endpoints(&c, "deaf").is_empty());
 }
+
+#[test]
+fn an_update_rolls_healthy_replicas_halts_on_a_broken_version_and_rolls_back() {
+    let dir = common::shared_tempdir();
+    let c = Cluster::start(dir.path(), 1, 8);
+    let wd = dir.path().to_str().unwrap();
+    let serve =
+        |version: &str| format!("V={version}; exec python3 -m http.server $PORT --bind 127.0.0.1");
+    let check = [
+        "--health-http",
+        "/",
+        "--health-interval",
+        "1s",
+        "--health-grace",
+        "1s",
+        "--health-failures",
+        "2",
+    ];
+    let mut args = vec!["service", "create", "web", "--replicas", "2", "-D", wd];
+    args.extend(check);
+    let v1 = serve("1");
+    args.extend(["--wrap", &v1]);
+    c.server.ok(&args);
+    wait_for("two healthy replicas", LONG, || {
+        endpoints(&c, "web").len() == 2
+    });
+
+    // Version 2 rolls one replica at a time; two always serve.
+    let v2 = serve("2");
+    c.server
+        .ok(&["service", "update", "web", "-D", wd, "--wrap", &v2]);
+    wait_for("the roll to version 2 done", LONG, || {
+        assert!(
+            endpoints(&c, "web").len() >= 2,
+            "a replica stopped before its successor served"
+        );
+        let s = show(&c, "web");
+        s["version"] == 2
+            && s["roll"].is_null()
+            && s["slots"].as_array().is_some_and(|v| {
+                v.iter()
+                    .all(|r| r["version"] == 2 && r["endpoint"].is_string())
+            })
+    });
+
+    // Version 3 never serves: its first replica fails its checks, the roll
+    // halts, and version 2 goes on serving.
+    c.server
+        .ok(&["service", "update", "web", "--", "sleep", "300"]);
+    wait_for("the roll halted", LONG, || {
+        show(&c, "web")["roll"]
+            .as_str()
+            .is_some_and(|r| r.starts_with("halted") && r.contains("health check"))
+    });
+    assert_eq!(endpoints(&c, "web").len(), 2);
+    let shown = c.server.ok(&["service", "show", "web"]);
+    assert!(shown.contains("Update: halted"), "{shown}");
+
+    // Back to version 2's spec (as version 4).
+    c.server.ok(&["service", "rollback", "web"]);
+    wait_for("the rollback done", LONG, || {
+        let s = show(&c, "web");
+        s["version"] == 4 && s["roll"].is_null() && endpoints(&c, "web").len() == 2
+    });
+    let out = c.server.cli(&["service", "rollback", "nope"]);
+    assert_eq!(out.status.code(), Some(1));
+}

@@ -36,6 +36,13 @@ pub enum ServiceCommand {
     Scale { name: String, replicas: u32 },
     /// Delete a service; its replicas are stopped.
     Delete { name: String },
+    /// Roll the service to a new version (the job flags and command, as
+    /// create's): one replica at a time, a new one starts beside an old one
+    /// and takes its place once running and healthy, so no fewer replicas
+    /// serve. A new replica that fails halts the roll (`show` says why).
+    Update(UpdateArgs),
+    /// Roll back to the version before the last update, the same way.
+    Rollback { name: String },
     /// The running replicas' `host:port`, one a line: what a load balancer
     /// or a client reads.
     Endpoints {
@@ -76,6 +83,14 @@ pub struct CreateArgs {
     pub job: Box<SubmitArgs>,
 }
 
+// `gpuq service update NAME [job flags] -- CMD ...`
+#[derive(Args, Debug)]
+pub struct UpdateArgs {
+    pub name: String,
+    #[command(flatten)]
+    pub job: Box<SubmitArgs>,
+}
+
 fn parse_delay(s: &str) -> Result<u64, String> {
     s.parse().or_else(|_| super::admin::parse_secs(s))
 }
@@ -88,6 +103,13 @@ pub async fn run(cmd: ServiceCommand) -> Result<(), CliError> {
             changed(call(ApiRequest::ServiceScale { name, replicas }).await?)
         }
         ServiceCommand::Delete { name } => changed(call(ApiRequest::ServiceDelete { name }).await?),
+        ServiceCommand::Update(a) => {
+            let spec = Some(Box::new(spec_here(&a.job)?));
+            changed(call(ApiRequest::ServiceUpdate { name: a.name, spec }).await?)
+        }
+        ServiceCommand::Rollback { name } => {
+            changed(call(ApiRequest::ServiceUpdate { name, spec: None }).await?)
+        }
         ServiceCommand::List { json } => {
             let services = fetch(None).await?;
             if json.json {
@@ -135,13 +157,19 @@ pub async fn run(cmd: ServiceCommand) -> Result<(), CliError> {
     }
 }
 
-async fn create(a: CreateArgs) -> Result<(), CliError> {
+/// The job spec the flags give, as `gpuq submit` builds it here.
+fn spec_here(args: &SubmitArgs) -> Result<crate::model::JobSpec, CliError> {
     let env: Vec<(String, String)> = std::env::vars().collect();
     let cwd = std::env::current_dir()
         .map_err(|e| CliError::input(format!("cannot read the current directory: {e}")))?;
     let spec =
-        crate::spec::build_spec(&a.job, &env, &cwd).map_err(|e| CliError::input(e.to_string()))?;
+        crate::spec::build_spec(args, &env, &cwd).map_err(|e| CliError::input(e.to_string()))?;
     super::submit::check_output_files(&spec).map_err(CliError::input)?;
+    Ok(spec)
+}
+
+async fn create(a: CreateArgs) -> Result<(), CliError> {
+    let spec = spec_here(&a.job)?;
     let req = ApiRequest::ServiceCreate {
         name: a.name.clone(),
         spec: Box::new(spec),
@@ -207,27 +235,33 @@ fn running(s: &ServiceInfo) -> usize {
 fn show(s: &ServiceInfo) -> String {
     let mut out = format!(
         "Service {} (user {}): {}/{} replicas running, {} GPUs each, restart delay {} s\n\
-         Command: {}\n",
+         Version {}: {}\n",
         s.name,
         s.user,
         running(s),
         s.replicas,
         s.gpus_per_replica,
         s.restart_delay_secs,
+        s.version,
         s.command
     );
+    if let Some(roll) = &s.roll {
+        out.push_str(&format!("Update: {roll}\n"));
+    }
     let mut t = Table::new(&[
-        "REPLICA", "JOB", "STATE", "NODE", "ENDPOINT", "RESTARTS", "REASON",
+        "REPLICA", "VERSION", "JOB", "STATE", "NODE", "ENDPOINT", "RESTARTS", "NEXT", "REASON",
     ]);
     let dash = |v: Option<String>| v.unwrap_or_else(|| "-".into());
     for r in &s.slots {
         t.row(vec![
             r.index.to_string(),
+            r.version.to_string(),
             dash(r.job.map(|j| j.to_string())),
             dash(r.state.map(|st| st.to_string())),
             dash(r.node.clone()),
             dash(r.endpoint.clone()),
             r.restarts.to_string(),
+            dash(r.next.map(|j| j.to_string())),
             dash(r.reason.clone()),
         ]);
     }

@@ -39,6 +39,21 @@ pub struct Service {
     /// How its replicas' agents check that they serve.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub health: Option<HealthCheck>,
+    /// The version `spec` is: 1 at create, one more per update or rollback.
+    #[serde(default = "first_version")]
+    pub version: u64,
+    /// The version before, and its spec: what replicas not yet rolled keep
+    /// running (and restart as), and what `rollback` goes back to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub previous: Option<(u64, JobSpec)>,
+    /// Why the last rolling update stopped before it was done (a new
+    /// replica ended before it was ready).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub roll_halted: Option<String>,
+}
+
+fn first_version() -> u64 {
+    1
 }
 
 /// A replica's health check: an HTTP GET of `path` on its `PORT` at
@@ -80,6 +95,14 @@ pub struct Slot {
     /// Its last jobs that ended within [`QUICK_FAILURE_SECS`] of their
     /// start (or before it), in a row: the crash loop's length.
     pub quick_failures: u32,
+    /// The service version its `job` runs.
+    #[serde(default = "first_version")]
+    pub version: u64,
+    /// During a rolling update: the new version's job, started beside
+    /// `job`, which takes its place once ready (running, and healthy where
+    /// the service checks).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next: Option<JobId>,
 }
 
 /// A replica that ends within this long of its start counts as a quick
@@ -94,6 +117,24 @@ impl Service {
     /// The wait before index `slot`'s next job may start.
     pub fn restart_delay(&self, slot: &Slot) -> u64 {
         restart_delay(self.restart_delay_secs, slot.quick_failures)
+    }
+
+    /// The spec of `version`: the current one, or the one before.
+    pub fn spec_of(&self, version: u64) -> &JobSpec {
+        match &self.previous {
+            Some((v, spec)) if *v == version => spec,
+            _ => &self.spec,
+        }
+    }
+
+    /// Whether a rolling update is under way: some index runs an older
+    /// version, and the roll has not halted.
+    pub fn rolling(&self) -> bool {
+        self.roll_halted.is_none()
+            && self
+                .slots
+                .iter()
+                .any(|(i, s)| *i < self.replicas && s.version < self.version)
     }
 }
 

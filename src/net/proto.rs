@@ -212,6 +212,11 @@ pub enum ApiRequest {
     ServiceScale { name: String, replicas: u32 },
     /// Delete a service, cancelling its replicas.
     ServiceDelete { name: String },
+    /// Roll a service to a new spec, or back to the one before (`None`).
+    ServiceUpdate {
+        name: String,
+        spec: Option<Box<JobSpec>>,
+    },
     /// Every service, or the one named, with its replicas (a read).
     Services { name: Option<String> },
 }
@@ -278,6 +283,11 @@ pub struct ServiceInfo {
     pub slots: Vec<ReplicaInfo>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub health: Option<crate::model::HealthCheck>,
+    /// The version new replicas run, and how its roll-out stands.
+    #[serde(default)]
+    pub version: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub roll: Option<String>,
 }
 
 /// One replica of a service.
@@ -297,6 +307,12 @@ pub struct ReplicaInfo {
     /// (why it waits, or why it was restarted).
     pub restarts: u32,
     pub reason: Option<String>,
+    /// The service version its job runs, and a rolling update's new job
+    /// starting beside it.
+    #[serde(default)]
+    pub version: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next: Option<JobId>,
 }
 
 /// A control-plane member as `gpuq cluster` shows it.

@@ -340,7 +340,9 @@ pub async fn serve(api: Arc<Api>, hub: Arc<AgentHub>, peer: Peer) {
                             .lock()
                             .unwrap_or_else(|p| p.into_inner())
                             .insert(job, healthy);
-                        if !healthy {
+                        if healthy {
+                            promote_ready(&api, job).await;
+                        } else {
                             stop_unhealthy(&api, &node, job, attempt, &detail).await;
                         }
                     }
@@ -435,5 +437,29 @@ async fn stop_unhealthy(
     };
     if let Err(e) = api.write(cmd).await {
         tracing::warn!(%node, %job, "could not stop the unhealthy replica: {e:?}");
+    }
+}
+
+/// A rolling update's new replica passed its health check: it takes its
+/// index's place (the old replica stops, the roll moves on).
+async fn promote_ready(api: &Api, job: crate::model::JobId) {
+    let ready = {
+        let s = api.state();
+        s.job(job).and_then(|j| j.replica_of.clone()).filter(|r| {
+            s.services
+                .get(&r.service)
+                .and_then(|svc| svc.slots.get(&r.index))
+                .is_some_and(|slot| slot.next == Some(job))
+        })
+    };
+    let Some(r) = ready else { return };
+    let cmd = Command::ServiceReplicaReady {
+        name: r.service,
+        index: r.index,
+        job,
+        now: now_ms(),
+    };
+    if let Err(e) = api.write(cmd).await {
+        tracing::warn!(%job, "could not promote the ready replica: {e:?}");
     }
 }

@@ -333,6 +333,7 @@ impl Api {
                 | ApiRequest::ServiceCreate { .. }
                 | ApiRequest::ServiceScale { .. }
                 | ApiRequest::ServiceDelete { .. }
+                | ApiRequest::ServiceUpdate { .. }
         );
         if needs_leader {
             if let Some(resp) = self.forward_if_follower(&caller, &req).await {
@@ -358,6 +359,9 @@ impl Api {
                 self.service_scale(caller, name, replicas).await
             }
             ApiRequest::ServiceDelete { name } => self.service_delete(caller, name).await,
+            ApiRequest::ServiceUpdate { name, spec } => {
+                self.service_update(caller, name, spec).await
+            }
             ApiRequest::Services { name } => self.services(&caller, name),
             ApiRequest::SubmitMany { specs } => self.submit_many(caller, specs).await,
             ApiRequest::Cancel { ids, tasks } => {

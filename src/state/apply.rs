@@ -185,6 +185,25 @@ impl State {
                 name,
                 now,
             } => self.service_delete(by, *admin, name, *now, dirty),
+            Command::ServiceUpdate {
+                by,
+                admin,
+                name,
+                spec,
+                now,
+            } => self.service_update(by, *admin, name, spec.as_deref(), *now, dirty),
+            Command::ServiceReplicaReady {
+                name,
+                index,
+                job,
+                now,
+            } => Ok(CommandResult::ServiceChanged {
+                queued: self
+                    .replica_ready(name, *index, *job, *now, dirty)
+                    .into_iter()
+                    .collect(),
+                cancelled: Vec::new(),
+            }),
             Command::TaskEvents {
                 node,
                 events,

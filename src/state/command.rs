@@ -231,6 +231,23 @@ pub enum Command {
         name: String,
         now: Millis,
     },
+    /// Rolls service `name` to a new version with `spec`, or back to the
+    /// version before (`None`), one replica at a time.
+    ServiceUpdate {
+        by: String,
+        admin: bool,
+        name: String,
+        spec: Option<Box<JobSpec>>,
+        now: Millis,
+    },
+    /// The leader saw a rolling update's new replica `job` of index `index`
+    /// pass its health check: it takes the index's place.
+    ServiceReplicaReady {
+        name: String,
+        index: u32,
+        job: JobId,
+        now: Millis,
+    },
 }
 
 /// What applying a command answered. Returned to the proposer after commit.

@@ -17,6 +17,7 @@ mod preempt;
 mod queue;
 mod requeue;
 mod runs;
+mod service_roll;
 mod services;
 mod steps;
 pub mod store;

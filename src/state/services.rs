@@ -61,6 +61,9 @@ impl State {
                 created: now,
                 slots: Default::default(),
                 health,
+                version: 1,
+                previous: None,
+                roll_halted: None,
             },
         );
         dirty.meta = true;
@@ -121,6 +124,21 @@ impl State {
             let Some(ReplicaOf { service, index }) = job.replica_of.clone() else {
                 continue;
             };
+            if job.state == JobState::Running {
+                // A new version's replica that needs no health check is
+                // ready once its first rank has started.
+                if !job.run.as_ref().is_some_and(|r| r.started.contains(&0)) {
+                    continue;
+                }
+                let now = job.start_time.unwrap_or(job.submit_time);
+                let ready = self.services.get(&service).is_some_and(|s| {
+                    s.health.is_none() && s.slots.get(&index).and_then(|x| x.next) == Some(*id)
+                });
+                if ready {
+                    self.replica_ready(&service, index, *id, now, dirty);
+                }
+                continue;
+            }
             if !job.state.is_final() {
                 continue;
             }
@@ -133,9 +151,31 @@ impl State {
                 continue;
             };
             let slot = s.slots.entry(index).or_default();
+            if slot.next == Some(*id) {
+                // The new version failed before it was ready: the roll
+                // stops, the old replicas go on serving.
+                slot.next = None;
+                s.roll_halted = Some(format!(
+                    "version {}'s replica {index} ended before it was ready: {why}; \
+                     `gpuq service rollback {service}` goes back",
+                    s.version
+                ));
+                dirty.meta = true;
+                continue;
+            }
             if slot.job != Some(*id) {
                 continue;
             }
+            if quick && slot.version == s.version && s.rolling() {
+                // A replica of the new version failed soon after it took
+                // its place: the roll goes no further.
+                s.roll_halted = Some(format!(
+                    "version {}'s replica {index} failed soon after it started: {why}; \
+                     `gpuq service rollback {service}` goes back",
+                    s.version
+                ));
+            }
+            let slot = s.slots.entry(index).or_default();
             slot.job = None;
             slot.quick_failures = if quick { slot.quick_failures + 1 } else { 0 };
             let slot = slot.clone();
@@ -151,7 +191,7 @@ impl State {
                 } else {
                     format!("replica {index} restarting in {delay} s after: {why}")
                 };
-                self.queue_replica(&service, index, now, Some((delay, reason)), dirty);
+                self.queue_replica(&service, index, now, Some((delay, reason)), false, dirty);
             } else {
                 s.slots.remove(&index);
             }
@@ -172,23 +212,32 @@ impl State {
             .collect();
         missing
             .into_iter()
-            .filter_map(|index| self.queue_replica(name, index, now, None, dirty))
+            .filter_map(|index| self.queue_replica(name, index, now, None, false, dirty))
             .collect()
     }
 
     /// Queues index `index`'s next job; with `after`, not before its delay
-    /// (seconds) and with its reason.
-    fn queue_replica(
+    /// (seconds) and with its reason. `next`: the current version's job of
+    /// a rolling update, beside the index's job; else the index's job, of
+    /// the version the index runs (the current one for a new index).
+    pub(super) fn queue_replica(
         &mut self,
         name: &str,
         index: u32,
         now: Millis,
         after: Option<(u64, String)>,
+        next: bool,
         dirty: &mut Dirty,
     ) -> Option<JobId> {
         let s = self.services.get(name)?;
         let user = s.user.clone();
-        let mut spec = s.spec.clone();
+        let version = match s.slots.get(&index) {
+            Some(slot) if !next && s.previous.as_ref().is_some_and(|p| p.0 == slot.version) => {
+                slot.version
+            }
+            _ => s.version,
+        };
+        let mut spec = s.spec_of(version).clone();
         spec.name = format!("{name}-{index}");
         let restart = after.is_some();
         if let Some((delay, _)) = &after {
@@ -203,8 +252,13 @@ impl State {
             job.reason = after.map(|(_, why)| why);
         }
         let slot = self.services.get_mut(name)?.slots.entry(index).or_default();
-        slot.job = Some(id);
-        slot.restarts += u32::from(restart);
+        if next {
+            slot.next = Some(id);
+        } else {
+            slot.job = Some(id);
+            slot.version = version;
+            slot.restarts += u32::from(restart);
+        }
         dirty.meta = true;
         Some(id)
     }
@@ -227,7 +281,7 @@ impl State {
             .slots
             .iter()
             .filter(|(i, _)| which(**i))
-            .filter_map(|(_, slot)| slot.job)
+            .flat_map(|(_, slot)| slot.job.into_iter().chain(slot.next))
             .filter(|j| {
                 self.jobs
                     .get(j)
@@ -243,11 +297,14 @@ impl State {
         if let Some(s) = self.services.get_mut(name) {
             s.slots
                 .retain(|i, slot| !which(*i) || slot.job.is_some_and(|j| jobs.contains(&j)));
+            for slot in s.slots.values_mut() {
+                slot.next = slot.next.filter(|j| !jobs.contains(j));
+            }
         }
         jobs
     }
 
-    fn service_owned(&self, by: &str, admin: bool, name: &str) -> Result<(), Rejection> {
+    pub(super) fn service_owned(&self, by: &str, admin: bool, name: &str) -> Result<(), Rejection> {
         let s = self
             .services
             .get(name)

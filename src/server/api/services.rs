@@ -56,6 +56,31 @@ impl Api {
         self.service_write(cmd).await
     }
 
+    pub(super) async fn service_update(
+        &self,
+        caller: Caller,
+        name: String,
+        spec: Option<Box<JobSpec>>,
+    ) -> ApiResponse {
+        if let Some(spec) = &spec {
+            let checked = {
+                let s = self.state();
+                super::submit::check(&caller, spec, s.nodes.values().map(|n| &n.inventory))
+            };
+            if let Err((kind, why)) = checked {
+                return ApiResponse::error(kind, why);
+            }
+        }
+        let cmd = Command::ServiceUpdate {
+            by: caller.user,
+            admin: caller.admin,
+            name,
+            spec,
+            now: now_ms(),
+        };
+        self.service_write(cmd).await
+    }
+
     pub(super) async fn service_delete(&self, caller: Caller, name: String) -> ApiResponse {
         let cmd = Command::ServiceDelete {
             by: caller.user,
@@ -147,6 +172,8 @@ fn info(
                 healthy,
                 restarts: slot.restarts,
                 reason: job.and_then(|j| j.reason.clone()),
+                version: slot.version,
+                next: slot.next,
             }
         })
         .collect();
@@ -160,5 +187,24 @@ fn info(
         command,
         slots,
         health: svc.health.clone(),
+        version: svc.version,
+        roll: roll(svc),
     }
+}
+
+/// How a service's roll-out stands, when one is under way or halted.
+fn roll(svc: &Service) -> Option<String> {
+    if let Some(why) = &svc.roll_halted {
+        return Some(format!("halted: {why}"));
+    }
+    let wanted = svc.slots.iter().filter(|(i, _)| **i < svc.replicas);
+    let (done, all) = wanted.fold((0, 0), |(d, a), (_, x)| {
+        (d + u32::from(x.version == svc.version), a + 1)
+    });
+    svc.rolling().then(|| {
+        format!(
+            "rolling to version {}: {done} of {all} replicas done",
+            svc.version
+        )
+    })
 }

@@ -135,6 +135,7 @@ fn request_name(req: &ApiRequest) -> &'static str {
         ApiRequest::ServiceCreate { .. } => "service-create",
         ApiRequest::ServiceScale { .. } => "service-scale",
         ApiRequest::ServiceDelete { .. } => "service-delete",
+        ApiRequest::ServiceUpdate { .. } => "service-update",
         ApiRequest::Services { .. } => "services",
     }
 }

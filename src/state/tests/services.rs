@@ -3,7 +3,7 @@
 //! and the store keeping it all.
 
 use super::run::{alloc, cluster, ev, report, spec};
-use crate::model::{TaskEnd, TaskEventKind};
+use crate::model::{JobSpec, TaskEnd, TaskEventKind};
 use crate::state::*;
 
 const SEC: Millis = 1000;
@@ -238,4 +238,141 @@ fn the_store_keeps_services() {
         .unwrap()
         .services
         .is_empty());
+}
+
+/// Starts `id` on n1's GPU `gpu` at `at`.
+fn start(s: &mut State, d: &mut Dirty, id: JobId, gpu: u32, at: Millis) {
+    let r = s.apply(
+        &Command::Schedule {
+            allocations: vec![alloc(id.0, &[("n1", &[gpu])])],
+            now: at,
+        },
+        d,
+    );
+    report(s, d, "n1", vec![ev(id, 0, TaskEventKind::Started)]);
+    assert_eq!(s.jobs[&id].state, JobState::Running, "{r:?}");
+}
+
+fn update(s: &mut State, d: &mut Dirty, spec: Option<JobSpec>, now: Millis) -> CommandResult {
+    s.apply(
+        &Command::ServiceUpdate {
+            by: "alice".into(),
+            admin: false,
+            name: "web".into(),
+            spec: spec.map(Box::new),
+            now,
+        },
+        d,
+    )
+}
+
+#[test]
+fn an_update_rolls_one_replica_at_a_time_and_halts_on_a_failing_one() {
+    let (mut s, mut d) = cluster();
+    let old = queued(&create(&mut s, &mut d, "web", 2));
+    start(&mut s, &mut d, old[0], 0, 110 * SEC);
+    start(&mut s, &mut d, old[1], 1, 110 * SEC);
+    let v2 = JobSpec {
+        env: vec![("V".into(), "2".into())],
+        ..spec(1, 1)
+    };
+    // One new replica at a time, beside the old one.
+    let new0 = queued(&update(&mut s, &mut d, Some(v2), 200 * SEC));
+    assert_eq!(new0.len(), 1);
+    assert_eq!(s.jobs[&new0[0]].spec.env, [("V".into(), "2".into())]);
+    let slot = &s.services["web"].slots[&0];
+    assert_eq!((slot.job, slot.next, slot.version), (Some(old[0]), Some(new0[0]), 1));
+    assert!(s.services["web"].rolling());
+    // Running (no health check): it takes index 0, the old one stops,
+    // and index 1's new replica starts.
+    start(&mut s, &mut d, new0[0], 2, 210 * SEC);
+    let slot = &s.services["web"].slots[&0];
+    assert_eq!((slot.job, slot.next, slot.version), (Some(new0[0]), None, 2));
+    assert_eq!(s.jobs[&old[0]].state, JobState::Completing);
+    assert!(s.jobs[&old[0]]
+        .reason
+        .as_deref()
+        .unwrap_or_default()
+        .contains("replaced by version 2"));
+    let new1 = s.services["web"].slots[&1].next.unwrap();
+    // It fails before it is ready (its launch failed): the roll halts; the
+    // old replica serves.
+    s.apply(
+        &Command::Schedule {
+            allocations: vec![alloc(new1.0, &[("n1", &[3])])],
+            now: 220 * SEC,
+        },
+        &mut d,
+    );
+    let failed = TaskEventKind::Ended(TaskEnd::LaunchFailed {
+        reason: "no such file".into(),
+    });
+    report(&mut s, &mut d, "n1", vec![ev(new1, 0, failed)]);
+    let web = &s.services["web"];
+    assert!(web
+        .roll_halted
+        .as_deref()
+        .unwrap_or_default()
+        .contains("replica 1 ended before it was ready"));
+    assert!(!web.rolling());
+    assert_eq!((web.slots[&1].job, web.slots[&1].next), (Some(old[1]), None));
+    assert_eq!(s.jobs[&old[1]].state, JobState::Running);
+    let restarted = queued(&update(&mut s, &mut d, None, 300 * SEC));
+    // Rollback: version 3 is version 1's spec, rolled the same way.
+    let web = &s.services["web"];
+    assert_eq!(web.version, 3);
+    assert!(web.spec.env.is_empty());
+    assert_eq!(restarted.len(), 1);
+    assert!(s.jobs[&restarted[0]].spec.env.is_empty());
+    assert_eq!(web.slots[&0].next, Some(restarted[0]));
+}
+
+#[test]
+fn a_checked_replica_takes_its_place_only_when_the_leader_says_it_is_healthy() {
+    let (mut s, mut d) = cluster();
+    let mut d2 = Dirty::default();
+    s.apply(
+        &Command::ServiceCreate {
+            user: "alice".into(),
+            name: "web".into(),
+            spec: Box::new(spec(1, 1)),
+            replicas: 1,
+            restart_delay_secs: 5,
+            now: 100 * SEC,
+            health: Some(crate::model::HealthCheck {
+                path: "/".into(),
+                interval_secs: 1,
+                grace_secs: 1,
+                failures: 1,
+            }),
+        },
+        &mut d2,
+    );
+    let old = replica(&s, "web", 0).unwrap();
+    start(&mut s, &mut d, old, 0, 110 * SEC);
+    let v2 = JobSpec {
+        env: vec![("V".into(), "2".into())],
+        ..spec(1, 1)
+    };
+    let new = queued(&update(&mut s, &mut d, Some(v2), 200 * SEC))[0];
+    start(&mut s, &mut d, new, 1, 210 * SEC);
+    assert_eq!(replica(&s, "web", 0), Some(old), "running is not enough");
+    let ready = |s: &mut State, d: &mut Dirty, job| {
+        s.apply(
+            &Command::ServiceReplicaReady {
+                name: "web".into(),
+                index: 0,
+                job,
+                now: 220 * SEC,
+            },
+            d,
+        )
+    };
+    // A stale or wrong report changes nothing.
+    ready(&mut s, &mut d, old);
+    assert_eq!(replica(&s, "web", 0), Some(old));
+    ready(&mut s, &mut d, new);
+    assert_eq!(replica(&s, "web", 0), Some(new));
+    assert_eq!(s.jobs[&old].state, JobState::Completing);
+    assert!(!s.services["web"].rolling());
 }
