@@ -120,12 +120,25 @@ fn replicas_run_as_jobs_are_replaced_when_they_end_and_follow_scale_and_delete()
         endpoints(&c, "web").len() == 2
     });
 
+    // A watcher sees each change of the list, and ends with the service.
+    let mut watch = common::gpuq_command()
+        .args(["service", "endpoints", "web", "--watch", "--json"])
+        .env("GPUQ_SOCKET", &c.server.socket)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(watch.stdout.take().unwrap()));
+    let mut next_list =
+        || -> Vec<String> { serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap() };
+    assert_eq!(next_list().len(), 2);
+
     // Scale down: the higher index stops and is not replaced.
     let second = replica(&c, "web", 1, "job").to_string();
     c.server.ok(&["service", "scale", "web", "1"]);
     c.wait_state(&second, "CANCELLED", LONG);
     wait_for("one endpoint", LONG, || endpoints(&c, "web").len() == 1);
     assert_eq!(show(&c, "web")["slots"].as_array().map(Vec::len), Some(1));
+    assert_eq!(next_list().len(), 1, "the watcher saw the scale-down");
 
     // A replica that keeps failing at once is restarted later and later.
     c.server.ok(&[
@@ -151,6 +164,11 @@ fn replicas_run_as_jobs_are_replaced_when_they_end_and_follow_scale_and_delete()
     c.server.ok(&["service", "delete", "crash"]);
     c.wait_state(&last, "CANCELLED", LONG);
     assert_eq!(c.server.ok(&["service", "list", "--json"]).trim(), "[]");
+    let ended = watch.wait().unwrap();
+    assert!(
+        ended.success(),
+        "the watcher ends with its service: {ended}"
+    );
     std::thread::sleep(Duration::from_secs(2));
     let queue = c.server.ok(&["queue"]);
     assert!(

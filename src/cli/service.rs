@@ -47,6 +47,11 @@ pub enum ServiceCommand {
     /// or a client reads.
     Endpoints {
         name: String,
+        /// Keep watching: print the list again (a JSON array a line with
+        /// --json) each time it changes, until interrupted or the service
+        /// is deleted.
+        #[arg(long)]
+        watch: bool,
         #[command(flatten)]
         json: JsonFlag,
     },
@@ -139,20 +144,35 @@ pub async fn run(cmd: ServiceCommand) -> Result<(), CliError> {
             }
             Ok(())
         }
-        ServiceCommand::Endpoints { name, json } => {
-            let services = fetch(Some(name)).await?;
-            let endpoints: Vec<&str> = services
-                .iter()
-                .flat_map(|s| &s.slots)
-                .filter_map(|r| r.endpoint.as_deref())
-                .collect();
-            if json.json {
-                return print_json(&endpoints);
+        ServiceCommand::Endpoints { name, watch, json } => {
+            let mut last: Option<Vec<String>> = None;
+            loop {
+                let now = match fetch(Some(name.clone())).await {
+                    Ok(services) => endpoints(&services),
+                    // Deleted while watched: the watch is over.
+                    Err(e) if watch && last.is_some() && e.code == 1 => return Ok(()),
+                    Err(e) => return Err(e),
+                };
+                if last.as_ref() != Some(&now) {
+                    if json.json {
+                        println!("{}", serde_json::to_string(&now).unwrap_or_default());
+                    } else {
+                        for e in &now {
+                            println!("{e}");
+                        }
+                        if watch {
+                            println!();
+                        }
+                    }
+                    use std::io::Write;
+                    let _ = std::io::stdout().flush();
+                    last = Some(now);
+                }
+                if !watch {
+                    return Ok(());
+                }
+                tokio::time::sleep(std::time::Duration::from_secs(1)).await;
             }
-            for e in endpoints {
-                println!("{e}");
-            }
-            Ok(())
         }
     }
 }
@@ -226,6 +246,15 @@ async fn fetch(name: Option<String>) -> Result<Vec<ServiceInfo>, CliError> {
         ApiResponse::Services { services } => Ok(services),
         other => Err(unexpected(other)),
     }
+}
+
+/// The running (and healthy, where checked) replicas' `host:port`.
+fn endpoints(services: &[ServiceInfo]) -> Vec<String> {
+    services
+        .iter()
+        .flat_map(|s| &s.slots)
+        .filter_map(|r| r.endpoint.clone())
+        .collect()
 }
 
 fn running(s: &ServiceInfo) -> usize {
