@@ -307,3 +307,46 @@ fn an_update_rolls_healthy_replicas_halts_on_a_broken_version_and_rolls_back() {
     let out = c.server.cli(&["service", "rollback", "nope"]);
     assert_eq!(out.status.code(), Some(1));
 }
+
+#[test]
+fn applying_a_file_creates_changes_only_what_differs_and_twice_changes_nothing() {
+    let dir = common::shared_tempdir();
+    let c = Cluster::start(dir.path(), 1, 4);
+    let wd = dir.path().to_str().unwrap();
+    let file = dir.path().join("web.toml");
+    let write = |replicas: u32, version: &str| {
+        let text = format!(
+            "name = \"web\"\nreplicas = {replicas}\nrestart_delay = \"1s\"\n\
+             job = \"--gpus 1 -D {wd} --wrap 'V={version}; exec sleep 300'\"\n"
+        );
+        std::fs::write(&file, text).unwrap();
+    };
+    let apply = || c.server.ok(&["service", "apply", file.to_str().unwrap()]);
+    write(1, "1");
+    assert!(apply().contains("created with 1 replicas"));
+    assert!(apply().contains("unchanged"), "the same file twice");
+    write(2, "1");
+    let out = apply();
+    assert!(
+        out.contains("replicas 1 -> 2") && !out.contains("version"),
+        "{out}"
+    );
+    wait_for("two replicas running", LONG, || {
+        endpoints(&c, "web").len() == 2
+    });
+    write(2, "2");
+    assert!(apply().contains("version 2"));
+    wait_for("the roll done", LONG, || {
+        let s = show(&c, "web");
+        s["roll"].is_null()
+            && s["slots"]
+                .as_array()
+                .is_some_and(|v| v.iter().all(|r| r["version"] == 2))
+    });
+    assert!(apply().contains("unchanged"));
+
+    std::fs::write(&file, "name = \"web\"\nreplica = 2\njob = \"-- true\"\n").unwrap();
+    let out = c.server.cli(&["service", "apply", file.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("replica"), "{}", stderr(&out));
+}

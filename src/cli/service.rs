@@ -3,7 +3,7 @@
 //! `NAME-INDEX`, shown by `gpuq queue` and accounted by `gpuq acct`; one
 //! that ends is started again, later and later while it keeps failing.
 
-use clap::{Args, Subcommand};
+use clap::{Args, Parser, Subcommand};
 
 use super::table::{fmt_time, Table};
 use super::{call, print_json, unexpected, CliError, JsonFlag};
@@ -43,6 +43,15 @@ pub enum ServiceCommand {
     Update(UpdateArgs),
     /// Roll back to the version before the last update, the same way.
     Rollback { name: String },
+    /// Make a service be as a TOML file says: created if new, else rolled
+    /// to a new version, scaled or changed where the file differs, and left
+    /// alone where it does not (applying a file twice changes nothing).
+    /// Keys: name, replicas, restart_delay ("5s"), job (the flags and
+    /// command as after `gpuq submit`, e.g. "--gpus 1 --wrap 'serve
+    /// --port $PORT'"; the environment is only what its --export names,
+    /// NONE by default, so another shell applies the same job), and a
+    /// [health] table (http, interval, grace, failures).
+    Apply { file: std::path::PathBuf },
     /// The running replicas' `host:port`, one a line: what a load balancer
     /// or a client reads.
     Endpoints {
@@ -112,6 +121,7 @@ pub async fn run(cmd: ServiceCommand) -> Result<(), CliError> {
             let spec = Some(Box::new(spec_here(&a.job)?));
             changed(call(ApiRequest::ServiceUpdate { name: a.name, spec }).await?)
         }
+        ServiceCommand::Apply { file } => apply(&file).await,
         ServiceCommand::Rollback { name } => {
             changed(call(ApiRequest::ServiceUpdate { name, spec: None }).await?)
         }
@@ -296,4 +306,88 @@ fn show(s: &ServiceInfo) -> String {
     }
     out.push_str(&t.render());
     out
+}
+
+/// A `gpuq service apply` file.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ServiceFile {
+    name: String,
+    #[serde(default = "one")]
+    replicas: u32,
+    restart_delay: Option<String>,
+    job: String,
+    health: Option<HealthFile>,
+}
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct HealthFile {
+    http: String,
+    interval: Option<String>,
+    grace: Option<String>,
+    failures: Option<u32>,
+}
+
+fn one() -> u32 {
+    1
+}
+
+async fn apply(file: &std::path::Path) -> Result<(), CliError> {
+    let shown = file.display().to_string();
+    let text = std::fs::read_to_string(file)
+        .map_err(|e| CliError::input(format!("cannot read {shown}: {e}")))?;
+    let f: ServiceFile = toml::from_str(&text)
+        .map_err(|e| CliError::input(format!("{shown} is not a service file: {e}")))?;
+    let secs = |key: &str, v: &Option<String>, default: u64| -> Result<u64, CliError> {
+        v.as_deref().map_or(Ok(default), |v| {
+            parse_delay(v).map_err(|e| CliError::input(format!("{shown}: {key} = {v:?}: {e}")))
+        })
+    };
+    let restart_delay_secs = secs("restart_delay", &f.restart_delay, 5)?;
+    let health = match &f.health {
+        None => None,
+        Some(h) => Some(crate::model::HealthCheck {
+            path: h.http.clone(),
+            interval_secs: secs("health.interval", &h.interval, 5)?,
+            grace_secs: secs("health.grace", &h.grace, 30)?,
+            failures: h.failures.unwrap_or(3),
+        }),
+    };
+    // The job line, read as a `--from` line over a default of no exported
+    // environment.
+    let defaults = super::submit::JobLine::try_parse_from(["--export=NONE", "--", "-"])
+        .map_err(|e| CliError::input(e.to_string()))?;
+    let mut defaults = defaults.args;
+    defaults.script_or_command.clear();
+    let env: Vec<(String, String)> = std::env::vars().collect();
+    let cwd = std::env::current_dir()
+        .map_err(|e| CliError::input(format!("cannot read the current directory: {e}")))?;
+    let job_shown = format!("{shown}: job");
+    let mut specs = super::submit::parse_lines(&f.job, &job_shown, &defaults, &env, &cwd)?;
+    if specs.len() != 1 {
+        return Err(CliError::input(format!(
+            "{shown}: job is one line of flags and a command, not {}",
+            specs.len()
+        )));
+    }
+    let (_, spec) = specs.remove(0);
+    let req = ApiRequest::ServiceApply {
+        name: f.name.clone(),
+        spec: Box::new(spec),
+        replicas: f.replicas,
+        restart_delay_secs,
+        health,
+    };
+    match call(req).await? {
+        ApiResponse::ServiceApplied { changes } if changes.is_empty() => {
+            println!("service {} unchanged", f.name);
+            Ok(())
+        }
+        ApiResponse::ServiceApplied { changes } => {
+            println!("service {}: {}", f.name, changes.join(", "));
+            Ok(())
+        }
+        other => Err(unexpected(other)),
+    }
 }

@@ -169,14 +169,14 @@ fn read_input(from: &Path) -> Result<String, CliError> {
     disable_help_flag = true,
     disable_version_flag = true
 )]
-struct JobLine {
+pub(super) struct JobLine {
     #[command(flatten)]
-    args: SubmitArgs,
+    pub(super) args: SubmitArgs,
 }
 
 /// The jobs of a `--from` file with their line numbers, each spec built with
 /// `defaults` (the command line's flags) under the line's own flags.
-fn parse_lines(
+pub(super) fn parse_lines(
     text: &str,
     shown: &str,
     defaults: &SubmitArgs,

@@ -217,6 +217,15 @@ pub enum ApiRequest {
         name: String,
         spec: Option<Box<JobSpec>>,
     },
+    /// Make service `name` be as given: create, change or leave it.
+    ServiceApply {
+        name: String,
+        spec: Box<JobSpec>,
+        replicas: u32,
+        restart_delay_secs: u64,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        health: Option<crate::model::HealthCheck>,
+    },
     /// Every service, or the one named, with its replicas (a read).
     Services { name: Option<String> },
 }
@@ -556,6 +565,10 @@ pub enum ApiResponse {
     },
     Services {
         services: Vec<ServiceInfo>,
+    },
+    /// `ServiceApply`'s changes, in words (none: nothing changed).
+    ServiceApplied {
+        changes: Vec<String>,
     },
     /// `allocated[i]`: the mean GPUs allocated from `from + i * bucket_ms`
     /// for `bucket_ms`, up to now; `total_gpus`: the nodes' GPUs now.

@@ -334,6 +334,7 @@ impl Api {
                 | ApiRequest::ServiceScale { .. }
                 | ApiRequest::ServiceDelete { .. }
                 | ApiRequest::ServiceUpdate { .. }
+                | ApiRequest::ServiceApply { .. }
         );
         if needs_leader {
             if let Some(resp) = self.forward_if_follower(&caller, &req).await {
@@ -361,6 +362,16 @@ impl Api {
             ApiRequest::ServiceDelete { name } => self.service_delete(caller, name).await,
             ApiRequest::ServiceUpdate { name, spec } => {
                 self.service_update(caller, name, spec).await
+            }
+            ApiRequest::ServiceApply {
+                name,
+                spec,
+                replicas,
+                restart_delay_secs,
+                health,
+            } => {
+                self.service_apply(caller, name, spec, (replicas, restart_delay_secs, health))
+                    .await
             }
             ApiRequest::Services { name } => self.services(&caller, name),
             ApiRequest::SubmitMany { specs } => self.submit_many(caller, specs).await,

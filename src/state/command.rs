@@ -248,6 +248,18 @@ pub enum Command {
         job: JobId,
         now: Millis,
     },
+    /// `gpuq service apply`: creates the service as given, or changes it to
+    /// be so (update, scale, settings), or changes nothing.
+    ServiceApply {
+        by: String,
+        admin: bool,
+        name: String,
+        spec: Box<JobSpec>,
+        replicas: u32,
+        restart_delay_secs: u64,
+        health: Option<crate::model::HealthCheck>,
+        now: Millis,
+    },
 }
 
 /// What applying a command answered. Returned to the proposer after commit.
@@ -321,6 +333,13 @@ pub enum CommandResult {
     /// A service was created, scaled or deleted; `queued`: the replica
     /// jobs this queued, `cancelled`: those it stopped.
     ServiceChanged {
+        queued: Vec<JobId>,
+        cancelled: Vec<JobId>,
+    },
+    /// `ServiceApply`'s outcome: the changes made, in words (none: it was
+    /// as given already), and the replica jobs queued and stopped.
+    ServiceApplied {
+        changes: Vec<String>,
         queued: Vec<JobId>,
         cancelled: Vec<JobId>,
     },

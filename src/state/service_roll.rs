@@ -9,7 +9,7 @@
 //! serving; `rollback` rolls to the version before the same way.
 
 use super::{CommandResult, Dirty, Rejection, State};
-use crate::model::{JobId, JobSpec, JobState, Millis};
+use crate::model::{HealthCheck, JobId, JobSpec, JobState, Millis};
 
 impl State {
     /// A new version of `name` (`spec`), or the one before (`None`:
@@ -115,5 +115,85 @@ impl State {
             .iter()
             .find(|(i, x)| **i < s.replicas && x.version < s.version)?;
         self.queue_replica(name, index, now, None, true, dirty)
+    }
+}
+
+impl State {
+    /// `gpuq service apply`: creates `name` as given, or changes it to be
+    /// as given (a rolling update for a new spec, a scale for a new count,
+    /// the rest set), or changes nothing. Returns the changes made, in
+    /// words.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn service_apply(
+        &mut self,
+        by: &str,
+        admin: bool,
+        name: &str,
+        spec: &JobSpec,
+        how: (u32, u64, Option<HealthCheck>),
+        now: Millis,
+        dirty: &mut Dirty,
+    ) -> Result<CommandResult, Rejection> {
+        let (replicas, delay, health) = how;
+        let Some(s) = self.services.get(name) else {
+            let r = self.service_create(by, name, spec, (replicas, delay, health), now, dirty)?;
+            let CommandResult::ServiceChanged { queued, cancelled } = r else {
+                return Ok(r);
+            };
+            return Ok(CommandResult::ServiceApplied {
+                changes: vec![format!("created with {replicas} replicas")],
+                queued,
+                cancelled,
+            });
+        };
+        self.service_owned(by, admin, name)?;
+        if let Some(h) = &health {
+            h.check().map_err(Rejection::Service)?;
+        }
+        let admitted = self.admit(&s.user, spec)?;
+        let (new_spec, new_count) = (admitted != s.spec, replicas != s.replicas);
+        let (old_count, old_delay) = (s.replicas, s.restart_delay_secs);
+        let new_health = health != s.health;
+        let mut changes = Vec::new();
+        let (mut queued, mut cancelled) = (Vec::new(), Vec::new());
+        if delay != old_delay || new_health {
+            let s = self.services.get_mut(name).expect("checked above");
+            s.restart_delay_secs = delay;
+            s.health = health;
+            dirty.meta = true;
+            if delay != old_delay {
+                changes.push(format!("restart delay {old_delay} s -> {delay} s"));
+            }
+            if new_health {
+                changes.push("health check (new replicas check it)".to_string());
+            }
+        }
+        if new_count {
+            changes.push(format!("replicas {old_count} -> {replicas}"));
+            let r = self.service_scale(by, admin, name, replicas, now, dirty)?;
+            merge(r, &mut queued, &mut cancelled);
+        }
+        if new_spec {
+            let r = self.service_update(by, admin, name, Some(&admitted), now, dirty)?;
+            changes.push(format!("version {}", self.services[name].version));
+            merge(r, &mut queued, &mut cancelled);
+        }
+        Ok(CommandResult::ServiceApplied {
+            changes,
+            queued,
+            cancelled,
+        })
+    }
+}
+
+/// Adds a service command's jobs to `queued` and `cancelled`.
+fn merge(r: CommandResult, queued: &mut Vec<JobId>, cancelled: &mut Vec<JobId>) {
+    if let CommandResult::ServiceChanged {
+        queued: q,
+        cancelled: c,
+    } = r
+    {
+        queued.extend(q);
+        cancelled.extend(c);
     }
 }

@@ -81,6 +81,40 @@ impl Api {
         self.service_write(cmd).await
     }
 
+    pub(super) async fn service_apply(
+        &self,
+        caller: Caller,
+        name: String,
+        spec: Box<JobSpec>,
+        how: (u32, u64, Option<HealthCheck>),
+    ) -> ApiResponse {
+        let checked = {
+            let s = self.state();
+            super::submit::check(&caller, &spec, s.nodes.values().map(|n| &n.inventory))
+        };
+        if let Err((kind, why)) = checked {
+            return ApiResponse::error(kind, why);
+        }
+        let (replicas, restart_delay_secs, health) = how;
+        let cmd = Command::ServiceApply {
+            by: caller.user,
+            admin: caller.admin,
+            name,
+            spec,
+            replicas,
+            restart_delay_secs,
+            health,
+            now: now_ms(),
+        };
+        match self.write(cmd).await {
+            Ok(CommandResult::ServiceApplied { changes, .. }) => {
+                ApiResponse::ServiceApplied { changes }
+            }
+            Ok(other) => self.unexpected(other),
+            Err(resp) => resp,
+        }
+    }
+
     pub(super) async fn service_delete(&self, caller: Caller, name: String) -> ApiResponse {
         let cmd = Command::ServiceDelete {
             by: caller.user,

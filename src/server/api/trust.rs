@@ -136,6 +136,7 @@ fn request_name(req: &ApiRequest) -> &'static str {
         ApiRequest::ServiceScale { .. } => "service-scale",
         ApiRequest::ServiceDelete { .. } => "service-delete",
         ApiRequest::ServiceUpdate { .. } => "service-update",
+        ApiRequest::ServiceApply { .. } => "service-apply",
         ApiRequest::Services { .. } => "services",
     }
 }
