@@ -350,3 +350,44 @@ fn applying_a_file_creates_changes_only_what_differs_and_twice_changes_nothing()
     assert_eq!(out.status.code(), Some(1));
     assert!(stderr(&out).contains("replica"), "{}", stderr(&out));
 }
+
+#[test]
+fn a_service_of_a_higher_qos_preempts_batch_work_and_is_accounted() {
+    let dir = common::shared_tempdir();
+    let c = Cluster::start(dir.path(), 1, 2);
+    c.server
+        .ok(&["admin", "qos", "add", "batch", "--preempt-mode", "requeue"]);
+    c.server.ok(&[
+        "admin",
+        "qos",
+        "add",
+        "serving",
+        "--priority",
+        "10",
+        "--preempts",
+        "batch",
+    ]);
+    let batch = c.submit(&["--qos", "batch", "--gpus", "2", "--", "sleep", "300"]);
+    c.wait_started(&batch, LONG);
+    c.server.ok(&[
+        "service", "create", "web", "--qos", "serving", "--gpus", "1", "--", "sleep", "300",
+    ]);
+    // The replica takes a GPU from the batch job, which goes back to the
+    // queue with the same id.
+    wait_for("the replica running", LONG, || {
+        replica(&c, "web", 0, "state") == "RUNNING"
+    });
+    let b = c.job(&batch);
+    assert!(b["state"] == "PENDING" || b["state"] == "COMPLETING", "{b}");
+    // Its GPU-hours are a job's: deleting the service ends the replica,
+    // and accounting has it.
+    let job = replica(&c, "web", 0, "job").to_string();
+    c.server.ok(&["service", "delete", "web"]);
+    c.wait_state(&job, "CANCELLED", LONG);
+    let acct = c.server.ok(&["acct"]);
+    assert!(
+        acct.lines()
+            .any(|l| l.split_whitespace().next() == Some(job.as_str())),
+        "{acct}"
+    );
+}
