@@ -56,6 +56,11 @@ pub struct BackfillConfig {
     /// The order jobs are tried in once every partition with jobs left has
     /// its `depth` reservations.
     pub order: BackfillOrder,
+    /// Blocked jobs of each partition past its reservations that get an
+    /// expected start anyway (`gpuq queue --start`), worked out after the
+    /// pass's decisions: shown, never held. 0: none (replays, which show
+    /// nothing, skip the cost).
+    pub estimates: usize,
 }
 
 /// The order backfill tries the jobs in once the pass has made its `depth`
@@ -90,6 +95,7 @@ impl Default for BackfillConfig {
             max_times: 1000,
             default_time_limit_secs: 24 * 3600,
             order: BackfillOrder::default(),
+            estimates: 10,
         }
     }
 }

@@ -305,6 +305,59 @@ pub(super) fn run<'v>(
             }
         }
     }
+    // Expected starts for blocked jobs past the reservations (what `gpuq
+    // queue --start` shows), up to `estimates` a partition: worked out on
+    // the timeline as reservations would be, in queue order, once every
+    // decision of the pass is made, so they change none.
+    if cfg.estimates > 0 {
+        let waiting: BTreeMap<JobId, &PendingReason> =
+            out.pending.iter().map(|(id, r)| (*id, r)).collect();
+        let reserved: BTreeSet<JobId> = out.reservations.iter().map(|r| r.job).collect();
+        let mut estimated = vec![0usize; parts.members.len()];
+        ahead = None;
+        for q in &queue.jobs {
+            let Some(part) = q.part else { continue };
+            let blocked = matches!(
+                waiting.get(&q.id),
+                Some(
+                    PendingReason::Priority
+                        | PendingReason::Resources
+                        | PendingReason::ReservedForOthers
+                )
+            );
+            if !blocked || estimated[part] >= cfg.estimates || reserved.contains(&q.id) {
+                continue;
+            }
+            let Some(Ok(resolved)) = &verdicts[q.request] else {
+                continue;
+            };
+            let Some(allowed) = allowed.get(&(&q.job.placement, part)) else {
+                continue;
+            };
+            estimated[part] += 1;
+            let timeline = Timeline {
+                pool: &pool,
+                running: &releases,
+                stopping: &stopping,
+                started: &started,
+                holds: &holds,
+                now,
+                max_times: cfg.max_times,
+            };
+            if let Some((start, alloc)) =
+                timeline.earliest(&mut ahead, q.job, *resolved, allowed, packing)
+            {
+                let end = q.job.time_limit_secs.map(|s| end_of(start, s));
+                out.reservations.push(Reservation {
+                    job: q.id,
+                    start,
+                    end,
+                    allocation: alloc.clone(),
+                });
+                holds.push(Hold { start, end, alloc });
+            }
+        }
+    }
     out
 }
 

@@ -380,3 +380,31 @@ fn each_partition_gets_its_own_reservations() {
     ];
     assert_eq!(out.mismatches(&expect), Vec::<String>::new());
 }
+
+#[test]
+fn blocked_jobs_past_the_reservation_get_expected_starts_that_hold_nothing() {
+    // Depth 1 (the default): job 1 is reserved at +1h on a; job 2 gets an
+    // estimate only. Job 3 (one GPU for 3 hours) starts now on b's free GPU
+    // although job 2 could have had b at +2h had it been reserved:
+    // estimates are shown, never held.
+    let scenario = || {
+        at_now([dgx("a"), dgx("b")])
+            .running_until(held(90, "a", ALL8), NOW + HOUR)
+            .running_until(held(91, "b", &[0, 1, 2, 3, 4, 5, 6]), NOW + 2 * HOUR)
+            .pending([
+                job(1).gpus(8).time(600),
+                job(2).nodes(2).gpus(8).time(3600),
+                job(3).gpus(1).time(3 * 3600),
+            ])
+    };
+    let out = scenario().run();
+    assert_eq!(out.expected_start(1), Some(NOW + HOUR));
+    // b is whole once job 3 ends, at +3h.
+    assert_eq!(out.expected_start(2), Some(NOW + 3 * HOUR));
+    assert_eq!(out.placement(3), Some(vec![("b".into(), vec![7])]));
+    let mut s = scenario();
+    s.view.backfill.estimates = 0;
+    let out = s.run();
+    assert_eq!(out.expected_start(1), Some(NOW + HOUR));
+    assert_eq!(out.expected_start(2), None);
+}

@@ -33,7 +33,7 @@ pub struct ReplayArgs {
     /// with Slurm's backfill: ten reservations, priority order) or a TOML
     /// file with any of: name, base (a built-in), packing (best-fit,
     /// first-fit), limit_factor, tick_secs, [backfill] (depth,
-    /// max_job_test, max_times, default_time_limit_secs, order: shortest or
+    /// max_job_test, max_times, default_time_limit_secs, estimates, order: shortest or
     /// priority) and [policy]
     /// (weights, accounts, qos, partitions as `gpuq admin` sets them).
     #[arg(long, default_value = "multifactor")]

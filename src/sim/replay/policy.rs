@@ -66,7 +66,11 @@ impl ReplayPolicy {
         let base = ReplayPolicy {
             name: name.to_string(),
             policy: Policy::default(),
-            backfill: BackfillConfig::default(),
+            // The server's backfill, less the expected starts nobody reads.
+            backfill: BackfillConfig {
+                estimates: 0,
+                ..BackfillConfig::default()
+            },
             packing: Packing::BestFit,
             limit_factor: 1.0,
             tick_ms: 60_000,
@@ -102,7 +106,7 @@ impl ReplayPolicy {
                 backfill: BackfillConfig {
                     depth: 10,
                     order: BackfillOrder::Priority,
-                    ..BackfillConfig::default()
+                    ..base.backfill
                 },
                 ..base
             }),
