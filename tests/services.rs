@@ -22,6 +22,13 @@ fn replica(c: &Cluster, name: &str, index: usize, key: &str) -> serde_json::Valu
     show(c, name)["slots"][index][key].clone()
 }
 
+/// Gives the cluster's jobs ports no other test's cluster on this host
+/// uses: a health check on 127.0.0.1 must reach its own replica.
+fn own_ports(c: &Cluster, first: u16) {
+    c.server
+        .ok(&["admin", "ports", "set", &format!("{first}-{}", first + 99)]);
+}
+
 fn endpoints(c: &Cluster, name: &str) -> Vec<String> {
     c.server
         .ok(&["service", "endpoints", name])
@@ -181,6 +188,7 @@ fn replicas_run_as_jobs_are_replaced_when_they_end_and_follow_scale_and_delete()
 fn health_checks_gate_endpoints_and_replace_replicas_that_fail_them() {
     let dir = common::shared_tempdir();
     let c = Cluster::start(dir.path(), 1, 4);
+    own_ports(&c, 43100);
     let check = [
         "--health-http",
         "/",
@@ -218,6 +226,34 @@ fn health_checks_gate_endpoints_and_replace_replicas_that_fail_them() {
     });
     assert_eq!(endpoints(&c, "web").len(), 1);
 
+    // The same over HTTP: read anonymously on loopback; a scale needs a
+    // token.
+    let url = common::http_url_in(&c.server.log()).expect("the server's http= address");
+    let curl = |args: &[&str]| {
+        let out = std::process::Command::new("curl")
+            .args(["-s", "-w", "\n%{http_code}"])
+            .args(args)
+            .output()
+            .expect("curl");
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        let (body, code) = text.rsplit_once('\n').unwrap_or_default();
+        (code.to_string(), body.to_string())
+    };
+    let (code, body) = curl(&[&format!("{url}/api/v1/services/web")]);
+    assert_eq!(code, "200", "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert!(v["services"][0]["slots"][0]["endpoint"].is_string(), "{v}");
+    let scale = format!("{url}/api/v1/services/web/scale?replicas=2");
+    let (code, _) = curl(&["-X", "POST", &scale]);
+    assert_eq!(code, "401");
+    let token = c.server.ok(&["token", "create", "--role", "user"]);
+    let auth = format!("Authorization: Bearer {}", token.trim());
+    let (code, body) = curl(&["-X", "POST", "-H", &auth, &scale]);
+    assert_eq!(code, "200", "{body}");
+    assert_eq!(show(&c, "web")["replicas"], 2);
+    let (code, body) = curl(&["-H", &auth, &format!("{url}/api/v1/services/nope")]);
+    assert_eq!(code, "404", "{body}");
+
     // Never listens: never an endpoint, stopped after two failed checks
     // past its grace, and replaced.
     let mut args = vec!["service", "create", "deaf"];
@@ -245,6 +281,7 @@ fn health_checks_gate_endpoints_and_replace_replicas_that_fail_them() {
 fn an_update_rolls_healthy_replicas_halts_on_a_broken_version_and_rolls_back() {
     let dir = common::shared_tempdir();
     let c = Cluster::start(dir.path(), 1, 8);
+    own_ports(&c, 43200);
     let wd = dir.path().to_str().unwrap();
     let serve =
         |version: &str| format!("V={version}; exec python3 -m http.server $PORT --bind 127.0.0.1");

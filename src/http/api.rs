@@ -17,6 +17,9 @@
 //! | `GET /api/v1/nodes`, `/api/v1/cluster` | `Nodes`, `Cluster` |
 //! | `GET /api/v1/acct?user=U&account=A&state=S&after=ID&summary=1` | `Acct` |
 //! | `GET /api/v1/utilisation?hours=24&buckets=96` | `Utilisation` |
+//! | `GET /api/v1/services`, `/api/v1/services/NAME` | `Services` (replicas, endpoints) |
+//! | `POST /api/v1/services/NAME/scale?replicas=N` | `ServiceScale` |
+//! | `DELETE /api/v1/services/NAME` | `ServiceDelete` |
 //!
 //! Answers are the response's fields as JSON (`{"jobs": [...]}`); errors
 //! are `{"error": sentence, "kind": ...}` with 400, 403, 404, 503 or 500.
@@ -168,6 +171,21 @@ pub(super) async fn route(site: &dyn Site, peer: SocketAddr, req: Request<Incomi
         (Method::GET, ["cluster"]) => Ok(ApiRequest::Cluster),
         (Method::GET, ["acct"]) => acct_request(&query),
         (Method::GET, ["utilisation"]) => utilisation_request(&query),
+        (Method::GET, ["services"]) => Ok(ApiRequest::Services { name: None }),
+        (Method::GET, ["services", name]) => Ok(ApiRequest::Services {
+            name: Some(name.to_string()),
+        }),
+        (Method::POST, ["services", name, "scale"]) => match number(&query, "replicas") {
+            Ok(Some(n)) => Ok(ApiRequest::ServiceScale {
+                name: name.to_string(),
+                replicas: n.min(u64::from(u32::MAX)) as u32,
+            }),
+            Ok(None) => Err("replicas=N is missing: say how many replicas".into()),
+            Err(why) => Err(why),
+        },
+        (Method::DELETE, ["services", name]) => Ok(ApiRequest::ServiceDelete {
+            name: name.to_string(),
+        }),
         _ => return not_found(&path),
     };
     let request = match request {
