@@ -744,6 +744,14 @@ example_agent_toml() {
 # command = "/usr/local/sbin/node-health"
 # interval_secs = 60
 # timeout_secs = 30
+
+# How the tasks of jobs with --container-image run here: the OCI runtime,
+# a name looked up in PATH or an absolute path. Default: crun, else runc,
+# from PATH when a task starts; with neither, such tasks fail saying so.
+# Unpacked OCI images are cached in data_dir/images, one directory per
+# image digest (each unpack is one line of data_dir/images/unpacks.log).
+# [agent.containers]
+# runtime = "/usr/bin/crun"
 GPUQ_EOF
 }
 

@@ -14,7 +14,8 @@
 //! `config/agent.toml`; tests hold the examples and the structs together.
 //!
 //! The value types of the agent's nested keys are here too, not in the
-//! agent: [`gpus`] (`gpus = ...`) and [`health_check`] (`[agent.health_check]`).
+//! agent: [`gpus`] (`gpus = ...`), [`health_check`] (`[agent.health_check]`)
+//! and [`containers`] (`[agent.containers]`).
 
 use std::io;
 use std::net::SocketAddr;
@@ -23,11 +24,13 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use checks::{check_group, check_name, check_path, is_host_port};
+pub use containers::Containers;
 pub use gpus::{FakeGpuConfig, FakeNvLink, GpuConfig};
 pub use health_check::HealthCheck;
 use toml_file::field_names;
 
 mod checks;
+pub mod containers;
 pub mod gpus;
 pub mod health_check;
 mod toml_file;
@@ -149,6 +152,8 @@ pub struct AgentConfig {
     /// A node joining for the first time stays drained until its health
     /// check passes once.
     pub preflight: bool,
+    /// How tasks in container images run here (`[agent.containers]`).
+    pub containers: Containers,
 }
 
 /// What an agent's node is for.
@@ -223,6 +228,7 @@ impl Default for AgentConfig {
             kill_grace_secs: 10,
             health_check: None,
             preflight: false,
+            containers: Containers::default(),
         }
     }
 }
@@ -280,6 +286,7 @@ fn known_keys(table: &str) -> Option<&'static [&'static str]> {
         "server.raft" => field_names::<RaftConfig>(),
         "server.bootstrap" => field_names::<BootstrapConfig>(),
         "agent" => field_names::<AgentConfig>(),
+        "agent.containers" => field_names::<Containers>(),
         _ => return None,
     })
 }

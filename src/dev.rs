@@ -190,6 +190,11 @@ pub async fn start(
             // Without root the tasks can only run as the user who started dev.
             run_as: (!root).then(|| me.clone()),
             ended: Default::default(),
+            containers: crate::agent::exec::container::ContainerHost::new(
+                &cfg.containers,
+                &data_dir,
+                &cfg.gpus,
+            ),
         });
         let agent = crate::agent::start_compute(
             cfg,

@@ -56,6 +56,7 @@ fn spec(i: usize) -> JobSpec {
         submit_host: None,
         first_step: None,
         exclusive: false,
+        container: None,
     }
 }
 

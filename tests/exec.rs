@@ -75,6 +75,7 @@ fn command(job: u64, argv: &[&str], workdir: &Path) -> TaskSpec {
         io: Default::default(),
         size: None,
         beside: None,
+        container: None,
     }
 }
 

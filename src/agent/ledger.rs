@@ -315,6 +315,7 @@ mod tests {
             kill_grace_secs: None,
             facts: None,
             health: None,
+            container: None,
         }
     }
 

@@ -45,6 +45,11 @@ pub fn exec_runner(cfg: &AgentConfig) -> anyhow::Result<Arc<dyn TaskRunner>> {
         kill_grace_secs: cfg.kill_grace_secs,
         run_as: None,
         ended: Default::default(),
+        containers: super::exec::container::ContainerHost::new(
+            &cfg.containers,
+            &cfg.data_dir,
+            &cfg.gpus,
+        ),
     }))
 }
 

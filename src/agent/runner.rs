@@ -86,6 +86,8 @@ pub struct ExecRunner {
     /// Ends already read from a task's `status.json` (an end never changes),
     /// so each reconcile reads only the directories of running tasks.
     pub ended: Mutex<HashMap<TaskKey, TaskEnd>>,
+    /// What this node has for tasks in container images.
+    pub containers: super::exec::container::ContainerHost,
 }
 
 /// Builds the shim's spec for one desired task; a step task without an
@@ -179,6 +181,15 @@ pub fn task_spec(
         io: t.facts.as_deref().map(|f| f.io).unwrap_or_default(),
         size: None,
         beside: None,
+        container: t
+            .container
+            .clone()
+            .map(|spec| super::exec::task::TaskContainer {
+                spec,
+                runtime: PathBuf::new(),
+                cache: PathBuf::new(),
+                gpus: gpus.clone(),
+            }),
     }
 }
 
@@ -188,6 +199,10 @@ impl TaskRunner for ExecRunner {
         let mut spec = task_spec(task, self.allow_root, self.kill_grace_secs, &spool);
         if let Some(user) = &self.run_as {
             spec.user = user.clone();
+        }
+        if let Some(c) = spec.container.as_mut() {
+            let as_root = self.run_as.is_none() && nix::unistd::geteuid().is_root();
+            self.containers.complete(c, as_root)?;
         }
         if task.key.step.is_some() && task.output.is_none() {
             let owner = nix::unistd::User::from_name(&spec.user)

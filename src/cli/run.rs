@@ -49,6 +49,7 @@ pub async fn run(args: &SubmitArgs, pty: bool) -> Result<ExitCode, CliError> {
         error: None,
         kill_on_bad_exit: false,
         io,
+        container: None,
     }));
     let id = match call(ApiRequest::Submit {
         spec: Box::new(spec),

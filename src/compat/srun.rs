@@ -427,6 +427,9 @@ fn step_spec(
             true => crate::model::TaskIo::Pty,
             false => crate::model::TaskIo::Files,
         },
+        // Its own image, or (None) the job's.
+        container: crate::spec::container::resolve(&cli.alloc.job)
+            .map_err(|e| CliError::input(e.to_string()))?,
     };
     for (flag, pattern) in [("--output", &spec.output), ("--error", &spec.error)] {
         if let Some(p) = pattern {

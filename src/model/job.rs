@@ -122,6 +122,9 @@ pub struct JobSpec {
     /// their GPUs, CPUs and memory).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub exclusive: bool,
+    /// `--container-image` and its companions: the tasks run in an image.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container: Option<super::ContainerSpec>,
 }
 
 fn default_max_restarts() -> u32 {

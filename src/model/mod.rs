@@ -4,6 +4,7 @@
 
 pub mod acct;
 mod bulk_submit;
+mod container;
 mod gpu_use;
 pub mod hostlist;
 mod job;
@@ -19,6 +20,7 @@ mod token;
 mod update;
 
 pub use bulk_submit::BatchEntryError;
+pub use container::{ContainerMount, ContainerSpec};
 pub use gpu_use::GpuUse;
 pub use hostlist::{expand_hostlist, HostlistError};
 pub use job::*;

@@ -88,6 +88,10 @@ pub struct StepSpec {
     /// `srun --pty` (its one task), whose output still lands in the spool.
     #[serde(default, skip_serializing_if = "super::TaskIo::is_files")]
     pub io: super::TaskIo,
+    /// The image the step's tasks run in (`srun --container-image`);
+    /// `None`: the job's, if it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container: Option<super::ContainerSpec>,
 }
 
 impl StepSpec {
@@ -224,6 +228,7 @@ mod tests {
             error: None,
             kill_on_bad_exit: false,
             io: Default::default(),
+            container: None,
         }
     }
 

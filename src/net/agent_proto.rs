@@ -208,6 +208,9 @@ pub struct DesiredTask {
     /// The service replica's health check, on its first task only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub health: Option<crate::model::HealthCheck>,
+    /// The image the task runs in (`--container-image`), if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container: Option<crate::model::ContainerSpec>,
 }
 
 /// The job-level facts of a task's environment (`SLURM_*`), and how it

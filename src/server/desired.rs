@@ -143,6 +143,9 @@ pub fn desired_tasks(state: &State, node: &str) -> Vec<DesiredTask> {
                 task.output = step.spec.output.clone();
                 task.error = step.spec.error.clone();
                 task.time_limit_secs = step.time_limit_secs;
+                if step.spec.container.is_some() {
+                    task.container = step.spec.container.clone();
+                }
                 // The batch script alone gets `--signal B:`; steps get the
                 // rest, as Slurm's.
                 task.signal = job.spec.signal.filter(|s| !s.batch_only);
@@ -211,6 +214,7 @@ fn base_task(job: &Job, run: &JobRun, na: &NodeAllocation, key: TaskKey) -> Desi
         kill_grace_secs: run.kill_grace_secs,
         facts: None,
         health: None,
+        container: job.spec.container.clone(),
     }
 }
 

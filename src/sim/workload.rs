@@ -78,6 +78,7 @@ pub fn sim_spec(
         submit_host: None,
         first_step: None,
         exclusive: false,
+        container: None,
     }
 }
 

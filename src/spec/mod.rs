@@ -10,6 +10,7 @@
 //! in `build_spec`.
 
 mod command;
+pub mod container;
 pub mod directives;
 pub mod memory;
 pub mod placement;
@@ -192,6 +193,22 @@ pub struct SubmitArgs {
     #[arg(long, value_name = "COMMAND", conflicts_with = "script_or_command")]
     pub wrap: Option<String>,
 
+    /// Run the tasks in this image: the absolute path, on the nodes, of an OCI image layout directory or a root filesystem directory
+    #[arg(long, value_name = "PATH", value_parser = container::parse_image)]
+    pub container_image: Option<String>,
+
+    /// Host paths to mount in the container: SRC:DST[:ro],... (absolute paths)
+    #[arg(long, value_name = "SRC:DST[:ro],...", value_parser = container::parse_mounts)]
+    pub container_mounts: Option<container::Mounts>,
+
+    /// Working directory inside the container [default: the job's, which is mounted]
+    #[arg(long, value_name = "DIR", value_parser = container::parse_workdir)]
+    pub container_workdir: Option<String>,
+
+    /// Leave your home directory out of the container [default: mounted]
+    #[arg(long)]
+    pub no_container_mount_home: bool,
+
     #[arg(value_name = "SCRIPT | COMMAND", trailing_var_arg = true, num_args = 0..,
           help = "Script to submit, or command to run (see --help for the rule)",
           long_help = PROGRAM_HELP)]
@@ -245,6 +262,10 @@ impl SubmitArgs {
             exclusive: self.exclusive || over.exclusive,
             array: pick(&self.array, &over.array),
             signal: pick(&self.signal, &over.signal),
+            container_image: pick(&self.container_image, &over.container_image),
+            container_mounts: pick(&self.container_mounts, &over.container_mounts),
+            container_workdir: pick(&self.container_workdir, &over.container_workdir),
+            no_container_mount_home: self.no_container_mount_home || over.no_container_mount_home,
             script_or_command: if over.script_or_command.is_empty() {
                 self.script_or_command.clone()
             } else {
@@ -471,6 +492,7 @@ fn finish_spec(
         submit_host: None,
         first_step: None,
         exclusive: merged.exclusive,
+        container: container::resolve(merged)?,
     };
     if let (Some(sig), Some(limit)) = (&spec.signal, spec.time_limit_secs) {
         if sig.secs_before >= limit {

@@ -476,6 +476,7 @@ pub fn trivial_spec(name: &str) -> gpuq::model::JobSpec {
         submit_host: None,
         first_step: None,
         exclusive: false,
+        container: None,
     }
 }
 

@@ -400,6 +400,7 @@ pub fn desired_task() -> DesiredTask {
         kill_grace_secs: Some(10),
         facts: None,
         health: None,
+        container: None,
     }
 }
 

@@ -328,6 +328,7 @@ pub fn samples(store: &Store, _dir: &Path) -> Vec<Sample> {
         kill_grace_secs: Some(5),
         facts: None,
         health: None,
+        container: None,
     };
     let server_msgs = [
         ServerMsg::Welcome {

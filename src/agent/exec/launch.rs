@@ -42,6 +42,10 @@ enum Step {
     Affinity,
     Exec,
     Terminal,
+    /// A container's mounts (`container_mounts`); the index says which.
+    Container,
+    /// Back to root, for the OCI runtime, after the user's files are open.
+    Privileges,
 }
 
 impl Step {
@@ -49,7 +53,7 @@ impl Step {
         use Step::*;
         [
             JoinCgroup, NewSession, Groups, SetGid, SetUid, Chdir, Stdin, Stdout, Stderr, Affinity,
-            Exec, Terminal,
+            Exec, Terminal, Container, Privileges,
         ]
         .into_iter()
         .find(|s| *s as u32 == n)
@@ -76,6 +80,10 @@ pub struct Prepared {
     /// (an interactive task's pipes or terminal), and whether they are a
     /// terminal to make the controlling one.
     stdio: Option<([RawFd; 3], bool)>,
+    /// A task in a container: the child makes its mounts, takes only the
+    /// user's file system identity (to open the output files as the user)
+    /// and execs the OCI runtime as root.
+    container: Option<super::container::Launch>,
 }
 
 fn cstring(s: impl AsRef<OsStr>, what: &str) -> Result<CString, String> {
@@ -95,16 +103,7 @@ impl Prepared {
         cgroup: Option<&Path>,
         pin_cpus: bool,
     ) -> Result<Prepared, String> {
-        let argv: Vec<String> = match (&spec.program, script) {
-            (crate::model::Program::Script { args, .. }, Some(path)) => {
-                std::iter::once(path.to_string_lossy().into_owned())
-                    .chain(args.iter().cloned())
-                    .collect()
-            }
-            (_, Some(path)) => vec![path.to_string_lossy().into_owned()],
-            (crate::model::Program::Command { argv }, None) if !argv.is_empty() => argv.clone(),
-            _ => return Err("the task has no command to run".to_string()),
-        };
+        let argv = task_argv(spec, script)?;
         let program = argv[0].clone();
         let (candidates, search_path) = if program.contains('/') {
             (vec![cstring(&program, "program")?], None)
@@ -173,7 +172,34 @@ impl Prepared {
             affinity,
             identity,
             stdio: None,
+            container: None,
         })
+    }
+
+    /// Runs the task in a container: the child execs the OCI runtime with
+    /// `launch`'s command line instead of the task's own.
+    pub fn with_container(
+        mut self,
+        launch: Option<super::container::Launch>,
+    ) -> Result<Prepared, String> {
+        if let Some(launch) = &launch {
+            self.argv = launch
+                .argv
+                .iter()
+                .map(|a| cstring(a, "argument"))
+                .collect::<Result<_, _>>()?;
+            self.program = launch.argv[0].clone();
+            self.candidates = vec![cstring(&self.program, "program")?];
+            self.search_path = None;
+            self.envp = vec![cstring(format!("PATH={DEFAULT_PATH}"), "environment")?];
+        }
+        self.container = launch;
+        Ok(self)
+    }
+
+    /// The task's container, if it runs in one.
+    pub fn container(&self) -> Option<&super::container::Launch> {
+        self.container.as_ref()
     }
 
     /// Gives the process these ends as its stdin, stdout and stderr.
@@ -243,11 +269,29 @@ impl Prepared {
         if libc::setsid() < 0 {
             fail(Step::NewSession, 0);
         }
+        if let Some(c) = &self.container {
+            if let Err(code) = c.mounts.enter() {
+                fail(Step::Container, code as usize);
+            }
+        }
         let id = &self.identity;
         // An unprivileged shim (gpuq dev run by a user) can only run tasks as
         // that same user, and then has no identity to switch.
         let already = libc::geteuid() == id.uid && id.uid != 0;
-        if !already {
+        if self.container.is_some() {
+            // The files are opened as the user; the runtime runs as root.
+            if libc::setgroups(id.groups.len(), id.groups.as_ptr()) < 0 {
+                fail(Step::Groups, 0);
+            }
+            libc::setfsgid(id.gid);
+            if libc::setfsgid(u32::MAX) as u32 != id.gid {
+                fail(Step::SetGid, 0);
+            }
+            libc::setfsuid(id.uid);
+            if libc::setfsuid(u32::MAX) as u32 != id.uid {
+                fail(Step::SetUid, 0);
+            }
+        } else if !already {
             if libc::setgroups(id.groups.len(), id.groups.as_ptr()) < 0 {
                 fail(Step::Groups, 0);
             }
@@ -295,6 +339,13 @@ impl Prepared {
             };
             if err < 0 || libc::dup2(err, 2) < 0 {
                 fail(Step::Stderr, 0);
+            }
+        }
+        if self.container.is_some() {
+            libc::setfsuid(0);
+            libc::setfsgid(0);
+            if libc::setgroups(0, ptr::null()) < 0 {
+                fail(Step::Privileges, 0);
             }
         }
         if let Some((set, _)) = &self.affinity {
@@ -352,6 +403,14 @@ impl Prepared {
                 format!("cannot set up stdout and stderr: {err}")
             }
             Step::Terminal => format!("cannot make the pty the controlling terminal: {err}"),
+            Step::Container => match &self.container {
+                Some(c) => c.mounts.describe(index, errno),
+                None => format!("cannot set up the container: {err}"),
+            },
+            Step::Privileges => format!("cannot return to root to start the OCI runtime: {err}"),
+            Step::Exec if self.container.is_some() => {
+                format!("cannot execute the OCI runtime {}: {err}", self.program)
+            }
             Step::Stdin => format!("cannot open /dev/null for stdin: {err}"),
             Step::Stdout => format!(
                 "cannot open output file {} as user {}: {err}",
@@ -387,6 +446,21 @@ impl Prepared {
             },
         }
     }
+}
+
+/// The task's own command line: a script (written to `script`) with its
+/// arguments, or the command.
+pub fn task_argv(spec: &TaskSpec, script: Option<&Path>) -> Result<Vec<String>, String> {
+    Ok(match (&spec.program, script) {
+        (crate::model::Program::Script { args, .. }, Some(path)) => {
+            std::iter::once(path.to_string_lossy().into_owned())
+                .chain(args.iter().cloned())
+                .collect()
+        }
+        (_, Some(path)) => vec![path.to_string_lossy().into_owned()],
+        (crate::model::Program::Command { argv }, None) if !argv.is_empty() => argv.clone(),
+        _ => return Err("the task has no command to run".to_string()),
+    })
 }
 
 fn null_terminated(strings: &[CString]) -> Vec<*const libc::c_char> {

@@ -14,10 +14,14 @@
 //! The root and task directories are 0711: the task (running as its user)
 //! must reach its `script`, but nobody lists or reads the others' specs.
 
+mod bundle;
 mod cgroup;
+pub mod container;
+mod container_mounts;
 pub mod context;
 pub mod env;
 mod fork;
+mod image;
 mod launch;
 mod process;
 mod shim;
@@ -26,6 +30,7 @@ mod spawn;
 mod stdio;
 pub mod task;
 mod tree;
+mod unpack;
 
 use std::fs;
 use std::io;
@@ -84,6 +89,8 @@ pub enum ExecError {
     },
     #[error("cannot start the shim {}: {source}", program.display())]
     SpawnShim { program: PathBuf, source: io::Error },
+    #[error("task {key} runs in a container, and gpuq exec into a container is not supported yet")]
+    InContainer { key: TaskKey },
 }
 
 fn io_err(action: &'static str, path: &Path) -> impl FnOnce(io::Error) -> ExecError {
@@ -217,6 +224,9 @@ impl Executor {
         let TaskObserved::Running { pid: Some(_), .. } = self.observe(key) else {
             return Err(ExecError::NotRunning { key });
         };
+        if target.container.is_some() {
+            return Err(ExecError::InContainer { key });
+        }
         let cgroup = read_json::<TaskPid>(&target_dir.join(PID_FILE))
             .ok()
             .flatten()

@@ -272,6 +272,33 @@ fn run(dir: &Path, mode: &CgroupMode) -> (TaskOutcome, Option<Millis>) {
             None
         }
     };
+    // A task in a container: its image made ready (unpacked once per node)
+    // and its bundle written, before anything of the task runs.
+    let container = match &spec.container {
+        Some(c) => {
+            let prepared = super::launch::task_argv(&spec, script.as_deref()).and_then(|argv| {
+                let rel = cgroup
+                    .as_ref()
+                    .zip(mode.gpuq_dir())
+                    .and_then(|(c, g)| Some(c.path().strip_prefix(g.parent()?).ok()?.to_owned()))
+                    .map(|p| format!("/{}", p.display()));
+                super::container::prepare(dir, &spec, c, &identity, &argv, script.as_deref(), rel)
+            });
+            match prepared {
+                Ok(launch) => Some(launch),
+                Err(reason) => {
+                    remove_cgroup(cgroup.as_ref());
+                    return launch_failed(reason);
+                }
+            }
+        }
+        None => None,
+    };
+    // Preparing an image may take a while; a stop asked meanwhile wins.
+    if let Some(reason) = container.as_ref().and_then(|_| stop_requested(dir)) {
+        remove_cgroup(cgroup.as_ref());
+        return (TaskOutcome::Cancelled { reason }, None);
+    }
     let mut streams = match spec.io.is_interactive() {
         true => match Streams::open(dir, &spec, &identity) {
             Ok(s) => Some(s),
@@ -299,7 +326,9 @@ fn run(dir: &Path, mode: &CgroupMode) -> (TaskOutcome, Option<Millis>) {
         script.as_deref(),
         joins.as_deref(),
         pin_cpus,
-    ) {
+    )
+    .and_then(|p| p.with_container(container))
+    {
         Ok(prepared) => prepared.with_stdio(streams.as_ref().and_then(Streams::child_ends)),
         Err(reason) => {
             remove_cgroup(cgroup.as_ref());
@@ -318,6 +347,30 @@ fn run(dir: &Path, mode: &CgroupMode) -> (TaskOutcome, Option<Millis>) {
                 s.refuse(&never_ran(&reason));
             }
             return launch_failed(reason);
+        }
+    };
+    // A container's runtime starts it detached and exits: the container's
+    // process, reparented to this subreaper, is the task from here on.
+    let (child, report) = match prepared.container() {
+        None => (child, Some(report)),
+        Some(c) => {
+            let started = c.await_runtime(child);
+            match (report.failure(&prepared), started) {
+                (None, Ok(main)) => (main, None),
+                (Some(reason), _) | (None, Err(reason)) => {
+                    let tree = Tree {
+                        child,
+                        cgroup: cgroup.as_ref(),
+                        walk: subreaper && process::has_children_lists(),
+                    };
+                    tree.kill_leftovers();
+                    remove_cgroup(cgroup.as_ref());
+                    if let Some(s) = streams {
+                        s.refuse(&never_ran(&reason));
+                    }
+                    return launch_failed(reason);
+                }
+            }
         }
     };
     let relay = streams.map(|s| s.start(child.as_raw()));
@@ -342,7 +395,7 @@ fn run(dir: &Path, mode: &CgroupMode) -> (TaskOutcome, Option<Millis>) {
     tree.kill_leftovers();
     let oom_kills = cgroup.as_ref().map_or(0, TaskCgroup::oom_kills);
     remove_cgroup(cgroup.as_ref());
-    if let Some(reason) = report.failure(&prepared) {
+    if let Some(reason) = report.and_then(|r| r.failure(&prepared)) {
         if let Some(relay) = relay {
             relay.finish(never_ran(&reason));
         }

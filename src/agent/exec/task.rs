@@ -114,6 +114,27 @@ pub struct TaskSpec {
     /// that task's cgroup and is stopped when that task ends.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub beside: Option<Beside>,
+    /// The image the task runs in, and how (`--container-image`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container: Option<TaskContainer>,
+}
+
+/// What the agent hands the shim about a task's container (in `task.json`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TaskContainer {
+    /// The job's (or step's) `--container-*` flags.
+    pub spec: crate::model::ContainerSpec,
+    /// The OCI runtime the agent found.
+    #[serde(default)]
+    pub runtime: PathBuf,
+    /// The node's image cache (`data_dir/images`).
+    #[serde(default)]
+    pub cache: PathBuf,
+    /// The task's GPUs by index, whose device nodes go into the container;
+    /// empty with simulated GPUs.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gpus: Vec<u32>,
 }
 
 /// The running task an exec'd process joins.

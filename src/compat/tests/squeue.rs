@@ -34,6 +34,7 @@ fn job(id: u64, name: &str, state: JobState) -> Job {
         submit_host: None,
         first_step: None,
         exclusive: false,
+        container: None,
     };
     let mut j = Job::pending(JobId(id), "alice", spec, 0);
     j.state = state;

@@ -109,6 +109,9 @@ fn full_agent() -> AgentConfig {
         memory_mb: Some(1024),
         health_check: Some(Default::default()),
         dcgm_job_map_dir: Some("/run/dcgm-job-map".into()),
+        containers: Containers {
+            runtime: Some("/usr/bin/crun".into()),
+        },
         ..AgentConfig::default()
     }
 }
@@ -153,6 +156,7 @@ fn the_examples_document_every_key_with_its_default() {
         memory_mb: parsed.memory_mb,
         health_check: parsed.health_check.clone(),
         dcgm_job_map_dir: parsed.dcgm_job_map_dir.clone(),
+        containers: parsed.containers.clone(),
         ..AgentConfig::default()
     };
     assert_eq!(parsed, defaults);

@@ -54,6 +54,7 @@ fn spec(name: &str) -> JobSpec {
         submit_host: None,
         first_step: None,
         exclusive: false,
+        container: None,
     }
 }
 

@@ -393,6 +393,7 @@ fn a_pending_job_is_built_from_the_recorded_job() {
         submit_host: None,
         first_step: None,
         exclusive: false,
+        container: None,
     };
     let recorded = Job::pending(JobId(42), "alice", spec, 1234);
     let p = PendingJob::from(&recorded);

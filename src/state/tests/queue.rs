@@ -39,6 +39,7 @@ fn spec(name: &str, queue: QueueSpec) -> JobSpec {
         submit_host: None,
         first_step: None,
         exclusive: false,
+        container: None,
     }
 }
 

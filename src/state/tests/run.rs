@@ -78,6 +78,7 @@ pub(super) fn spec(nodes: u32, gpus: u32) -> JobSpec {
         submit_host: None,
         first_step: None,
         exclusive: false,
+        container: None,
     }
 }
 

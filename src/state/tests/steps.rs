@@ -23,6 +23,7 @@ fn step_spec(nodes: &[u32], tasks: &[u32]) -> StepSpec {
         error: None,
         kill_on_bad_exit: false,
         io: Default::default(),
+        container: None,
     }
 }
 

@@ -1,0 +1,377 @@
+//! A container task's OCI bundle, `config.json`: what the container sees.
+//! Only a mount namespace of its own, so the host's network (gangs
+//! rendezvous as bare ones do), process ids and IPC (NCCL and CUDA IPC
+//! between the ranks of a node work as bare); `/dev` of its own with the
+//! task's GPUs' device nodes; the host's `/dev/shm` and `/sys`; the binds
+//! `container` staged. Pure functions, tested without a runtime.
+
+use std::fs;
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::path::{Path, PathBuf};
+
+use serde_json::{json, Value};
+
+use super::task::Identity;
+
+/// The PATH a container gets when neither the job nor the image sets one.
+const CONTAINER_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// A device node the container gets.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) struct Device {
+    pub path: String,
+    pub major: u64,
+    pub minor: u64,
+    pub mode: u32,
+}
+
+/// The device nodes of NVIDIA GPUs `gpus` (by index: PCI bus order, as
+/// NVML numbers them) and the driver's control nodes, as far as `dev` has
+/// them; `driver` is `/proc/driver/nvidia/gpus`.
+pub(super) fn gpu_devices(gpus: &[u32], driver: &Path, dev: &Path) -> Vec<Device> {
+    if gpus.is_empty() {
+        return Vec::new();
+    }
+    let mut buses: Vec<PathBuf> = fs::read_dir(driver)
+        .map(|d| d.filter_map(|e| Some(e.ok()?.path())).collect())
+        .unwrap_or_default();
+    buses.sort();
+    let minor_of = |bus: &Path| -> Option<u32> {
+        let text = fs::read_to_string(bus.join("information")).ok()?;
+        text.lines()
+            .find_map(|l| l.strip_prefix("Device Minor:"))
+            .and_then(|m| m.trim().parse().ok())
+    };
+    let mut names: Vec<String> = gpus
+        .iter()
+        .filter_map(|&i| buses.get(i as usize).and_then(|b| minor_of(b)))
+        .map(|minor| format!("nvidia{minor}"))
+        .collect();
+    for control in [
+        "nvidiactl",
+        "nvidia-uvm",
+        "nvidia-uvm-tools",
+        "nvidia-modeset",
+    ] {
+        names.push(control.to_string());
+    }
+    names
+        .into_iter()
+        .filter_map(|name| {
+            let meta = fs::metadata(dev.join(&name)).ok()?;
+            meta.file_type().is_char_device().then(|| Device {
+                path: format!("/dev/{name}"),
+                major: nix::sys::stat::major(meta.rdev()),
+                minor: nix::sys::stat::minor(meta.rdev()),
+                mode: meta.mode() & 0o777,
+            })
+        })
+        .collect()
+}
+
+/// The container's environment: the image's `Env`, then the task's over
+/// it, except that the image's PATH wins (the host's rarely fits an
+/// image); a login's USER and LOGNAME and a PATH when nothing set them.
+pub(super) fn container_env(
+    image: &[String],
+    task: &[(String, String)],
+    user: &str,
+) -> Vec<String> {
+    let mut env: Vec<(String, String)> = image
+        .iter()
+        .filter_map(|kv| kv.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    let image_path = env.iter().any(|(k, _)| k == "PATH");
+    for (k, v) in task {
+        if k == "PATH" && image_path {
+            continue;
+        }
+        match env.iter_mut().find(|(name, _)| name == k) {
+            Some(slot) => slot.1 = v.clone(),
+            None => env.push((k.clone(), v.clone())),
+        }
+    }
+    for (k, v) in [("USER", user), ("LOGNAME", user), ("PATH", CONTAINER_PATH)] {
+        if !env.iter().any(|(name, _)| name == k) {
+            env.push((k.to_string(), v.to_string()));
+        }
+    }
+    env.into_iter().map(|(k, v)| format!("{k}={v}")).collect()
+}
+
+/// One mount of `config.json`.
+fn mount(destination: &str, kind: &str, source: &str, options: &[&str]) -> Value {
+    json!({"destination": destination, "type": kind, "source": source, "options": options})
+}
+
+/// The process and identity half of `config.json`.
+pub(super) struct Process<'a> {
+    pub argv: &'a [String],
+    pub env: Vec<String>,
+    pub cwd: &'a str,
+    pub identity: &'a Identity,
+}
+
+/// The bundle's `config.json`: `binds` are (staging source, destination,
+/// read-only) in mount order.
+pub(super) fn oci_config(
+    p: &Process<'_>,
+    rootfs: &Path,
+    binds: &[(String, String, bool)],
+    devices: &[Device],
+    cgroups_path: Option<&str>,
+) -> Value {
+    // Root's tasks (where the cluster allows them) keep the usual runtime
+    // set; a user's have none, and no new privileges either way.
+    let caps: Vec<&str> = if p.identity.uid == 0 {
+        vec![
+            "CAP_CHOWN",
+            "CAP_DAC_OVERRIDE",
+            "CAP_FOWNER",
+            "CAP_FSETID",
+            "CAP_KILL",
+            "CAP_SETGID",
+            "CAP_SETUID",
+            "CAP_SETPCAP",
+            "CAP_NET_BIND_SERVICE",
+            "CAP_SYS_CHROOT",
+            "CAP_AUDIT_WRITE",
+        ]
+    } else {
+        Vec::new()
+    };
+    let mut mounts = vec![
+        mount("/proc", "proc", "proc", &["nosuid", "noexec", "nodev"]),
+        mount(
+            "/dev",
+            "tmpfs",
+            "tmpfs",
+            &["nosuid", "strictatime", "mode=755", "size=65536k"],
+        ),
+        mount(
+            "/dev/pts",
+            "devpts",
+            "devpts",
+            &[
+                "nosuid",
+                "noexec",
+                "newinstance",
+                "ptmxmode=0666",
+                "mode=0620",
+            ],
+        ),
+        // The host's, so the ranks of a job on a node share it (NCCL).
+        mount(
+            "/dev/shm",
+            "bind",
+            "/dev/shm",
+            &["rbind", "nosuid", "nodev"],
+        ),
+        mount(
+            "/sys",
+            "bind",
+            "/sys",
+            &["rbind", "nosuid", "noexec", "nodev", "ro"],
+        ),
+    ];
+    for (source, destination, ro) in binds {
+        let opts: &[&str] = if *ro {
+            &["rbind", "nosuid", "nodev", "ro"]
+        } else {
+            &["rbind", "nosuid", "nodev"]
+        };
+        mounts.push(mount(destination, "bind", source, opts));
+    }
+    let groups: Vec<u32> = p.identity.groups.clone();
+    let mut linux = json!({
+        "namespaces": [{"type": "mount"}],
+        "devices": devices.iter().map(|d| json!({"path": d.path, "type": "c",
+            "major": d.major, "minor": d.minor, "fileMode": d.mode, "uid": 0, "gid": 0}))
+            .collect::<Vec<_>>(),
+        "maskedPaths": ["/proc/acpi", "/proc/kcore", "/proc/keys", "/proc/latency_stats",
+            "/proc/timer_list", "/proc/sched_debug", "/proc/scsi", "/sys/firmware"],
+        "readonlyPaths": ["/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys",
+            "/proc/sysrq-trigger"],
+    });
+    if let Some(path) = cgroups_path {
+        linux["cgroupsPath"] = json!(path);
+    }
+    json!({
+        "ociVersion": "1.0.2",
+        "process": {
+            "terminal": false,
+            "user": {"uid": p.identity.uid, "gid": p.identity.gid, "additionalGids": groups},
+            "args": p.argv,
+            "env": p.env,
+            "cwd": p.cwd,
+            "noNewPrivileges": true,
+            "capabilities": {"bounding": caps, "effective": caps, "permitted": caps,
+                "inheritable": [], "ambient": []},
+        },
+        "root": {"path": rootfs, "readonly": false},
+        "mounts": mounts,
+        "linux": linux,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn alice() -> Identity {
+        Identity {
+            name: "alice".into(),
+            uid: 1000,
+            gid: 100,
+            groups: vec![100, 27],
+        }
+    }
+
+    #[test]
+    fn the_bundle_runs_the_users_command_as_the_user_on_the_hosts_network() {
+        let argv = vec!["python".to_string(), "train.py".to_string()];
+        let p = Process {
+            argv: &argv,
+            env: vec!["A=1".into()],
+            cwd: "/work",
+            identity: &alice(),
+        };
+        let binds = [
+            (
+                "/t/scratch/binds/0".to_string(),
+                "/home/alice".to_string(),
+                false,
+            ),
+            ("/t/scratch/binds/1".to_string(), "/data".to_string(), true),
+        ];
+        let gpu = Device {
+            path: "/dev/nvidia3".into(),
+            major: 195,
+            minor: 3,
+            mode: 0o666,
+        };
+        let c = oci_config(&p, Path::new("/t/rootfs"), &binds, &[gpu], None);
+        assert_eq!(
+            c["process"]["user"],
+            json!({"uid": 1000, "gid": 100, "additionalGids": [100, 27]})
+        );
+        assert_eq!(c["process"]["args"], json!(["python", "train.py"]));
+        assert_eq!(c["process"]["cwd"], "/work");
+        assert_eq!(c["process"]["noNewPrivileges"], true);
+        assert_eq!(c["process"]["capabilities"]["effective"], json!([]));
+        assert_eq!(c["root"], json!({"path": "/t/rootfs", "readonly": false}));
+        // Only a mount namespace: the host's network, pids and IPC.
+        assert_eq!(c["linux"]["namespaces"], json!([{"type": "mount"}]));
+        assert!(c["linux"].get("cgroupsPath").is_none());
+        assert_eq!(c["linux"]["devices"][0]["path"], "/dev/nvidia3");
+        assert_eq!(c["linux"]["devices"][0]["minor"], 3);
+        let mounts = c["mounts"].as_array().unwrap();
+        let dests: Vec<&str> = mounts
+            .iter()
+            .map(|m| m["destination"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            dests,
+            [
+                "/proc",
+                "/dev",
+                "/dev/pts",
+                "/dev/shm",
+                "/sys",
+                "/home/alice",
+                "/data"
+            ]
+        );
+        assert_eq!(mounts[6]["source"], "/t/scratch/binds/1");
+        assert_eq!(
+            mounts[6]["options"],
+            json!(["rbind", "nosuid", "nodev", "ro"])
+        );
+        assert_eq!(mounts[5]["options"], json!(["rbind", "nosuid", "nodev"]));
+        let root = Identity {
+            uid: 0,
+            gid: 0,
+            name: "root".into(),
+            groups: vec![],
+        };
+        let c = oci_config(
+            &Process {
+                identity: &root,
+                ..p
+            },
+            Path::new("/r"),
+            &[],
+            &[],
+            Some("/gpuq/1.0.0"),
+        );
+        assert!(
+            c["process"]["capabilities"]["effective"]
+                .as_array()
+                .unwrap()
+                .len()
+                > 3
+        );
+        assert_eq!(c["linux"]["cgroupsPath"], "/gpuq/1.0.0");
+    }
+
+    #[test]
+    fn the_job_environment_wins_except_the_images_path() {
+        let task = vec![
+            ("PATH".to_string(), "/home/alice/bin:/usr/bin".to_string()),
+            ("CUDA_VISIBLE_DEVICES".to_string(), "2,3".to_string()),
+            ("LANG".to_string(), "C.UTF-8".to_string()),
+        ];
+        let env = container_env(
+            &["PATH=/opt/conda/bin:/bin".into(), "LANG=C".into()],
+            &task,
+            "alice",
+        );
+        assert_eq!(
+            env,
+            [
+                "PATH=/opt/conda/bin:/bin",
+                "LANG=C.UTF-8",
+                "CUDA_VISIBLE_DEVICES=2,3",
+                "USER=alice",
+                "LOGNAME=alice"
+            ]
+        );
+        let env = container_env(&[], &task[1..], "bob");
+        assert!(env.contains(&format!("PATH={CONTAINER_PATH}")), "{env:?}");
+        let env = container_env(&[], &task, "bob");
+        assert!(
+            env.contains(&"PATH=/home/alice/bin:/usr/bin".to_string()),
+            "{env:?}"
+        );
+    }
+
+    #[test]
+    fn gpu_devices_are_the_tasks_by_pci_order_and_only_real_ones() {
+        let dir = tempfile::tempdir().unwrap();
+        let driver = dir.path().join("gpus");
+        let dev = dir.path().join("dev");
+        fs::create_dir_all(&dev).unwrap();
+        // Two GPUs whose minors are not their indices.
+        for (bus, minor) in [("0000:18:00.0", 4), ("0000:3b:00.0", 1)] {
+            fs::create_dir_all(driver.join(bus)).unwrap();
+            fs::write(
+                driver.join(bus).join("information"),
+                format!("Model: \t\t NVIDIA H100\nDevice Minor: \t {minor}\n"),
+            )
+            .unwrap();
+        }
+        // Character devices by way of /dev/null; a plain file is no device.
+        std::os::unix::fs::symlink("/dev/null", dev.join("nvidia1")).unwrap();
+        std::os::unix::fs::symlink("/dev/null", dev.join("nvidiactl")).unwrap();
+        fs::write(dev.join("nvidia4"), "").unwrap();
+        let found = gpu_devices(&[1], &driver, &dev);
+        let paths: Vec<&str> = found.iter().map(|d| d.path.as_str()).collect();
+        assert_eq!(paths, ["/dev/nvidia1", "/dev/nvidiactl"]);
+        assert_eq!((found[0].major, found[0].minor), (1, 3));
+        assert!(gpu_devices(&[0], &driver, &dev)
+            .iter()
+            .all(|d| d.path != "/dev/nvidia4"));
+        assert!(gpu_devices(&[], &driver, &dev).is_empty());
+    }
+}

@@ -1,0 +1,471 @@
+//! Tasks in container images (`--container-image`), run by an OCI runtime
+//! (crun or runc) under the task's shim, as the bare task would run: the
+//! job's user, environment, working directory, output files, cgroup and
+//! GPUs, the host's network (gangs rendezvous as bare ones do) and process
+//! ids (NCCL and CUDA IPC between ranks on a node work as bare).
+//!
+//! The agent names the runtime and the node's image cache (`ContainerHost`,
+//! into the task's `TaskContainer`); the shim does the rest (`prepare`):
+//! it resolves the image (`image`: a layout unpacked once per node, or a
+//! plain root filesystem), opens every host path the container will see
+//! *as the job's user* (so root never mounts what the user may not reach,
+//! and nothing the user can swap afterwards: the mounts are made from these
+//! descriptors, see `container_mounts`), and writes an OCI bundle
+//! (`<task dir>/bundle/config.json`). The forked child (`launch`) then, in
+//! a mount namespace of its own, mounts a tmpfs with an overlay on it
+//! (the image read-only below, a per-task writable layer above, `nosuid`
+//! and `nodev`: the image is never written, whoever shares it) and the
+//! bind sources, opens the task's output files as the user, and execs the
+//! runtime as root with `run --detach`. The runtime exits once the
+//! container runs; its process, reparented to the shim (a subreaper), is
+//! the task from then on: its exit is the task's, and a stop signals it and
+//! its tree in the task's cgroup, where it was born (crun runs with
+//! `--cgroup-manager=disabled`). Every mount lives and dies with the task's
+//! namespaces: nothing is left mounted on the node.
+//!
+//! crun refuses a hybrid cgroup host whose v2 hierarchy holds controllers
+//! (before it looks at its cgroup manager), so where `/sys/fs/cgroup` is
+//! not cgroup2 the child mounts the cgroup2 hierarchy there, in its own
+//! namespace only.
+
+use std::fs::{self, File};
+use std::io;
+use std::os::fd::OwnedFd;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+use nix::unistd::Pid;
+
+use super::bundle::{container_env, gpu_devices, oci_config, Process};
+use super::task::{hostname, Identity, TaskContainer, TaskSpec};
+
+/// Where the shim looks for the OCI runtime when the agent's PATH has none.
+const FALLBACK_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+/// How long the runtime may take to start the container.
+const START_LIMIT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// What a node has for containers, from the agent's config.
+#[derive(Clone, Debug, Default)]
+pub struct ContainerHost {
+    /// `[agent.containers] runtime`: a name or a path; `None`: crun, runc.
+    pub runtime: Option<String>,
+    /// The image cache.
+    pub cache: PathBuf,
+    /// Whether the GPUs are real (their device nodes exist).
+    pub real_gpus: bool,
+}
+
+impl ContainerHost {
+    /// The node's settings: config, data dir and GPU source.
+    pub fn new(
+        cfg: &crate::config::Containers,
+        data_dir: &Path,
+        gpus: &crate::config::GpuConfig,
+    ) -> ContainerHost {
+        use crate::config::GpuConfig;
+        ContainerHost {
+            runtime: cfg.runtime.clone(),
+            cache: data_dir.join("images"),
+            real_gpus: matches!(gpus, GpuConfig::Auto | GpuConfig::Nvml),
+        }
+    }
+
+    /// Fills in what this node has; an error fails the task's launch.
+    pub fn complete(&self, c: &mut TaskContainer, as_root: bool) -> Result<(), String> {
+        if !as_root {
+            return Err(format!(
+                "the job asks for container image {}, and the agent on node {} does not run as \
+                 root: containers need a root agent (rootless containers are not supported yet)",
+                c.spec.image,
+                hostname()
+            ));
+        }
+        let path = std::env::var("PATH").unwrap_or_default();
+        c.runtime = find_runtime(self.runtime.as_deref(), &path)?;
+        c.cache = self.cache.clone();
+        if !self.real_gpus {
+            c.gpus.clear();
+        }
+        Ok(())
+    }
+}
+
+/// The OCI runtime: the configured one, or crun, or runc, in `path` (then
+/// the usual directories).
+pub fn find_runtime(configured: Option<&str>, path: &str) -> Result<PathBuf, String> {
+    let dirs: Vec<&str> = path
+        .split(':')
+        .chain(FALLBACK_PATH.split(':'))
+        .filter(|d| !d.is_empty())
+        .collect();
+    let find = |name: &str| -> Option<PathBuf> {
+        if name.contains('/') {
+            return Some(PathBuf::from(name)).filter(|p| is_executable(p));
+        }
+        dirs.iter()
+            .map(|d| Path::new(d).join(name))
+            .find(|p| is_executable(p))
+    };
+    match configured {
+        Some(name) => find(name).ok_or_else(|| {
+            format!(
+                "the OCI runtime {name} set in [agent.containers] runtime is not an executable \
+                 on node {}; install it or fix the setting",
+                hostname()
+            )
+        }),
+        None => find("crun").or_else(|| find("runc")).ok_or_else(|| {
+            format!(
+                "node {} has no OCI runtime for --container-image: install crun (or runc), or \
+                 name one in [agent.containers] runtime",
+                hostname()
+            )
+        }),
+    }
+}
+
+fn is_executable(p: &Path) -> bool {
+    fs::metadata(p).is_ok_and(|m| m.is_file() && m.mode() & 0o111 != 0)
+}
+
+/// Whether `runtime` is crun (its `--cgroup-manager=disabled` keeps the
+/// container in the task's cgroup); anything else is driven as runc.
+fn is_crun(runtime: &Path) -> bool {
+    runtime
+        .file_name()
+        .is_some_and(|n| n.as_bytes().starts_with(b"crun"))
+}
+
+/// Runs `f` with `who`'s file system identity (fsuid, fsgid, groups), so
+/// every path it resolves and file it opens is checked as that user's;
+/// root's is back afterwards. Only in the single-threaded shim.
+fn as_user<T>(who: &Identity, f: impl FnOnce() -> T) -> Result<T, String> {
+    let saved = nix::unistd::getgroups().map_err(|e| format!("cannot read the groups: {e}"))?;
+    let groups: Vec<libc::gid_t> = who.groups.clone();
+    // SAFETY: plain system calls; the shim has one thread.
+    unsafe {
+        if libc::setgroups(groups.len(), groups.as_ptr()) < 0 {
+            return Err(format!(
+                "cannot take the groups of user {}: {}",
+                who.name,
+                io::Error::last_os_error()
+            ));
+        }
+        libc::setfsgid(who.gid);
+        libc::setfsuid(who.uid);
+    }
+    let out = f();
+    let saved: Vec<libc::gid_t> = saved.iter().map(|g| g.as_raw()).collect();
+    // SAFETY: as above; back to root's identity.
+    unsafe {
+        libc::setfsuid(0);
+        libc::setfsgid(0);
+        libc::setgroups(saved.len(), saved.as_ptr());
+    }
+    Ok(out)
+}
+
+/// A host path bound into the container: a detached mount tree of what
+/// the shim opened.
+struct Bind {
+    tree: OwnedFd,
+    dir: bool,
+    destination: String,
+    read_only: bool,
+}
+
+/// A task's container, ready for the forked child: the runtime's command
+/// line and the mounts to make first.
+pub(super) struct Launch {
+    /// The runtime's argv (`crun ... run --detach ... ID`).
+    pub argv: Vec<String>,
+    pid_file: PathBuf,
+    log_file: PathBuf,
+    pub(super) mounts: super::container_mounts::ChildMounts,
+}
+
+/// Prepares the task's container in the shim (as root): resolves the image
+/// (unpacking it once per node), opens what it binds as `identity`, writes
+/// the bundle. `argv` is the task's own command line; `cgroup` its cgroup
+/// relative to the hierarchy's root (for runc). Errors are sentences for
+/// the user.
+pub(super) fn prepare(
+    dir: &Path,
+    spec: &TaskSpec,
+    c: &TaskContainer,
+    identity: &Identity,
+    argv: &[String],
+    script: Option<&Path>,
+    cgroup: Option<String>,
+) -> Result<Launch, String> {
+    if !nix::unistd::geteuid().is_root() {
+        return Err(format!(
+            "containers need the agent to run as root on node {}",
+            hostname()
+        ));
+    }
+    let open_as_user = |p: &Path| -> io::Result<File> {
+        as_user(identity, || File::open(p)).unwrap_or_else(|e| Err(io::Error::other(e)))
+    };
+    // What a mount is made from: the user must reach it (every directory on
+    // the way searched as the user), not read it: inside, its own
+    // permissions still hold.
+    let reach = |p: &Path, as_the_user: bool| -> io::Result<File> {
+        let open = || {
+            fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_PATH | libc::O_CLOEXEC)
+                .open(p)
+        };
+        match as_the_user {
+            true => as_user(identity, open).unwrap_or_else(|e| Err(io::Error::other(e))),
+            false => open(),
+        }
+    };
+    let image = super::image::resolve(Path::new(&c.spec.image), &c.cache, &open_as_user)?;
+    let lower = reach(&image.rootfs, image.users)
+        .and_then(|f| super::container_mounts::clone_tree(&f.into(), false))
+        .map_err(|e| format!("cannot open the image {}: {e}", image.rootfs.display()))?;
+    let mut binds: Vec<Bind> = Vec::new();
+    let bind = |path: &str, as_the_user: bool| -> io::Result<(OwnedFd, bool)> {
+        let file = reach(Path::new(path), as_the_user)?;
+        let dir = file.metadata()?.is_dir();
+        Ok((super::container_mounts::clone_tree(&file.into(), dir)?, dir))
+    };
+    let bind_as_user = |path: &str| bind(path, true);
+    if !c.spec.no_mount_home {
+        let home = nix::unistd::User::from_uid(identity.uid.into())
+            .ok()
+            .flatten()
+            .map(|u| u.dir);
+        if let Some(home) = home.filter(|h| h != Path::new("/")) {
+            match bind_as_user(&home.to_string_lossy()) {
+                Ok((tree, dir)) => binds.push(Bind {
+                    tree,
+                    dir,
+                    destination: home.to_string_lossy().into_owned(),
+                    read_only: false,
+                }),
+                Err(e) => tracing::info!(home = %home.display(), "home not mounted: {e}"),
+            }
+        }
+    }
+    let workdir = spec.workdir.to_string_lossy().into_owned();
+    if workdir != "/" {
+        let (tree, dir) = bind_as_user(&workdir).map_err(|e| {
+            format!(
+                "cannot use working directory {workdir} as user {}: {e}",
+                identity.name
+            )
+        })?;
+        binds.push(Bind {
+            tree,
+            dir,
+            destination: workdir.clone(),
+            read_only: false,
+        });
+    }
+    if let Some(script) = script {
+        let (tree, _) = bind(&script.to_string_lossy(), false)
+            .map_err(|e| format!("cannot open the job script {}: {e}", script.display()))?;
+        binds.push(Bind {
+            tree,
+            dir: false,
+            destination: script.to_string_lossy().into_owned(),
+            read_only: true,
+        });
+    }
+    for m in &c.spec.mounts {
+        let (tree, dir) = bind_as_user(&m.source).map_err(|e| {
+            format!(
+                "--container-mounts source {} is out of reach of user {} on node {}: {e}",
+                m.source,
+                identity.name,
+                hostname()
+            )
+        })?;
+        binds.push(Bind {
+            tree,
+            dir,
+            destination: m.destination.clone(),
+            read_only: m.read_only,
+        });
+    }
+    let bundle = dir.join("bundle");
+    let scratch = bundle.join("scratch");
+    let rootfs = bundle.join("rootfs");
+    let state = dir.join("runtime");
+    for d in [&bundle, &scratch, &rootfs, &state] {
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(d)
+            .map_err(|e| format!("cannot create {}: {e}", d.display()))?;
+    }
+    let staged: Vec<(String, String, bool)> = binds
+        .iter()
+        .enumerate()
+        .map(|(i, b)| {
+            let staging = scratch.join("binds").join(i.to_string());
+            (
+                staging.to_string_lossy().into_owned(),
+                b.destination.clone(),
+                b.read_only,
+            )
+        })
+        .collect();
+    let devices = gpu_devices(
+        &c.gpus,
+        Path::new("/proc/driver/nvidia/gpus"),
+        Path::new("/dev"),
+    );
+    let crun = is_crun(&c.runtime);
+    let process = Process {
+        argv,
+        env: container_env(&image.env, &spec.env, &identity.name),
+        cwd: c.spec.workdir.as_deref().unwrap_or(&workdir),
+        identity,
+    };
+    let config = oci_config(
+        &process,
+        &rootfs,
+        &staged,
+        &devices,
+        cgroup.as_deref().filter(|_| !crun),
+    );
+    let config_file = bundle.join("config.json");
+    let text = serde_json::to_vec_pretty(&config).map_err(|e| e.to_string())?;
+    super::task::write_atomic(&config_file, &text, super::task::Durability::Crash)
+        .map_err(|e| format!("cannot write {}: {e}", config_file.display()))?;
+    let pid_file = dir.join("container.pid");
+    let log_file = dir.join("runtime.log");
+    let show = |p: &Path| p.to_string_lossy().into_owned();
+    let mut runtime_argv = vec![
+        show(&c.runtime),
+        "--root".into(),
+        show(&state),
+        "--log".into(),
+        show(&log_file),
+    ];
+    if crun {
+        runtime_argv.push("--cgroup-manager=disabled".into());
+    }
+    runtime_argv.extend([
+        "run".into(),
+        "--detach".into(),
+        "--pid-file".into(),
+        show(&pid_file),
+        "--bundle".into(),
+        show(&bundle),
+        format!("gpuq-{}", spec.key),
+    ]);
+    let mounts = super::container_mounts::ChildMounts::new(
+        &scratch,
+        &rootfs,
+        lower,
+        binds.into_iter().map(|b| (b.tree, b.dir)).collect(),
+    )?;
+    Ok(Launch {
+        argv: runtime_argv,
+        pid_file,
+        log_file,
+        mounts,
+    })
+}
+
+impl Launch {
+    /// After the child exec'd the runtime (`runtime` is its pid): waits for
+    /// it to start the container and exit, and returns the container's
+    /// process once it is this shim's child (reparented to the subreaper).
+    pub(super) fn await_runtime(&self, runtime: Pid) -> Result<Pid, String> {
+        use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+        let name = self.argv[0].clone();
+        let deadline = std::time::Instant::now() + START_LIMIT;
+        let status = loop {
+            match waitpid(runtime, Some(WaitPidFlag::WNOHANG)) {
+                Ok(WaitStatus::StillAlive) if std::time::Instant::now() < deadline => {
+                    std::thread::sleep(std::time::Duration::from_millis(5));
+                }
+                Ok(WaitStatus::StillAlive) => {
+                    let _ = nix::sys::signal::kill(runtime, nix::sys::signal::Signal::SIGKILL);
+                    let _ = waitpid(runtime, None);
+                    return Err(format!(
+                        "the OCI runtime {name} did not start the container within {} s",
+                        START_LIMIT.as_secs()
+                    ));
+                }
+                Ok(status) => break status,
+                Err(e) => return Err(format!("cannot wait for the OCI runtime {name}: {e}")),
+            }
+        };
+        if status != WaitStatus::Exited(runtime, 0) {
+            let said = fs::read_to_string(&self.log_file).unwrap_or_default();
+            let last = said.lines().rev().find(|l| !l.trim().is_empty());
+            let how = match status {
+                WaitStatus::Exited(_, code) => format!("exited with code {code}"),
+                WaitStatus::Signaled(_, sig, _) => format!("was killed by {sig}"),
+                other => format!("ended ({other:?})"),
+            };
+            return Err(format!(
+                "the OCI runtime {name} could not start the container: {}",
+                last.map_or(format!("it {how} and said nothing"), |l| l
+                    .trim()
+                    .to_string())
+            ));
+        }
+        let pid: i32 = fs::read_to_string(&self.pid_file)
+            .ok()
+            .and_then(|t| t.trim().parse().ok())
+            .ok_or_else(|| format!("the OCI runtime {name} wrote no pid file"))?;
+        // The runtime's helper may let go of it a moment after it exits.
+        let me = std::process::id().to_string();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        loop {
+            let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok();
+            let parent = stat.as_deref().and_then(|s| {
+                let after = &s[s.rfind(')')? + 1..];
+                after.split_whitespace().nth(1).map(str::to_string)
+            });
+            match parent {
+                Some(p) if p == me => return Ok(Pid::from_raw(pid)),
+                None => return Err("the container's process ended as it started".into()),
+                Some(_) if std::time::Instant::now() > deadline => {
+                    return Err("the container's process was never handed to the shim".into())
+                }
+                Some(_) => std::thread::sleep(std::time::Duration::from_millis(2)),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_runtime_is_the_configured_one_or_crun_then_runc() {
+        let dir = tempfile::tempdir().unwrap();
+        let bin = dir.path();
+        let make = |name: &str| {
+            use std::os::unix::fs::PermissionsExt;
+            let p = bin.join(name);
+            fs::write(&p, "#!/bin/sh\n").unwrap();
+            fs::set_permissions(&p, fs::Permissions::from_mode(0o755)).unwrap();
+            p
+        };
+        let path = bin.to_str().unwrap();
+        let runc = make("runc");
+        let crun = make("crun");
+        // The given PATH comes before the usual directories, crun before runc.
+        assert_eq!(find_runtime(None, path).unwrap(), crun);
+        assert_eq!(find_runtime(Some("runc"), path).unwrap(), runc);
+        assert_eq!(
+            find_runtime(Some(runc.to_str().unwrap()), "").unwrap(),
+            runc
+        );
+        let err = find_runtime(Some("/nowhere/youki"), path).unwrap_err();
+        assert!(err.contains("[agent.containers] runtime"), "{err}");
+        assert!(is_crun(&crun) && !is_crun(&runc));
+    }
+}

@@ -1,0 +1,209 @@
+//! The container flags, named as Pyxis names them so existing scripts work:
+//! `--container-image PATH`, `--container-mounts SRC:DST[:ro],...`,
+//! `--container-workdir DIR`, `--no-container-mount-home`. What can be
+//! refused here is: a relative path (the nodes resolve it, not the
+//! submitting directory), a registry reference (no pull tool is supported
+//! yet), a malformed mount, a companion flag without an image. Whether the
+//! image exists and is one, only a node can tell; it fails the job with the
+//! reason (see `agent::exec::container`).
+
+use crate::model::{ContainerMount, ContainerSpec};
+
+use super::{SpecError, SubmitArgs};
+
+/// The mounts of `--container-mounts`, in the order given.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct Mounts(pub Vec<ContainerMount>);
+
+/// Parses `--container-image`: an absolute path on the nodes.
+pub fn parse_image(input: &str) -> Result<String, String> {
+    let registry = input.contains("://")
+        || input.contains('#')
+        || (!input.starts_with('/') && input.contains(':'));
+    if registry {
+        return Err(format!(
+            "{input:?} is a registry reference, and gpuq supports no pull tool yet; copy the \
+             image to a directory the nodes can read (e.g. skopeo copy docker://IMAGE \
+             oci:/shared/images/NAME) and give that absolute path"
+        ));
+    }
+    check_path(input, "image")
+}
+
+/// Parses `--container-workdir`: an absolute path inside the container.
+pub fn parse_workdir(input: &str) -> Result<String, String> {
+    check_path(input, "working directory")
+}
+
+/// Parses `--container-mounts`: `SRC[:DST][:ro|rw]`, comma-separated, both
+/// paths absolute (a lone `SRC` is mounted at the same path).
+pub fn parse_mounts(input: &str) -> Result<Mounts, String> {
+    let mut mounts = Vec::new();
+    for item in input.split(',') {
+        let fields: Vec<&str> = item.split(':').collect();
+        let (source, destination, flag) = match fields.as_slice() {
+            [src] => (*src, *src, None),
+            [src, "ro" | "rw"] => (*src, *src, Some(fields[1])),
+            [src, dst] => (*src, *dst, None),
+            [src, dst, flag] => (*src, *dst, Some(*flag)),
+            _ => return Err(malformed(item, "it has more than three fields")),
+        };
+        let read_only = match flag {
+            None | Some("rw") => false,
+            Some("ro") => true,
+            Some(other) => {
+                return Err(malformed(
+                    item,
+                    &format!("{other:?} is not a mount option (use ro or rw)"),
+                ))
+            }
+        };
+        for (what, path) in [("source", source), ("destination", destination)] {
+            check_path(path, what).map_err(|why| malformed(item, &why))?;
+        }
+        if destination.trim_end_matches('/').is_empty() {
+            return Err(malformed(item, "it would cover the whole image (/)"));
+        }
+        mounts.push(ContainerMount {
+            source: source.to_string(),
+            destination: destination.to_string(),
+            read_only,
+        });
+    }
+    Ok(Mounts(mounts))
+}
+
+fn malformed(item: &str, why: &str) -> String {
+    format!(
+        "mount {item:?} is malformed: {why}; give SRC:DST[:ro] with absolute paths, \
+         several separated by commas, e.g. /data:/data:ro,/scratch:/scratch"
+    )
+}
+
+/// An absolute path without the bytes the nodes' tools cannot take.
+fn check_path(input: &str, what: &str) -> Result<String, String> {
+    if input.is_empty() {
+        return Err(format!("the {what} path is empty; give an absolute path"));
+    }
+    if input.chars().any(char::is_control) {
+        return Err(format!(
+            "the {what} path {input:?} contains control characters"
+        ));
+    }
+    if !input.starts_with('/') {
+        return Err(format!(
+            "the {what} path {input:?} is relative; give an absolute path (the nodes resolve \
+             it, not this directory), e.g. $PWD/{input}"
+        ));
+    }
+    Ok(input.to_string())
+}
+
+/// The spec's container from the merged flags: `None` without an image; a
+/// companion flag without one is refused.
+pub fn resolve(args: &SubmitArgs) -> Result<Option<ContainerSpec>, SpecError> {
+    let Some(image) = &args.container_image else {
+        let orphan = [
+            ("--container-mounts", args.container_mounts.is_some()),
+            ("--container-workdir", args.container_workdir.is_some()),
+            ("--no-container-mount-home", args.no_container_mount_home),
+        ]
+        .into_iter()
+        .find(|(_, set)| *set);
+        return match orphan {
+            Some((flag, _)) => Err(SpecError::Invalid(format!(
+                "{flag} applies to a container, and no --container-image was given; add \
+                 --container-image PATH or drop {flag}"
+            ))),
+            None => Ok(None),
+        };
+    };
+    Ok(Some(ContainerSpec {
+        image: image.clone(),
+        mounts: args
+            .container_mounts
+            .clone()
+            .map(|m| m.0)
+            .unwrap_or_default(),
+        workdir: args.container_workdir.clone(),
+        no_mount_home: args.no_container_mount_home,
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_image_is_an_absolute_path_and_never_a_registry_reference() {
+        assert_eq!(parse_image("/shared/img").unwrap(), "/shared/img");
+        for registry in [
+            "docker://ubuntu:22.04",
+            "ubuntu:22.04",
+            "nvcr.io#nvidia/pytorch:24.01-py3",
+            "oci://x",
+        ] {
+            let err = parse_image(registry).unwrap_err();
+            assert!(
+                err.contains("no pull tool") && err.contains("absolute path"),
+                "{registry}: {err}"
+            );
+        }
+        let err = parse_image("img/rootfs").unwrap_err();
+        assert!(err.contains("relative") && err.contains("$PWD"), "{err}");
+        assert!(parse_image("").unwrap_err().contains("empty"));
+    }
+
+    #[test]
+    fn mounts_are_src_dst_and_an_optional_ro() {
+        let m = parse_mounts("/data:/in:ro,/scratch,/a:/b:rw,/c:ro")
+            .unwrap()
+            .0;
+        let got: Vec<(&str, &str, bool)> = m
+            .iter()
+            .map(|m| (m.source.as_str(), m.destination.as_str(), m.read_only))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("/data", "/in", true),
+                ("/scratch", "/scratch", false),
+                ("/a", "/b", false),
+                ("/c", "/c", true)
+            ]
+        );
+        for bad in [
+            "data:/in",
+            "/data:in",
+            "/a:/b:rx",
+            "/a:/b:ro:x",
+            "/data,",
+            "/data:/",
+        ] {
+            let err = parse_mounts(bad).unwrap_err();
+            assert!(
+                err.contains("malformed") && err.contains("SRC:DST"),
+                "{bad}: {err}"
+            );
+        }
+    }
+
+    #[test]
+    fn companions_need_an_image() {
+        let args = SubmitArgs {
+            container_workdir: Some("/w".into()),
+            ..Default::default()
+        };
+        let err = resolve(&args).unwrap_err().to_string();
+        assert!(err.contains("--container-workdir") && err.contains("--container-image"));
+        let args = SubmitArgs {
+            container_image: Some("/img".into()),
+            no_container_mount_home: true,
+            ..Default::default()
+        };
+        let spec = resolve(&args).unwrap().unwrap();
+        assert_eq!(spec.image, "/img");
+        assert!(spec.no_mount_home && spec.mounts.is_empty() && spec.workdir.is_none());
+        assert_eq!(resolve(&SubmitArgs::default()).unwrap(), None);
+    }
+}
