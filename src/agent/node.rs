@@ -74,6 +74,18 @@ pub async fn start_compute(
     };
     let mut inventory = super::host::inventory(&cfg.node_name, backend.as_ref(), &host)
         .context("cannot read this node's inventory")?;
+    // Jobs with a container image go only to nodes that can run it.
+    let path = std::env::var("PATH").unwrap_or_default();
+    match super::exec::container::find_runtime(cfg.containers.runtime.as_deref(), &path) {
+        Ok(runtime) => {
+            tracing::info!(runtime = %runtime.display(), "OCI runtime found: container jobs may run here");
+            let oci = crate::model::OCI_FEATURE.to_string();
+            if !inventory.features.contains(&oci) {
+                inventory.features.push(oci);
+            }
+        }
+        Err(why) => tracing::info!("no container jobs here: {why}"),
+    }
     if let Some(cpus) = cfg.cpus {
         inventory.cpus = cpus;
     }

@@ -6,6 +6,10 @@
 
 use serde::{Deserialize, Serialize};
 
+/// The node feature an agent adds when it finds an OCI runtime; a job with
+/// a container image asks for it, so it goes only where it can run.
+pub const OCI_FEATURE: &str = "oci";
+
 /// `--container-image` and its companions.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ContainerSpec {

@@ -20,7 +20,7 @@ mod token;
 mod update;
 
 pub use bulk_submit::BatchEntryError;
-pub use container::{ContainerMount, ContainerSpec};
+pub use container::{ContainerMount, ContainerSpec, OCI_FEATURE};
 pub use gpu_use::GpuUse;
 pub use hostlist::{expand_hostlist, HostlistError};
 pub use job::*;

@@ -206,4 +206,22 @@ mod tests {
         assert!(spec.no_mount_home && spec.mounts.is_empty() && spec.workdir.is_none());
         assert_eq!(resolve(&SubmitArgs::default()).unwrap(), None);
     }
+
+    #[test]
+    fn a_container_job_asks_for_a_node_with_a_runtime() {
+        let args = SubmitArgs {
+            container_image: Some("/img".into()),
+            script_or_command: vec!["true".into()],
+            ..Default::default()
+        };
+        let env = [("PATH".to_string(), "/bin".to_string())];
+        let spec = crate::spec::build_spec(&args, &env, std::path::Path::new("/tmp")).unwrap();
+        assert_eq!(spec.placement.features, [crate::model::OCI_FEATURE]);
+        let bare = SubmitArgs {
+            script_or_command: vec!["true".into()],
+            ..Default::default()
+        };
+        let spec = crate::spec::build_spec(&bare, &env, std::path::Path::new("/tmp")).unwrap();
+        assert!(spec.placement.features.is_empty());
+    }
 }

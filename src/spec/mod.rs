@@ -455,7 +455,7 @@ fn finish_spec(
     let export = merged.export.clone().unwrap_or_default();
     let (nodes, gpus_per_node, total_gpus, placement) = placement::resolve(merged)?;
 
-    let spec = JobSpec {
+    let mut spec = JobSpec {
         qos: merged.qos.clone(),
         nice: merged.nice.unwrap_or(0),
         name,
@@ -501,6 +501,10 @@ fn finish_spec(
                 sig.secs_before
             )));
         }
+    }
+    let oci = crate::model::OCI_FEATURE;
+    if spec.container.is_some() && !spec.placement.features.iter().any(|f| f == oci) {
+        spec.placement.features.push(oci.to_string());
     }
     spec.check_invariants().map_err(SpecError::Invalid)?;
     check_word("job name", &spec.name, true)?;

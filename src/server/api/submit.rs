@@ -98,6 +98,21 @@ pub(super) fn check<'a>(
             ),
         ));
     }
+    let inventories: Vec<&NodeInventory> = inventories.into_iter().collect();
+    let oci = crate::model::OCI_FEATURE;
+    let with_runtime = |n: &&NodeInventory| n.features.iter().any(|f| f == oci);
+    if spec.container.is_some() && !inventories.is_empty() && !inventories.iter().any(with_runtime)
+    {
+        return Err((
+            ErrorKind::BadInput,
+            format!(
+                "--container-image: none of the {} nodes has an OCI runtime (crun or runc; \
+                 an agent that finds one gives its node the feature `{oci}`): install one on \
+                 the nodes, or run without a container",
+                inventories.len()
+            ),
+        ));
+    }
     feasible(inventories, spec).map_err(|why| (ErrorKind::BadInput, why))
 }
 
@@ -112,4 +127,46 @@ fn feasible<'a>(
         return Ok(());
     }
     crate::sched::feasible(inventories, &crate::sched::PendingJob::of_spec(spec))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::spec::SubmitArgs;
+
+    fn node(features: &[&str]) -> NodeInventory {
+        NodeInventory {
+            name: "n1".into(),
+            gpus: vec![],
+            gpu_links: vec![],
+            numa: vec![],
+            cpus: 8,
+            memory_mb: 8192,
+            topology: String::new(),
+            features: features.iter().map(|f| f.to_string()).collect(),
+        }
+    }
+
+    #[test]
+    fn a_container_job_is_refused_where_no_node_has_a_runtime() {
+        let args = SubmitArgs {
+            container_image: Some("/img".into()),
+            script_or_command: vec!["true".into()],
+            ..Default::default()
+        };
+        let spec = crate::spec::build_spec(&args, &[], std::path::Path::new("/tmp")).unwrap();
+        let caller = Caller {
+            user: "alice".into(),
+            uid: 1000,
+            admin: false,
+        };
+        let bare = node(&[]);
+        let (kind, why) = check(&caller, &spec, [&bare, &bare]).unwrap_err();
+        assert_eq!(kind, ErrorKind::BadInput);
+        assert!(why.contains("none of the 2 nodes has an OCI runtime"), "{why}");
+        let able = node(&[crate::model::OCI_FEATURE]);
+        assert_eq!(check(&caller, &spec, [&bare, &able]), Ok(()));
+        // No nodes yet: the job waits for some.
+        assert_eq!(check(&caller, &spec, []), Ok(()));
+    }
 }
