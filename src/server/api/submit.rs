@@ -163,7 +163,10 @@ mod tests {
         let bare = node(&[]);
         let (kind, why) = check(&caller, &spec, [&bare, &bare]).unwrap_err();
         assert_eq!(kind, ErrorKind::BadInput);
-        assert!(why.contains("none of the 2 nodes has an OCI runtime"), "{why}");
+        assert!(
+            why.contains("none of the 2 nodes has an OCI runtime"),
+            "{why}"
+        );
         let able = node(&[crate::model::OCI_FEATURE]);
         assert_eq!(check(&caller, &spec, [&bare, &able]), Ok(()));
         // No nodes yet: the job waits for some.

@@ -281,13 +281,19 @@ fn an_update_rolls_one_replica_at_a_time_and_halts_on_a_failing_one() {
     assert_eq!(new0.len(), 1);
     assert_eq!(s.jobs[&new0[0]].spec.env, [("V".into(), "2".into())]);
     let slot = &s.services["web"].slots[&0];
-    assert_eq!((slot.job, slot.next, slot.version), (Some(old[0]), Some(new0[0]), 1));
+    assert_eq!(
+        (slot.job, slot.next, slot.version),
+        (Some(old[0]), Some(new0[0]), 1)
+    );
     assert!(s.services["web"].rolling());
     // Running (no health check): it takes index 0, the old one stops,
     // and index 1's new replica starts.
     start(&mut s, &mut d, new0[0], 2, 210 * SEC);
     let slot = &s.services["web"].slots[&0];
-    assert_eq!((slot.job, slot.next, slot.version), (Some(new0[0]), None, 2));
+    assert_eq!(
+        (slot.job, slot.next, slot.version),
+        (Some(new0[0]), None, 2)
+    );
     assert_eq!(s.jobs[&old[0]].state, JobState::Completing);
     assert!(s.jobs[&old[0]]
         .reason
@@ -315,7 +321,10 @@ fn an_update_rolls_one_replica_at_a_time_and_halts_on_a_failing_one() {
         .unwrap_or_default()
         .contains("replica 1 ended before it was ready"));
     assert!(!web.rolling());
-    assert_eq!((web.slots[&1].job, web.slots[&1].next), (Some(old[1]), None));
+    assert_eq!(
+        (web.slots[&1].job, web.slots[&1].next),
+        (Some(old[1]), None)
+    );
     assert_eq!(s.jobs[&old[1]].state, JobState::Running);
     let restarted = queued(&update(&mut s, &mut d, None, 300 * SEC));
     // Rollback: version 3 is version 1's spec, rolled the same way.
