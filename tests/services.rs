@@ -254,6 +254,48 @@ fn health_checks_gate_endpoints_and_replace_replicas_that_fail_them() {
     let (code, body) = curl(&["-H", &auth, &format!("{url}/api/v1/services/nope")]);
     assert_eq!(code, "404", "{body}");
 
+    // A command check: healthy once the replica made its file.
+    let ready_dir = dir.path().join("ready");
+    std::fs::create_dir_all(&ready_dir).unwrap();
+    c.server.ok(&[
+        "service",
+        "create",
+        "cmd",
+        "--health-cmd",
+        "test -e ready-$GPUQ_REPLICA",
+        "--health-interval",
+        "1s",
+        "--health-grace",
+        "1s",
+        "-D",
+        ready_dir.to_str().unwrap(),
+        "--wrap",
+        "sleep 2; touch ready-$GPUQ_REPLICA; exec sleep 300",
+    ]);
+    wait_for("the replica running", LONG, || {
+        replica(&c, "cmd", 0, "state") == "RUNNING"
+    });
+    assert!(
+        endpoints(&c, "cmd").is_empty(),
+        "not before its file exists"
+    );
+    wait_for("the command check passing", LONG, || {
+        replica(&c, "cmd", 0, "healthy") == true
+    });
+    assert_eq!(endpoints(&c, "cmd").len(), 1);
+    let both = c.server.cli(&[
+        "service",
+        "create",
+        "both",
+        "--health-cmd",
+        "true",
+        "--health-http",
+        "/",
+        "--",
+        "true",
+    ]);
+    assert_eq!(both.status.code(), Some(1), "{}", stderr(&both));
+
     // Never listens: never an endpoint, stopped after two failed checks
     // past its grace, and replaced.
     let mut args = vec!["service", "create", "deaf"];

@@ -31,6 +31,10 @@ pub struct Prober {
 struct Probe {
     check: HealthCheck,
     port: u16,
+    /// For a command check: who runs it, where, with what environment.
+    user: String,
+    workdir: String,
+    env: Vec<(String, String)>,
     first_seen: Instant,
     last_check: Option<Instant>,
     in_flight: bool,
@@ -55,6 +59,9 @@ impl Prober {
             probes.entry(key).or_insert_with(|| Probe {
                 check: check.clone(),
                 port: t.master_port,
+                user: t.user.clone(),
+                workdir: t.workdir.clone(),
+                env: t.env.clone(),
                 first_seen: now,
                 last_check: None,
                 in_flight: false,
@@ -74,12 +81,28 @@ impl Prober {
                 p.in_flight = true;
                 p.last_check = Some(now);
                 let (port, path) = (p.port, p.check.path.clone());
+                let run = p
+                    .check
+                    .cmd
+                    .clone()
+                    .map(|cmd| (cmd, p.user.clone(), p.workdir.clone(), p.env.clone()));
                 let probes = self.probes.clone();
                 tokio::spawn(async move {
-                    let result = get(port, &path).await;
+                    let outcome = match run {
+                        Some((cmd, user, workdir, env)) => {
+                            run_cmd(&cmd, &user, &workdir, env).await
+                        }
+                        None => match get(port, &path).await {
+                            Ok(code) if (200..400).contains(&code) => {
+                                Ok(format!("GET {path}: {code}"))
+                            }
+                            Ok(code) => Err(format!("GET {path}: {code}")),
+                            Err(e) => Err(format!("GET {path}: {e}")),
+                        },
+                    };
                     let mut probes = probes.lock().unwrap_or_else(|e| e.into_inner());
                     if let Some(p) = probes.get_mut(&key) {
-                        p.record(result, &path);
+                        p.record(outcome);
                     }
                 });
             }
@@ -93,20 +116,18 @@ impl Prober {
 }
 
 impl Probe {
-    fn record(&mut self, result: Result<u16, String>, path: &str) {
+    /// One check's outcome: `Ok` healthy, `Err` not; each with what it saw.
+    fn record(&mut self, outcome: Result<String, String>) {
         self.in_flight = false;
         let in_grace = self.first_seen.elapsed() < Duration::from_secs(self.check.grace_secs);
-        match result {
-            Ok(code) if (200..400).contains(&code) => {
+        match outcome {
+            Ok(seen) => {
                 self.failures = 0;
                 self.healthy = Some(true);
-                self.detail = format!("GET {path}: {code}");
+                self.detail = seen;
             }
-            failed => {
-                self.detail = match failed {
-                    Ok(code) => format!("GET {path}: {code}"),
-                    Err(e) => format!("GET {path}: {e}"),
-                };
+            Err(seen) => {
+                self.detail = seen;
                 if in_grace {
                     return;
                 }
@@ -118,6 +139,47 @@ impl Probe {
                 }
             }
         }
+    }
+}
+
+/// Runs a command check as `user` in `workdir` with `env`: `Ok` when it
+/// exits 0 within [`CHECK_TIMEOUT`] (it is killed if not).
+async fn run_cmd(
+    cmd: &str,
+    user: &str,
+    workdir: &str,
+    mut env: Vec<(String, String)>,
+) -> Result<String, String> {
+    if !env.iter().any(|(k, _)| k == "PATH") {
+        env.push(("PATH".into(), "/usr/local/bin:/usr/bin:/bin".into()));
+    }
+    // Found here, not in the job's PATH (which rarely has sbin).
+    let runuser = [
+        "/usr/sbin/runuser",
+        "/sbin/runuser",
+        "/usr/bin/runuser",
+        "/bin/runuser",
+    ]
+    .into_iter()
+    .find(|p| std::path::Path::new(p).exists())
+    .unwrap_or("runuser");
+    let mut c = tokio::process::Command::new(runuser);
+    c.args(["-u", user, "--", "sh", "-c", cmd])
+        .current_dir(workdir)
+        .env_clear()
+        .envs(env)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true);
+    let status = tokio::time::timeout(CHECK_TIMEOUT, c.status())
+        .await
+        .map_err(|_| format!("{cmd:?}: no exit within {} s", CHECK_TIMEOUT.as_secs()))?
+        .map_err(|e| format!("{cmd:?}: cannot run runuser: {e}"))?;
+    match status.code() {
+        Some(0) => Ok(format!("{cmd:?}: exit 0")),
+        Some(c) => Err(format!("{cmd:?}: exit {c}")),
+        None => Err(format!("{cmd:?}: killed by a signal")),
     }
 }
 
@@ -170,8 +232,12 @@ mod tests {
                 interval_secs: 1,
                 grace_secs,
                 failures: 2,
+                cmd: None,
             },
             port: 1,
+            user: "nobody".into(),
+            workdir: "/".into(),
+            env: vec![],
             first_seen: Instant::now(),
             last_check: None,
             in_flight: true,
@@ -185,16 +251,16 @@ mod tests {
     #[test]
     fn failures_count_after_the_grace_and_one_success_heals() {
         let mut p = probe(3600);
-        p.record(Err("refused".into()), "/h");
-        p.record(Ok(500), "/h");
+        p.record(Err("GET /h: refused".into()));
+        p.record(Err("GET /h: 500".into()));
         assert_eq!((p.failures, p.healthy), (0, None), "within the grace");
         let mut p = probe(0);
-        p.record(Ok(503), "/h");
+        p.record(Err("GET /h: 503".into()));
         assert_eq!(p.healthy, None, "one failure of two");
-        p.record(Err("connection refused".into()), "/h");
+        p.record(Err("GET /h: connection refused".into()));
         assert_eq!(p.healthy, Some(false));
         assert!(p.detail.contains("connection refused") && p.detail.contains("2 failed"));
-        p.record(Ok(204), "/h");
+        p.record(Ok("GET /h: 204".into()));
         assert_eq!((p.failures, p.healthy), (0, Some(true)));
     }
 
@@ -225,5 +291,14 @@ mod tests {
         let gone = closed.local_addr().unwrap().port();
         drop(closed);
         assert!(get(gone, "/healthz").await.is_err());
+    }
+
+    #[tokio::test]
+    async fn a_command_check_runs_as_the_user_with_the_environment() {
+        let env = vec![("WANT".to_string(), "yes".to_string())];
+        let ok = run_cmd("test \"$WANT\" = yes", "root", "/", env.clone()).await;
+        assert!(ok.is_ok(), "{ok:?}");
+        let bad = run_cmd("exit 3", "root", "/", env).await.unwrap_err();
+        assert!(bad.contains("exit 3"), "{bad}");
     }
 }

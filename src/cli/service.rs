@@ -82,8 +82,13 @@ pub struct CreateArgs {
     /// node): a replica is an endpoint once it answers 2xx or 3xx, and is
     /// stopped and replaced after --health-failures failures in a row
     /// past its --health-grace.
-    #[arg(long, value_name = "PATH")]
+    #[arg(long, value_name = "PATH", conflicts_with = "health_cmd")]
     pub health_http: Option<String>,
+    /// Check each replica by running CMD (a shell command line) as you, in
+    /// its working directory with its environment (PORT included), on its
+    /// node: healthy when it exits 0 within the check's 2 seconds.
+    #[arg(long, value_name = "CMD")]
+    pub health_cmd: Option<String>,
     /// Time between checks.
     #[arg(long, default_value = "5s", value_parser = parse_delay)]
     pub health_interval: u64,
@@ -205,11 +210,14 @@ async fn create(a: CreateArgs) -> Result<(), CliError> {
         spec: Box::new(spec),
         replicas: a.replicas,
         restart_delay_secs: a.restart_delay,
-        health: a.health_http.map(|path| crate::model::HealthCheck {
-            path,
-            interval_secs: a.health_interval,
-            grace_secs: a.health_grace,
-            failures: a.health_failures,
+        health: (a.health_http.is_some() || a.health_cmd.is_some()).then(|| {
+            crate::model::HealthCheck {
+                path: a.health_http.clone().unwrap_or_default(),
+                interval_secs: a.health_interval,
+                grace_secs: a.health_grace,
+                failures: a.health_failures,
+                cmd: a.health_cmd.clone(),
+            }
         }),
     };
     match call(req).await? {
@@ -323,7 +331,8 @@ struct ServiceFile {
 #[derive(serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 struct HealthFile {
-    http: String,
+    http: Option<String>,
+    cmd: Option<String>,
     interval: Option<String>,
     grace: Option<String>,
     failures: Option<u32>,
@@ -348,7 +357,8 @@ async fn apply(file: &std::path::Path) -> Result<(), CliError> {
     let health = match &f.health {
         None => None,
         Some(h) => Some(crate::model::HealthCheck {
-            path: h.http.clone(),
+            path: h.http.clone().unwrap_or_default(),
+            cmd: h.cmd.clone(),
             interval_secs: secs("health.interval", &h.interval, 5)?,
             grace_secs: secs("health.grace", &h.grace, 30)?,
             failures: h.failures.unwrap_or(3),

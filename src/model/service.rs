@@ -56,30 +56,43 @@ fn first_version() -> u64 {
     1
 }
 
-/// A replica's health check: an HTTP GET of `path` on its `PORT` at
-/// 127.0.0.1, by the agent of its first node, every `interval_secs`. A
-/// replica is healthy once a GET answers 2xx or 3xx; one that fails
-/// `failures` times in a row after its `grace_secs` from start is stopped
-/// and replaced, as one that exited.
+/// A replica's health check, made by the agent of its first node every
+/// `interval_secs`: an HTTP GET of `path` on its `PORT` at 127.0.0.1
+/// (healthy: 2xx or 3xx), or, with `cmd`, a shell command run as the
+/// replica's user in its working directory with its environment (healthy:
+/// exit 0). One that fails `failures` times in a row after its
+/// `grace_secs` from start is stopped and replaced, as one that exited.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct HealthCheck {
+    /// Empty with `cmd`.
     pub path: String,
     pub interval_secs: u64,
     pub grace_secs: u64,
     pub failures: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cmd: Option<String>,
 }
 
 impl HealthCheck {
-    /// Checks a path as a GET's request line needs it.
+    /// Checks a path as a GET's request line needs it, or a command.
     pub fn check(&self) -> Result<(), String> {
+        if self.interval_secs == 0 || self.failures == 0 {
+            return Err("--health-interval and --health-failures must be at least 1".into());
+        }
+        if let Some(cmd) = &self.cmd {
+            if cmd.trim().is_empty() || !self.path.is_empty() {
+                return Err(
+                    "give one health check: --health-http PATH or a non-empty --health-cmd CMD"
+                        .into(),
+                );
+            }
+            return Ok(());
+        }
         let p = &self.path;
         if !p.starts_with('/') || p.chars().any(|c| c.is_whitespace() || c.is_control()) {
             return Err(format!(
                 "--health-http {p:?}: give an absolute URL path without spaces, e.g. /healthz"
             ));
-        }
-        if self.interval_secs == 0 || self.failures == 0 {
-            return Err("--health-interval and --health-failures must be at least 1".into());
         }
         Ok(())
     }

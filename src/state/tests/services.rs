@@ -353,6 +353,7 @@ fn a_checked_replica_takes_its_place_only_when_the_leader_says_it_is_healthy() {
                 interval_secs: 1,
                 grace_secs: 1,
                 failures: 1,
+                cmd: None,
             }),
         },
         &mut d2,
