@@ -142,7 +142,9 @@ impl Probe {
     }
 }
 
-/// Runs a command check as `user` in `workdir` with `env`: `Ok` when it
+/// Runs a command check as `user` (its uid and primary group, set in the
+/// child before `sh` is exec'd, so nothing of the job's environment ever
+/// reaches a process running as root) in `workdir` with `env`: `Ok` when it
 /// exits 0 within [`CHECK_TIMEOUT`] (it is killed if not).
 async fn run_cmd(
     cmd: &str,
@@ -150,21 +152,17 @@ async fn run_cmd(
     workdir: &str,
     mut env: Vec<(String, String)>,
 ) -> Result<String, String> {
+    let account = nix::unistd::User::from_name(user)
+        .ok()
+        .flatten()
+        .ok_or_else(|| format!("{cmd:?}: no user {user:?} on this node"))?;
     if !env.iter().any(|(k, _)| k == "PATH") {
         env.push(("PATH".into(), "/usr/local/bin:/usr/bin:/bin".into()));
     }
-    // Found here, not in the job's PATH (which rarely has sbin).
-    let runuser = [
-        "/usr/sbin/runuser",
-        "/sbin/runuser",
-        "/usr/bin/runuser",
-        "/bin/runuser",
-    ]
-    .into_iter()
-    .find(|p| std::path::Path::new(p).exists())
-    .unwrap_or("runuser");
-    let mut c = tokio::process::Command::new(runuser);
-    c.args(["-u", user, "--", "sh", "-c", cmd])
+    let mut c = tokio::process::Command::new("/bin/sh");
+    c.args(["-c", cmd])
+        .uid(account.uid.as_raw())
+        .gid(account.gid.as_raw())
         .current_dir(workdir)
         .env_clear()
         .envs(env)
@@ -175,7 +173,7 @@ async fn run_cmd(
     let status = tokio::time::timeout(CHECK_TIMEOUT, c.status())
         .await
         .map_err(|_| format!("{cmd:?}: no exit within {} s", CHECK_TIMEOUT.as_secs()))?
-        .map_err(|e| format!("{cmd:?}: cannot run runuser: {e}"))?;
+        .map_err(|e| format!("{cmd:?}: cannot run it: {e}"))?;
     match status.code() {
         Some(0) => Ok(format!("{cmd:?}: exit 0")),
         Some(c) => Err(format!("{cmd:?}: exit {c}")),
@@ -298,7 +296,17 @@ mod tests {
         let env = vec![("WANT".to_string(), "yes".to_string())];
         let ok = run_cmd("test \"$WANT\" = yes", "root", "/", env.clone()).await;
         assert!(ok.is_ok(), "{ok:?}");
-        let bad = run_cmd("exit 3", "root", "/", env).await.unwrap_err();
+        let bad = run_cmd("exit 3", "root", "/", env.clone())
+            .await
+            .unwrap_err();
         assert!(bad.contains("exit 3"), "{bad}");
+        // As the user, not as the agent: nobody cannot write root's home.
+        let denied = run_cmd("touch /root/.gpuq-probe-test", "nobody", "/", env).await;
+        assert!(denied.is_err(), "{denied:?}");
+        assert!(!std::path::Path::new("/root/.gpuq-probe-test").exists());
+        let nouser = run_cmd("true", "no-such-user-x", "/", vec![])
+            .await
+            .unwrap_err();
+        assert!(nouser.contains("no user"), "{nouser}");
     }
 }
