@@ -13,6 +13,7 @@ pub mod policy;
 pub mod policy_change;
 mod ports;
 mod queue;
+mod run;
 mod service;
 mod step;
 mod task;
@@ -31,6 +32,7 @@ pub use policy::{
 };
 pub use ports::{PortRange, PortRangeError};
 pub use queue::*;
+pub use run::JobRun;
 pub use service::*;
 pub use step::*;
 pub use task::*;

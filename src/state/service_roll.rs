@@ -26,19 +26,7 @@ impl State {
         self.service_owned(by, admin, name)?;
         let s = &self.services[name];
         let new = match spec {
-            Some(spec) => {
-                if spec.queue.array.is_some()
-                    || !spec.queue.dependency.is_empty()
-                    || spec.queue.hold
-                {
-                    return Err(Rejection::Service(
-                        "a service's replicas are not arrays and start at once: drop --array, \
-                         --dependency and --hold"
-                            .into(),
-                    ));
-                }
-                self.admit(&s.user, spec)?
-            }
+            Some(spec) => self.admit_template(&s.user, spec)?,
             None => match &s.previous {
                 Some((_, spec)) => spec.clone(),
                 None => {
@@ -150,7 +138,7 @@ impl State {
         if let Some(h) = &health {
             h.check().map_err(Rejection::Service)?;
         }
-        let admitted = self.admit(&s.user, spec)?;
+        let admitted = self.admit_template(&s.user, spec)?;
         let (new_spec, new_count) = (admitted != s.spec, replicas != s.replicas);
         let (old_count, old_delay) = (s.replicas, s.restart_delay_secs);
         let new_health = health != s.health;

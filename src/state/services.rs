@@ -39,17 +39,7 @@ impl State {
             )));
         }
         check_replicas(replicas)?;
-        if spec.queue.array.is_some() {
-            return Err(Rejection::Service(
-                "a service cannot be an array: --replicas N runs N copies; drop --array".into(),
-            ));
-        }
-        if !spec.queue.dependency.is_empty() || spec.queue.hold {
-            return Err(Rejection::Service(
-                "a service's replicas start at once: drop --dependency and --hold".into(),
-            ));
-        }
-        let spec = self.admit(user, spec)?;
+        let spec = self.admit_template(user, spec)?;
         self.services.insert(
             name.to_string(),
             Service {
@@ -302,6 +292,22 @@ impl State {
             }
         }
         jobs
+    }
+
+    /// A replica template as a submit admits a job, less what a replica
+    /// cannot be: an array, or held back by dependencies or a hold.
+    pub(super) fn admit_template(&self, user: &str, spec: &JobSpec) -> Result<JobSpec, Rejection> {
+        if spec.queue.array.is_some() {
+            return Err(Rejection::Service(
+                "a service cannot be an array: --replicas N runs N copies; drop --array".into(),
+            ));
+        }
+        if !spec.queue.dependency.is_empty() || spec.queue.hold {
+            return Err(Rejection::Service(
+                "a service's replicas start at once: drop --dependency and --hold".into(),
+            ));
+        }
+        self.admit(user, spec)
     }
 
     pub(super) fn service_owned(&self, by: &str, admin: bool, name: &str) -> Result<(), Rejection> {

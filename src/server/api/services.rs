@@ -19,14 +19,8 @@ impl Api {
         how: (u32, u64, Option<HealthCheck>),
     ) -> ApiResponse {
         let (replicas, restart_delay_secs, health) = how;
-        // The checks a submit makes (the spec, --nice, whether any node
-        // could hold one replica), once for the template.
-        let checked = {
-            let s = self.state();
-            super::submit::check(&caller, &spec, s.nodes.values().map(|n| &n.inventory))
-        };
-        if let Err((kind, why)) = checked {
-            return ApiResponse::error(kind, why);
+        if let Err(refused) = self.check_template(&caller, &spec) {
+            return *refused;
         }
         let cmd = Command::ServiceCreate {
             user: caller.user,
@@ -62,14 +56,8 @@ impl Api {
         name: String,
         spec: Option<Box<JobSpec>>,
     ) -> ApiResponse {
-        if let Some(spec) = &spec {
-            let checked = {
-                let s = self.state();
-                super::submit::check(&caller, spec, s.nodes.values().map(|n| &n.inventory))
-            };
-            if let Err((kind, why)) = checked {
-                return ApiResponse::error(kind, why);
-            }
+        if let Some(Err(refused)) = spec.as_ref().map(|s| self.check_template(&caller, s)) {
+            return *refused;
         }
         let cmd = Command::ServiceUpdate {
             by: caller.user,
@@ -88,12 +76,8 @@ impl Api {
         spec: Box<JobSpec>,
         how: (u32, u64, Option<HealthCheck>),
     ) -> ApiResponse {
-        let checked = {
-            let s = self.state();
-            super::submit::check(&caller, &spec, s.nodes.values().map(|n| &n.inventory))
-        };
-        if let Err((kind, why)) = checked {
-            return ApiResponse::error(kind, why);
+        if let Err(refused) = self.check_template(&caller, &spec) {
+            return *refused;
         }
         let (replicas, restart_delay_secs, health) = how;
         let cmd = Command::ServiceApply {
@@ -123,6 +107,14 @@ impl Api {
             now: now_ms(),
         };
         self.service_write(cmd).await
+    }
+
+    /// The checks a submit makes (the spec, --nice, whether any node could
+    /// hold one replica), once for a replica template.
+    fn check_template(&self, caller: &Caller, spec: &JobSpec) -> Result<(), Box<ApiResponse>> {
+        let s = self.state();
+        super::submit::check(caller, spec, s.nodes.values().map(|n| &n.inventory))
+            .map_err(|(kind, why)| Box::new(ApiResponse::error(kind, why)))
     }
 
     async fn service_write(&self, cmd: Command) -> ApiResponse {
