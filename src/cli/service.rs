@@ -205,20 +205,22 @@ fn spec_here(args: &SubmitArgs) -> Result<crate::model::JobSpec, CliError> {
 
 async fn create(a: CreateArgs) -> Result<(), CliError> {
     let spec = spec_here(&a.job)?;
+    let health =
+        (a.health_http.is_some() || a.health_cmd.is_some()).then(|| crate::model::HealthCheck {
+            path: a.health_http.clone().unwrap_or_default(),
+            interval_secs: a.health_interval,
+            grace_secs: a.health_grace,
+            failures: a.health_failures,
+            cmd: a.health_cmd.clone(),
+        });
     let req = ApiRequest::ServiceCreate {
         name: a.name.clone(),
         spec: Box::new(spec),
-        replicas: a.replicas,
-        restart_delay_secs: a.restart_delay,
-        health: (a.health_http.is_some() || a.health_cmd.is_some()).then(|| {
-            crate::model::HealthCheck {
-                path: a.health_http.clone().unwrap_or_default(),
-                interval_secs: a.health_interval,
-                grace_secs: a.health_grace,
-                failures: a.health_failures,
-                cmd: a.health_cmd.clone(),
-            }
-        }),
+        settings: crate::model::ServiceSettings {
+            replicas: a.replicas,
+            restart_delay_secs: a.restart_delay,
+            health,
+        },
     };
     match call(req).await? {
         ApiResponse::ServiceChanged { queued, .. } => {
@@ -385,9 +387,11 @@ async fn apply(file: &std::path::Path) -> Result<(), CliError> {
     let req = ApiRequest::ServiceApply {
         name: f.name.clone(),
         spec: Box::new(spec),
-        replicas: f.replicas,
-        restart_delay_secs,
-        health,
+        settings: crate::model::ServiceSettings {
+            replicas: f.replicas,
+            restart_delay_secs,
+            health,
+        },
     };
     match call(req).await? {
         ApiResponse::ServiceApplied { changes } if changes.is_empty() => {

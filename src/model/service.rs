@@ -98,6 +98,17 @@ impl HealthCheck {
     }
 }
 
+/// What `gpuq service create` and `apply` set besides the replica
+/// template: how many, how soon one that ended starts again, and how its
+/// health is checked.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServiceSettings {
+    pub replicas: u32,
+    pub restart_delay_secs: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub health: Option<HealthCheck>,
+}
+
 /// One replica index of a service.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Slot {

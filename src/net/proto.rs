@@ -206,10 +206,7 @@ pub enum ApiRequest {
     ServiceCreate {
         name: String,
         spec: Box<JobSpec>,
-        replicas: u32,
-        restart_delay_secs: u64,
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        health: Option<crate::model::HealthCheck>,
+        settings: crate::model::ServiceSettings,
     },
     /// Set a service's replica count.
     ServiceScale { name: String, replicas: u32 },
@@ -224,10 +221,7 @@ pub enum ApiRequest {
     ServiceApply {
         name: String,
         spec: Box<JobSpec>,
-        replicas: u32,
-        restart_delay_secs: u64,
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        health: Option<crate::model::HealthCheck>,
+        settings: crate::model::ServiceSettings,
     },
     /// Every service, or the one named, with its replicas (a read).
     Services { name: Option<String> },

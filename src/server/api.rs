@@ -349,13 +349,8 @@ impl Api {
             ApiRequest::ServiceCreate {
                 name,
                 spec,
-                replicas,
-                restart_delay_secs,
-                health,
-            } => {
-                self.service_create(caller, name, spec, (replicas, restart_delay_secs, health))
-                    .await
-            }
+                settings,
+            } => self.service_create(caller, name, spec, settings).await,
             ApiRequest::ServiceScale { name, replicas } => {
                 self.service_scale(caller, name, replicas).await
             }
@@ -366,13 +361,8 @@ impl Api {
             ApiRequest::ServiceApply {
                 name,
                 spec,
-                replicas,
-                restart_delay_secs,
-                health,
-            } => {
-                self.service_apply(caller, name, spec, (replicas, restart_delay_secs, health))
-                    .await
-            }
+                settings,
+            } => self.service_apply(caller, name, spec, settings).await,
             ApiRequest::Services { name } => self.services(&caller, name),
             ApiRequest::SubmitMany { specs } => self.submit_many(caller, specs).await,
             ApiRequest::Cancel { ids, tasks } => {

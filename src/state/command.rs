@@ -209,11 +209,8 @@ pub enum Command {
         user: String,
         name: String,
         spec: Box<JobSpec>,
-        replicas: u32,
-        restart_delay_secs: u64,
+        settings: crate::model::ServiceSettings,
         now: Millis,
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        health: Option<crate::model::HealthCheck>,
     },
     /// Sets a service's replica count: missing indexes get a job, the
     /// replicas at indexes beyond the count are cancelled.
@@ -255,9 +252,7 @@ pub enum Command {
         admin: bool,
         name: String,
         spec: Box<JobSpec>,
-        replicas: u32,
-        restart_delay_secs: u64,
-        health: Option<crate::model::HealthCheck>,
+        settings: crate::model::ServiceSettings,
         now: Millis,
     },
 }

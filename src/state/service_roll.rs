@@ -9,7 +9,7 @@
 //! serving; `rollback` rolls to the version before the same way.
 
 use super::{CommandResult, Dirty, Rejection, State};
-use crate::model::{HealthCheck, JobId, JobSpec, JobState, Millis};
+use crate::model::{JobId, JobSpec, JobState, Millis, ServiceSettings};
 
 impl State {
     /// A new version of `name` (`spec`), or the one before (`None`:
@@ -118,13 +118,17 @@ impl State {
         admin: bool,
         name: &str,
         spec: &JobSpec,
-        how: (u32, u64, Option<HealthCheck>),
+        settings: &ServiceSettings,
         now: Millis,
         dirty: &mut Dirty,
     ) -> Result<CommandResult, Rejection> {
-        let (replicas, delay, health) = how;
+        let ServiceSettings {
+            replicas,
+            restart_delay_secs: delay,
+            health,
+        } = settings.clone();
         let Some(s) = self.services.get(name) else {
-            let r = self.service_create(by, name, spec, (replicas, delay, health), now, dirty)?;
+            let r = self.service_create(by, name, spec, settings, now, dirty)?;
             let CommandResult::ServiceChanged { queued, cancelled } = r else {
                 return Ok(r);
             };

@@ -12,24 +12,22 @@ use std::collections::BTreeSet;
 
 use super::{CommandResult, Dirty, Rejection, State};
 use crate::model::{
-    check_service_name, HealthCheck, JobId, JobSpec, JobState, Millis, ReplicaOf, Service,
+    check_service_name, JobId, JobSpec, JobState, Millis, ReplicaOf, Service, ServiceSettings,
     MAX_REPLICAS, QUICK_FAILURE_SECS,
 };
 
 impl State {
-    /// `how`: replicas, restart delay (seconds) and health check.
     pub(super) fn service_create(
         &mut self,
         user: &str,
         name: &str,
         spec: &JobSpec,
-        how: (u32, u64, Option<HealthCheck>),
+        settings: &ServiceSettings,
         now: Millis,
         dirty: &mut Dirty,
     ) -> Result<CommandResult, Rejection> {
-        let (replicas, restart_delay_secs, health) = how;
         check_service_name(name).map_err(Rejection::Service)?;
-        if let Some(h) = &health {
+        if let Some(h) = &settings.health {
             h.check().map_err(Rejection::Service)?;
         }
         if self.services.contains_key(name) {
@@ -38,7 +36,7 @@ impl State {
                  or delete it first"
             )));
         }
-        check_replicas(replicas)?;
+        check_replicas(settings.replicas)?;
         let spec = self.admit_template(user, spec)?;
         self.services.insert(
             name.to_string(),
@@ -46,11 +44,11 @@ impl State {
                 name: name.to_string(),
                 user: user.to_string(),
                 spec,
-                replicas,
-                restart_delay_secs,
+                replicas: settings.replicas,
+                restart_delay_secs: settings.restart_delay_secs,
                 created: now,
                 slots: Default::default(),
-                health,
+                health: settings.health.clone(),
                 version: 1,
                 previous: None,
                 roll_halted: None,

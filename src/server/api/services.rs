@@ -4,7 +4,7 @@
 //! state).
 
 use crate::clock::now_ms;
-use crate::model::{HealthCheck, JobId, JobSpec, JobState, Program, Service};
+use crate::model::{JobId, JobSpec, JobState, Program, Service, ServiceSettings};
 use crate::net::proto::{ApiResponse, Caller, ReplicaInfo, ServiceInfo};
 use crate::state::{Command, CommandResult, State};
 
@@ -16,9 +16,8 @@ impl Api {
         caller: Caller,
         name: String,
         spec: Box<JobSpec>,
-        how: (u32, u64, Option<HealthCheck>),
+        settings: ServiceSettings,
     ) -> ApiResponse {
-        let (replicas, restart_delay_secs, health) = how;
         if let Err(refused) = self.check_template(&caller, &spec) {
             return *refused;
         }
@@ -26,10 +25,8 @@ impl Api {
             user: caller.user,
             name,
             spec,
-            replicas,
-            restart_delay_secs,
+            settings,
             now: now_ms(),
-            health,
         };
         self.service_write(cmd).await
     }
@@ -74,20 +71,17 @@ impl Api {
         caller: Caller,
         name: String,
         spec: Box<JobSpec>,
-        how: (u32, u64, Option<HealthCheck>),
+        settings: ServiceSettings,
     ) -> ApiResponse {
         if let Err(refused) = self.check_template(&caller, &spec) {
             return *refused;
         }
-        let (replicas, restart_delay_secs, health) = how;
         let cmd = Command::ServiceApply {
             by: caller.user,
             admin: caller.admin,
             name,
             spec,
-            replicas,
-            restart_delay_secs,
-            health,
+            settings,
             now: now_ms(),
         };
         match self.write(cmd).await {

@@ -14,10 +14,12 @@ fn create(s: &mut State, d: &mut Dirty, name: &str, replicas: u32) -> CommandRes
             user: "alice".into(),
             name: name.into(),
             spec: Box::new(spec(1, 1)),
-            replicas,
-            restart_delay_secs: 5,
+            settings: crate::model::ServiceSettings {
+                replicas,
+                restart_delay_secs: 5,
+                health: None,
+            },
             now: 100 * SEC,
-            health: None,
         },
         d,
     )
@@ -345,16 +347,18 @@ fn a_checked_replica_takes_its_place_only_when_the_leader_says_it_is_healthy() {
             user: "alice".into(),
             name: "web".into(),
             spec: Box::new(spec(1, 1)),
-            replicas: 1,
-            restart_delay_secs: 5,
             now: 100 * SEC,
-            health: Some(crate::model::HealthCheck {
-                path: "/".into(),
-                interval_secs: 1,
-                grace_secs: 1,
-                failures: 1,
-                cmd: None,
-            }),
+            settings: crate::model::ServiceSettings {
+                replicas: 1,
+                restart_delay_secs: 5,
+                health: Some(crate::model::HealthCheck {
+                    path: "/".into(),
+                    interval_secs: 1,
+                    grace_secs: 1,
+                    failures: 1,
+                    cmd: None,
+                }),
+            },
         },
         &mut d2,
     );
