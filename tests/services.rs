@@ -11,6 +11,19 @@ use common::{stderr, wait_for, Cluster};
 
 const LONG: Duration = Duration::from_secs(60);
 
+/// An HTTP check of `/` every second, failing after two misses past a
+/// one-second grace: quick enough for a test to see both verdicts.
+const QUICK_HTTP_CHECK: [&str; 8] = [
+    "--health-http",
+    "/",
+    "--health-interval",
+    "1s",
+    "--health-grace",
+    "1s",
+    "--health-failures",
+    "2",
+];
+
 fn show(c: &Cluster, name: &str) -> serde_json::Value {
     let v: serde_json::Value =
         serde_json::from_str(&c.server.ok(&["service", "show", name, "--json"])).unwrap();
@@ -189,16 +202,7 @@ fn health_checks_gate_endpoints_and_replace_replicas_that_fail_them() {
     let dir = common::shared_tempdir();
     let c = Cluster::start(dir.path(), 1, 4);
     own_ports(&c, 43100);
-    let check = [
-        "--health-http",
-        "/",
-        "--health-interval",
-        "1s",
-        "--health-grace",
-        "1s",
-        "--health-failures",
-        "2",
-    ];
+    let check = QUICK_HTTP_CHECK;
     let bad = c.server.cli(&[
         "service",
         "create",
@@ -327,16 +331,7 @@ fn an_update_rolls_healthy_replicas_halts_on_a_broken_version_and_rolls_back() {
     let wd = dir.path().to_str().unwrap();
     let serve =
         |version: &str| format!("V={version}; exec python3 -m http.server $PORT --bind 127.0.0.1");
-    let check = [
-        "--health-http",
-        "/",
-        "--health-interval",
-        "1s",
-        "--health-grace",
-        "1s",
-        "--health-failures",
-        "2",
-    ];
+    let check = QUICK_HTTP_CHECK;
     let mut args = vec!["service", "create", "web", "--replicas", "2", "-D", wd];
     args.extend(check);
     let v1 = serve("1");

@@ -66,6 +66,20 @@ impl AgentHub {
         )
     }
 
+    /// Every reported job's GPU use over its nodes, in one pass over the
+    /// reports (for checks over all running jobs).
+    pub fn all_gpu_use(&self) -> HashMap<crate::model::JobId, crate::model::GpuUse> {
+        let reports = self.gpu_use.lock().unwrap_or_else(|p| p.into_inner());
+        let mut by_job: HashMap<crate::model::JobId, Vec<crate::model::GpuUse>> = HashMap::new();
+        for (job, u) in reports.values().flatten() {
+            by_job.entry(*job).or_default().push(*u);
+        }
+        by_job
+            .into_iter()
+            .filter_map(|(job, parts)| Some((job, crate::model::GpuUse::merge(parts)?)))
+            .collect()
+    }
+
     /// `node`'s last use report for each job whose ranks end in `events`,
     /// to go into the run with the ends.
     fn gpu_use_for_ends(

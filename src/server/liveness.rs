@@ -118,6 +118,7 @@ fn idle_to_cancel(api: &Api) -> Vec<(crate::model::JobId, String)> {
     if !s.policy.qos.values().any(|q| q.cancel_idle) {
         return Vec::new();
     }
+    let used = api.hub.all_gpu_use();
     s.jobs
         .values()
         .filter(|j| j.state == crate::model::JobState::Running)
@@ -131,7 +132,7 @@ fn idle_to_cancel(api: &Api) -> Vec<(crate::model::JobId, String)> {
                 return None;
             }
             let limit = api.idle_limit_secs(j, &s.policy)?;
-            let idle = api.hub.gpu_use(j.id)?.idle_secs;
+            let idle = used.get(&j.id)?.idle_secs;
             (idle >= limit).then(|| {
                 let by = format!("QoS {name}'s idle-GPU rule (its GPUs idle for {idle} s)");
                 (j.id, by)

@@ -15,8 +15,10 @@ impl State {
         };
         if !matches!(cmd, Command::Batch(_)) {
             if !self.services.is_empty() {
-                let touched = mine.jobs.clone();
+                // Taken, not copied: this runs after every command.
+                let touched = std::mem::take(&mut mine.jobs);
                 self.replace_ended_replicas(&touched, &mut mine);
+                mine.jobs.extend(touched);
             }
             for id in &mine.jobs {
                 self.reindex_job(*id);

@@ -39,7 +39,9 @@ impl Api {
             .qos
             .as_deref()
             .unwrap_or(crate::model::policy::DEFAULT_QOS);
-        match policy.qos(name) {
+        // Borrowed, not `Policy::qos`'s copy: this runs per running job of
+        // every listing. A QoS not in the map (the built-in) sets nothing.
+        match policy.qos.get(name) {
             Some(q) => q.idle_limit_secs(self.cfg.idle_gpu_secs),
             None => Some(self.cfg.idle_gpu_secs).filter(|&s| s > 0),
         }
