@@ -103,10 +103,14 @@ pub(super) fn run<'v>(
     // queue's: once `depth` reservations are made, backfill's
     // (`BackfillOrder`).
     let mut order: Option<Vec<usize>> = None;
+    // Queue positions of jobs that were tried, could not start and got no
+    // reservation: the candidates for an expected start (`estimates`).
+    let mut unreserved: Vec<usize> = Vec::new();
     let mut next = 0;
 
     while next < queue.jobs.len() {
-        let q = &queue.jobs[order.as_ref().map_or(next, |o| o[next])];
+        let k = order.as_ref().map_or(next, |o| o[next]);
+        let q = &queue.jobs[k];
         next += 1;
         if let Some(p) = q.part {
             left[p] -= 1;
@@ -296,6 +300,9 @@ pub(super) fn run<'v>(
                     // Its start is unknown: protect it the strict way.
                     barrier = true;
                 }
+                if !reserved && cfg.estimates > 0 {
+                    unreserved.push(k);
+                }
                 let reason = match reason {
                     r if first => r,
                     PendingReason::ReservedForOthers => PendingReason::ReservedForOthers,
@@ -310,22 +317,15 @@ pub(super) fn run<'v>(
     // the timeline as reservations would be, in queue order, once every
     // decision of the pass is made, so they change none.
     if cfg.estimates > 0 {
-        let waiting: BTreeMap<JobId, &PendingReason> =
-            out.pending.iter().map(|(id, r)| (*id, r)).collect();
-        let reserved: BTreeSet<JobId> = out.reservations.iter().map(|r| r.job).collect();
+        // In queue order (backfill's own order may have tried them in
+        // another).
+        unreserved.sort_unstable();
         let mut estimated = vec![0usize; parts.members.len()];
         ahead = None;
-        for q in &queue.jobs {
+        for &k in &unreserved {
+            let q = &queue.jobs[k];
             let Some(part) = q.part else { continue };
-            let blocked = matches!(
-                waiting.get(&q.id),
-                Some(
-                    PendingReason::Priority
-                        | PendingReason::Resources
-                        | PendingReason::ReservedForOthers
-                )
-            );
-            if !blocked || estimated[part] >= cfg.estimates || reserved.contains(&q.id) {
+            if estimated[part] >= cfg.estimates {
                 continue;
             }
             let Some(Ok(resolved)) = &verdicts[q.request] else {
