@@ -25,6 +25,7 @@ fn dgx(name: String, topology: String) -> NodeInventory {
                 numa_node: Some(i / 4),
                 healthy: true,
                 fault: None,
+                mig: None,
             })
             .collect(),
         gpu_links: (0..8)

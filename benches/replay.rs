@@ -203,6 +203,7 @@ fn main() {
             nodes,
             gpus_per_node: gpn,
             topology_leaves: None,
+            autoscale: None,
         };
         out.push(study(
             &format!("{label} at load {load}"),
@@ -224,6 +225,7 @@ fn main() {
         nodes,
         gpus_per_node: gpn,
         topology_leaves: None,
+        autoscale: None,
     };
     let (s, wall, share) = run_one(jobs, &shape, &policies[0]);
     let rate = jobs.len() as f64 / wall.as_secs_f64().max(1e-9);

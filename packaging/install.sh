@@ -705,6 +705,12 @@ example_agent_toml() {
 #   gpus = { fake = { count = 8, model = "NVIDIA H100 80GB HBM3", memory_mb = 81559,
 #                     numa_nodes = 2, nvlink = "nvswitch", fault_file = "/run/gpuq/faults" } }
 # nvlink is "nvswitch" (all pairs NV18), "pairs" (0-1, 2-3, ...) or "none".
+# Fake MIG: mig = "1g.10gb:7" partitions every fake GPU (profiles of an 80 GB
+# H100: 1g.10gb, 1g.20gb, 2g.20gb, 3g.40gb, 4g.40gb, 7g.80gb; a layout fits 7
+# compute and 8 memory slices, e.g. "3g.40gb,2g.20gb,1g.10gb:2"), and the key
+# mig_per_gpu, e.g. ["1g.10gb:7", "", "3g.40gb:2"], partitions GPUs by index
+# ("" and GPUs past the list stay whole). With NVML, a GPU in MIG mode is
+# reported as its MIG instances (partition it with nvidia-smi).
 # gpus = "auto"
 
 # CPUs kept for the system and the agent; jobs never get them.
@@ -748,10 +754,14 @@ example_agent_toml() {
 # How the tasks of jobs with --container-image run here: the OCI runtime,
 # a name looked up in PATH or an absolute path. Default: crun, else runc,
 # from PATH when a task starts; with neither, such tasks fail saying so.
-# Unpacked OCI images are cached in data_dir/images, one directory per
-# image digest (each unpack is one line of data_dir/images/unpacks.log).
+# Unpacked images (layouts, OCI and docker archives, squashfs files,
+# docker:// references pulled with skopeo) are cached in data_dir/images,
+# one directory per image digest (each unpack is one line of
+# data_dir/images/unpacks.log); past cache_max_mb MiB, the least recently
+# used images no task runs in are removed (0: no cap; default 102400).
 # [agent.containers]
 # runtime = "/usr/bin/crun"
+# cache_max_mb = 102400
 GPUQ_EOF
 }
 

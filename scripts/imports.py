@@ -36,7 +36,7 @@ ROOMS = {
     "server": {"raft", "state", "sched", "net", "model", "config", "clock", "owner_only", "socket_path", "http", "metric"},
     "cli": {"net", "model", "spec", "clock", "socket_path"},
     "compat": {"spec", "cli", "net", "model", "clock", "socket_path", "suggest", "hostname"},
-    "sim": {"agent", "net", "model", "config", "owner_only", "clock", "state", "sched", "cli"},
+    "sim": {"agent", "net", "model", "config", "owner_only", "clock", "state", "sched", "cli", "spec"},
     "dev": {"server", "agent", "config", "net", "model", "clock", "owner_only", "socket_path", "http"},
     "main": None,  # the binary's edge: anything
     "lib": None,

@@ -14,3 +14,5 @@ pub fn now_ms() -> Millis {
         .map(|d| d.as_millis() as Millis)
         .unwrap_or(0)
 }
+
+pub use crate::model::policy::fmt_time;

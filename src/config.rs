@@ -29,6 +29,7 @@ pub use gpus::{FakeGpuConfig, FakeNvLink, GpuConfig};
 pub use health_check::HealthCheck;
 use toml_file::field_names;
 
+mod advertise;
 mod checks;
 pub mod containers;
 pub mod gpus;
@@ -354,23 +355,6 @@ impl ServerConfig {
             });
         }
         self.raft.validate()
-    }
-
-    /// The address peers and agents dial: `advertise`, else `listen` when it
-    /// names a specific address.
-    pub fn advertise_addr(&self) -> Result<SocketAddr, ConfigError> {
-        match self.advertise {
-            Some(addr) => Ok(addr),
-            None if !self.listen.ip().is_unspecified() => Ok(self.listen),
-            None => Err(ConfigError::Invalid {
-                key: "server.advertise".into(),
-                problem: format!(
-                    "is not set and server.listen ({}) names no single address, so peers and agents cannot dial this server; set advertise (or GPUQ_ADVERTISE) to this host's reachable IP:PORT, e.g. 10.0.0.1:{}",
-                    self.listen,
-                    self.listen.port()
-                ),
-            }),
-        }
     }
 }
 

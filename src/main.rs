@@ -152,10 +152,21 @@ struct DevArgs {
     /// fake (simulated GPUs) or nvml (this machine's GPUs, with --nodes 1).
     #[arg(long, default_value = "fake", value_parser = ["fake", "nvml"])]
     gpus: String,
+    /// Partition every simulated GPU into MIG slices with this layout, e.g.
+    /// 1g.10gb:7 or 3g.40gb,2g.20gb,1g.10gb:2 (profiles of an 80 GB H100:
+    /// 1g.10gb, 1g.20gb, 2g.20gb, 3g.40gb, 4g.40gb, 7g.80gb; at most 7
+    /// compute and 8 memory slices per GPU).
+    #[arg(long, value_name = "LAYOUT", value_parser = parse_mig_layout)]
+    mig: Option<gpuq::model::MigLayout>,
     /// The server's HTTP port (metrics, API, web page) on loopback; port 0
     /// takes any free one. The nodes' agents serve theirs on free ports.
     #[arg(long, env = "GPUQ_HTTP_LISTEN", default_value = "127.0.0.1:7480")]
     http: std::net::SocketAddr,
+    /// A node group of up to N more simulated nodes (burst-001, ...), each
+    /// its own `gpuq agent` process, started when jobs wait for capacity
+    /// and stopped after a minute idle (needs root).
+    #[arg(long, value_name = "N", default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=64))]
+    burst: u32,
 }
 
 // `gpuq sim ...`
@@ -235,6 +246,10 @@ impl SimAgentsArgs {
             reconcile_every: std::time::Duration::from_millis(self.reconcile_ms),
         }
     }
+}
+
+fn parse_mig_layout(s: &str) -> Result<gpuq::model::MigLayout, String> {
+    gpuq::model::MigLayout::parse(s).map_err(|e| e.to_string())
 }
 
 fn parse_agent_role(s: &str) -> Result<AgentRole, String> {
@@ -373,8 +388,10 @@ async fn daemon(cmd: Cmd) -> anyhow::Result<()> {
                 dir: a.dir.unwrap_or_else(gpuq::socket_path::dev_dir),
                 fresh: a.fresh,
                 nvml: a.gpus == "nvml",
+                mig: a.mig,
                 links: gpuq::compat::COMMANDS.map(String::from).to_vec(),
                 http: a.http,
+                burst: a.burst,
             })
             .await
         }

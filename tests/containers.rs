@@ -1,149 +1,18 @@
-//! Jobs in container images (`--container-image`) on a real OCI runtime
-//! (crun): a server and agents as processes, the image a busybox-static
-//! root filesystem made here, as a plain directory and packed by hand into
-//! an OCI image layout (tar, gzip and sha256; no umoci). CI runs as root
-//! with crun and busybox-static installed (`.ci/run`).
+//! Jobs in container images (`--container-image`) on real OCI runtimes
+//! (crun, runc): a server and agents as processes, the image a
+//! busybox-static root filesystem made here (`images`), as a plain
+//! directory and as an OCI image layout. The other image formats and the
+//! node's image cache are `tests/container_images.rs`. CI runs as root with
+//! crun, runc, busybox-static and squashfs-tools installed (`.ci/run`).
 
 mod common;
+mod images;
 
-use std::io::Write;
 use std::os::unix::fs::MetadataExt;
-use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::path::Path;
 
 use common::{cli_as, ensure_user, require_root, shared_tempdir, stderr, Agent, Cluster};
-use sha2::{Digest, Sha256};
-
-const LONG: Duration = Duration::from_secs(60);
-
-/// The `NAME` of the test image's os-release, which no host has.
-const IMAGE_NAME: &str = "gpuq-test-busybox";
-
-fn read(path: &Path) -> String {
-    std::fs::read_to_string(path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()))
-}
-
-/// Fails, saying what to install, when crun or a static busybox is missing.
-fn require_tools() -> PathBuf {
-    let on_path = |name: &str| {
-        std::env::var("PATH")
-            .unwrap_or_default()
-            .split(':')
-            .map(|d| Path::new(d).join(name))
-            .find(|p| p.is_file())
-    };
-    assert!(
-        on_path("crun").is_some(),
-        "crun is missing: install it (apt-get install -y crun busybox-static), as .ci/run does"
-    );
-    let busybox = on_path("busybox").unwrap_or_else(|| {
-        panic!("busybox is missing: install busybox-static (apt-get install -y busybox-static)")
-    });
-    assert!(
-        is_static(&busybox),
-        "{} is dynamically linked; the test image needs busybox-static \
-         (apt-get install -y busybox-static)",
-        busybox.display()
-    );
-    busybox
-}
-
-/// Whether an ELF64 file has no program interpreter (is statically linked).
-fn is_static(path: &Path) -> bool {
-    let bytes = std::fs::read(path).unwrap();
-    let word = |at: usize, n: usize| {
-        bytes[at..at + n]
-            .iter()
-            .rev()
-            .fold(0u64, |acc, b| (acc << 8) | u64::from(*b))
-    };
-    let (phoff, phentsize, phnum) = (word(0x20, 8), word(0x36, 2), word(0x38, 2));
-    const PT_INTERP: u64 = 3;
-    (0..phnum).all(|i| word((phoff + i * phentsize) as usize, 4) != PT_INTERP)
-}
-
-/// A root filesystem: busybox-static with a link per applet, and an
-/// os-release that names the image.
-fn rootfs(dir: &Path) -> PathBuf {
-    let busybox = require_tools();
-    let root = dir.join("rootfs");
-    std::fs::create_dir_all(root.join("bin")).unwrap();
-    std::fs::create_dir_all(root.join("etc")).unwrap();
-    std::fs::copy(&busybox, root.join("bin/busybox")).unwrap();
-    let list = std::process::Command::new(&busybox)
-        .arg("--list")
-        .output()
-        .unwrap();
-    for applet in String::from_utf8_lossy(&list.stdout).lines() {
-        if applet != "busybox" {
-            std::os::unix::fs::symlink("busybox", root.join("bin").join(applet)).unwrap();
-        }
-    }
-    std::fs::write(
-        root.join("etc/os-release"),
-        format!("NAME=\"{IMAGE_NAME}\"\nID=gpuq-test\n"),
-    )
-    .unwrap();
-    root
-}
-
-/// Packs `rootfs` into an OCI image layout at `dir/layout`: one gzip layer,
-/// a config with the image's `Env`, a manifest and `index.json`.
-fn layout(dir: &Path, rootfs: &Path) -> PathBuf {
-    let out = dir.join("layout");
-    let blobs = out.join("blobs/sha256");
-    std::fs::create_dir_all(&blobs).unwrap();
-    let put = |bytes: &[u8]| {
-        let hex = hex::encode(Sha256::digest(bytes));
-        std::fs::write(blobs.join(&hex), bytes).unwrap();
-        serde_json::json!({"digest": format!("sha256:{hex}"), "size": bytes.len()})
-    };
-    let mut tar = tar::Builder::new(Vec::new());
-    tar.follow_symlinks(false);
-    tar.append_dir_all(".", rootfs).unwrap();
-    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
-    gz.write_all(&tar.into_inner().unwrap()).unwrap();
-    let mut layer = put(&gz.finish().unwrap());
-    layer["mediaType"] = "application/vnd.oci.image.layer.v1.tar+gzip".into();
-    let arch = match std::env::consts::ARCH {
-        "x86_64" => "amd64",
-        "aarch64" => "arm64",
-        other => other,
-    };
-    let config = serde_json::json!({"architecture": arch, "os": "linux",
-        "config": {"Env": ["PATH=/bin", "FROM_IMAGE=yes"]},
-        "rootfs": {"type": "layers", "diff_ids": []}});
-    let mut config = put(config.to_string().as_bytes());
-    config["mediaType"] = "application/vnd.oci.image.config.v1+json".into();
-    let manifest = serde_json::json!({"schemaVersion": 2,
-        "mediaType": "application/vnd.oci.image.manifest.v1+json",
-        "config": config, "layers": [layer]});
-    let mut manifest = put(manifest.to_string().as_bytes());
-    manifest["mediaType"] = "application/vnd.oci.image.manifest.v1+json".into();
-    let index = serde_json::json!({"schemaVersion": 2, "manifests": [manifest]});
-    std::fs::write(out.join("index.json"), index.to_string()).unwrap();
-    std::fs::write(out.join("oci-layout"), r#"{"imageLayoutVersion":"1.0.0"}"#).unwrap();
-    out
-}
-
-/// `KEY=VALUE` lines of a task's output.
-fn vars(text: &str) -> std::collections::BTreeMap<String, String> {
-    text.lines()
-        .filter_map(|l| l.split_once('='))
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect()
-}
-
-/// How many images the node unpacked (its cache's record).
-fn unpacks(agent: &Agent) -> usize {
-    std::fs::read_to_string(agent.dir.join("data/images/unpacks.log"))
-        .map(|t| t.lines().count())
-        .unwrap_or(0)
-}
-
-fn alive(pid: i32) -> bool {
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_ok()
-}
+use images::{alive, layout, read, rootfs, vars, IMAGE_NAME, LONG};
 
 #[test]
 fn a_job_in_an_image_sees_its_files_as_the_user_and_writes_where_a_bare_job_would() {
@@ -158,9 +27,16 @@ fn a_job_in_an_image_sees_its_files_as_the_user_and_writes_where_a_bare_job_woul
     let nodes: serde_json::Value =
         serde_json::from_str(&c.server.ok(&["nodes", "--json"])).unwrap();
     assert!(
-        nodes.to_string().contains("\"oci\""),
+        nodes.to_string().contains("\"oci\"") && nodes.to_string().contains("\"oci-crun\""),
         "no node has the oci feature: {nodes}"
     );
+    // `gpuq nodes` names the runtime (and no pull tool: no skopeo here).
+    let table = c.server.ok(&["nodes"]);
+    let header = table.lines().next().unwrap();
+    let at = header.find("CONTAINERS").expect(&table);
+    let row = table.lines().nth(1).unwrap();
+    let cell = row[at..].split_whitespace().next();
+    assert_eq!(cell, Some("crun"), "{table}");
     let alice = ensure_user("gpuqt-alice");
     let work = dir.path().join("alice");
     std::fs::create_dir_all(&work).unwrap();
@@ -372,60 +248,6 @@ fn cancel_and_the_time_limit_stop_the_container_and_all_it_started() {
 }
 
 #[test]
-fn four_jobs_started_together_with_one_layout_unpack_it_once() {
-    if !require_root("four_jobs_started_together_with_one_layout_unpack_it_once") {
-        return;
-    }
-    let dir = shared_tempdir();
-    let root = rootfs(dir.path());
-    let image = layout(dir.path(), &root);
-    let c = Cluster::start(dir.path(), 1, 8);
-    let work = dir.path().join("work");
-    std::fs::create_dir_all(&work).unwrap();
-    // One bulk submit: one log entry, so one scheduling pass starts all four
-    // and their shims meet at the cache.
-    let lines: String = (0..4)
-        .map(|i| format!("-J c{i} -o out-{i}.txt -- cat /etc/os-release\n"))
-        .collect();
-    let file = dir.path().join("jobs.txt");
-    std::fs::write(&file, lines).unwrap();
-    let ids: Vec<String> = c
-        .server
-        .ok(&[
-            "submit",
-            "--parsable",
-            "--container-image",
-            image.to_str().unwrap(),
-            "-D",
-            work.to_str().unwrap(),
-            "--from",
-            file.to_str().unwrap(),
-        ])
-        .lines()
-        .map(str::to_string)
-        .collect();
-    assert_eq!(ids.len(), 4);
-    for id in &ids {
-        c.wait_state(id, "COMPLETED", LONG);
-    }
-    for i in 0..4 {
-        assert!(read(&work.join(format!("out-{i}.txt"))).contains(IMAGE_NAME));
-    }
-    assert_eq!(unpacks(&c.agents[0]), 1, "one unpack for four jobs");
-    // Later jobs find it in the cache.
-    let id = c.submit(&[
-        "--container-image",
-        image.to_str().unwrap(),
-        "-D",
-        work.to_str().unwrap(),
-        "--",
-        "true",
-    ]);
-    c.wait_state(&id, "COMPLETED", LONG);
-    assert_eq!(unpacks(&c.agents[0]), 1);
-}
-
-#[test]
 fn what_only_the_node_can_know_fails_the_job_with_the_reason() {
     if !require_root("what_only_the_node_can_know_fails_the_job_with_the_reason") {
         return;
@@ -549,14 +371,34 @@ fn what_only_the_node_can_know_fails_the_job_with_the_reason() {
 fn bad_container_flags_are_refused_at_submit_naming_the_flag() {
     let dir = tempfile::tempdir().unwrap();
     let c = Cluster::start(dir.path(), 1, 8);
-    let cases: [(&[&str], &[&str]); 6] = [
+    let cases: [(&[&str], &[&str]); 9] = [
         (
             &["--container-image", "images/tiny"],
             &["--container-image", "relative", "absolute"],
         ),
         (
             &["--container-image", "docker://ubuntu:22.04"],
-            &["--container-image", "no pull tool", "absolute path"],
+            &[
+                "--container-image",
+                "pull tool",
+                "install skopeo",
+                "absolute path",
+            ],
+        ),
+        (
+            &["--container-image", "nvcr.io#nvidia/pytorch:24.01-py3"],
+            &[
+                "docker://nvcr.io/nvidia/pytorch:24.01-py3",
+                "install skopeo",
+            ],
+        ),
+        (
+            &["--container-image", "/img", "--container-env", "LANG=C"],
+            &["--container-env", "not a variable name"],
+        ),
+        (
+            &["--container-readonly"],
+            &["--container-readonly", "--container-image"],
         ),
         (
             &[
@@ -643,4 +485,159 @@ fn a_two_node_gang_in_containers_meets_through_master_addr_and_port() {
     assert_eq!(job["exit_code"], 0, "{job}");
     assert_eq!(read(&work.join("rank-0.out")).trim(), "hello");
     assert_eq!(read(&work.join("rank-1.out")).trim(), "welcome");
+}
+
+#[test]
+fn a_service_runs_its_replicas_in_the_image_and_is_checked_over_http() {
+    if !require_root("a_service_runs_its_replicas_in_the_image") {
+        return;
+    }
+    let dir = shared_tempdir();
+    let root = rootfs(dir.path());
+    let image = layout(dir.path(), &root);
+    let c = Cluster::start(dir.path(), 1, 8);
+    // Ports of its own: a check on 127.0.0.1 must reach this replica.
+    c.server.ok(&["admin", "ports", "set", "43700-43799"]);
+    // busybox's httpd serves the image's os-release from the container's
+    // own writable layer, on the host's network.
+    let serve = "mkdir -p /srv/www && cp /etc/os-release /srv/www/index.html && \
+                 exec httpd -f -p 127.0.0.1:$PORT -h /srv/www";
+    c.server.ok(&[
+        "service",
+        "create",
+        "web",
+        "--health-http",
+        "/",
+        "--health-interval",
+        "1s",
+        "--health-grace",
+        "1s",
+        "--container-image",
+        image.to_str().unwrap(),
+        "-D",
+        dir.path().to_str().unwrap(),
+        "--",
+        "sh",
+        "-c",
+        serve,
+    ]);
+    common::wait_for("the replica healthy", LONG, || {
+        let v: serde_json::Value =
+            serde_json::from_str(&c.server.ok(&["service", "show", "web", "--json"])).unwrap();
+        v[0]["slots"][0]["healthy"] == true
+    });
+    let endpoint = c.server.ok(&["service", "endpoints", "web"]);
+    let endpoint = endpoint.lines().next().expect("an endpoint").to_string();
+    let out = std::process::Command::new("curl")
+        .args(["-s", &format!("http://{endpoint}/")])
+        .output()
+        .expect("curl");
+    let body = String::from_utf8_lossy(&out.stdout);
+    assert!(body.contains(IMAGE_NAME), "{endpoint}: {body}");
+    c.server.ok(&["service", "delete", "web"]);
+    common::wait_for("the replica gone", LONG, || {
+        let ps = std::process::Command::new("ps")
+            .args(["-eo", "args"])
+            .output()
+            .unwrap();
+        !String::from_utf8_lossy(&ps.stdout)
+            .lines()
+            .any(|l| l.contains("httpd") && l.contains("/srv/www"))
+    });
+}
+
+#[test]
+fn runc_runs_the_job_where_a_node_names_it_and_cancel_stops_its_tree() {
+    if !require_root("runc_runs_the_job_where_a_node_names_it") {
+        return;
+    }
+    let runc = ["/usr/sbin/runc", "/usr/bin/runc"]
+        .into_iter()
+        .find(|p| Path::new(p).is_file())
+        .expect("runc is missing: install it (apt-get install -y runc), as .ci/run does");
+    let dir = shared_tempdir();
+    let root = rootfs(dir.path());
+    let image = layout(dir.path(), &root);
+    let c = Cluster::start(dir.path(), 1, 8);
+    let token = c.server.ok(&["token", "create"]).trim().to_string();
+    let n2 = Agent::start_with(
+        &c.server,
+        &dir.path().join("n2"),
+        "n2",
+        8,
+        &token,
+        &format!("[agent.containers]\nruntime = \"{runc}\"\n"),
+    );
+    common::wait_for("n2 registered", LONG, || {
+        c.server
+            .ok(&["nodes"])
+            .lines()
+            .any(|l| l.starts_with("n2 "))
+    });
+    let table = c.server.ok(&["nodes"]);
+    let at = table.lines().next().unwrap().find("CONTAINERS").unwrap();
+    let cell = |node: &str| {
+        let row = table.lines().find(|l| l.starts_with(node)).unwrap();
+        row[at..].split_whitespace().next().unwrap().to_string()
+    };
+    assert_eq!(
+        (cell("n1 "), cell("n2 ")),
+        ("crun".into(), "runc".into()),
+        "{table}"
+    );
+    let alice = ensure_user("gpuqt-alice");
+    let work = dir.path().join("alice");
+    std::fs::create_dir_all(&work).unwrap();
+    nix::unistd::chown(&work, Some(alice.uid.into()), Some(alice.gid.into())).unwrap();
+    let w = work.to_str().unwrap();
+    let out = cli_as(
+        &alice,
+        &c.server.socket,
+        &[
+            "submit",
+            "--parsable",
+            "-w",
+            "n2",
+            "--gpus-per-node",
+            "1",
+            "--container-image",
+            image.to_str().unwrap(),
+            "-D",
+            w,
+            "--",
+            "sh",
+            "-c",
+            "cat /etc/os-release; echo UID=$(id -u); echo CVD=$CUDA_VISIBLE_DEVICES",
+        ],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let id = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let job = c.wait_state(&id, "COMPLETED", LONG);
+    assert_eq!(job["exit_code"], 0, "{job}");
+    let v = vars(&read(&work.join(format!("gpuq-{id}.out"))));
+    assert_eq!(v["NAME"], format!("\"{IMAGE_NAME}\""), "{v:?}");
+    assert_eq!(v["UID"], alice.uid.to_string(), "{v:?}");
+    assert_eq!(v["CVD"], "0", "{v:?}");
+    // Cancel stops the container and what it started, under runc too.
+    let id = c.submit(&[
+        "-w",
+        "n2",
+        "--container-image",
+        image.to_str().unwrap(),
+        "-D",
+        w,
+        "--",
+        "sh",
+        "-c",
+        "sleep 300 & echo $! > bg.pid; wait",
+    ]);
+    common::wait_for("the background process", LONG, || {
+        std::fs::read_to_string(work.join("bg.pid")).is_ok_and(|t| t.ends_with('\n'))
+    });
+    let pid: i32 = read(&work.join("bg.pid")).trim().parse().unwrap();
+    assert!(alive(pid));
+    c.server.ok(&["cancel", &id]);
+    c.wait_state(&id, "CANCELLED", LONG);
+    common::wait_for("the container's processes gone", LONG, || !alive(pid));
+    drop(n2);
 }

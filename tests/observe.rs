@@ -385,6 +385,19 @@ fn the_web_page_shows_jobs_on_the_gpu_map_and_cancels() {
     let two = c.submit(&["--gpus", "2", "--", "sleep", "120"]);
     let one = c.submit(&["--gpus", "1", "--", "sleep", "120"]);
     let big = c.submit(&["--nodes", "2", "--gpus", "4", "--", "sleep", "1"]);
+    c.server.ok(&[
+        "admin",
+        "reservation",
+        "create",
+        "fw",
+        "--nodes",
+        "n2",
+        "--start",
+        "now+1d",
+        "--duration",
+        "2h",
+        "--maint",
+    ]);
     c.wait_started(&two, Duration::from_secs(30));
     c.wait_started(&one, Duration::from_secs(30));
     let Some(mut page) = common::browser::Browser::open(&format!("{url}/")) else {
@@ -426,6 +439,13 @@ fn the_web_page_shows_jobs_on_the_gpu_map_and_cancels() {
     );
     let gpus = page.eval("document.querySelectorAll('#nodes .gpu').length");
     assert_eq!(gpus, 8);
+    let resv = page
+        .eval("[...document.querySelectorAll('#reservations tbody tr')].map(r => r.textContent)");
+    let resv: Vec<String> = serde_json::from_value(resv).unwrap();
+    assert!(
+        resv.len() == 1 && resv[0].starts_with("fwplanned") && resv[0].contains("n2maint"),
+        "{resv:?}"
+    );
     // The chart: a bar per bucket of the last day, the last ones holding
     // the running jobs' GPUs, under a line at the cluster's 8.
     page.wait(

@@ -478,6 +478,7 @@ fn live_and_replayed_runs_start_jobs_in_the_same_order() {
         nodes: 4,
         gpus_per_node: 8,
         topology_leaves: Some(1),
+        autoscale: None,
     };
     let fifo = ReplayPolicy::load("fifo").unwrap();
     let run = engine::replay(&read.jobs, &shape, &fifo, &mut |_| {}).unwrap();

@@ -148,8 +148,9 @@ fn replicas_run_as_jobs_are_replaced_when_they_end_and_follow_scale_and_delete()
         .spawn()
         .unwrap();
     let mut lines = std::io::BufRead::lines(std::io::BufReader::new(watch.stdout.take().unwrap()));
-    let mut next_list =
-        || -> Vec<String> { serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap() };
+    let mut next_list = || -> Vec<serde_json::Value> {
+        serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap()
+    };
     assert_eq!(next_list().len(), 2);
 
     // Scale down: the higher index stops and is not replaced.
@@ -464,4 +465,191 @@ fn a_service_of_a_higher_qos_preempts_batch_work_and_is_accounted() {
             .any(|l| l.split_whitespace().next() == Some(job.as_str())),
         "{acct}"
     );
+}
+
+#[test]
+fn a_replica_whose_node_is_lost_moves_to_another_node_after_the_node_ttl() {
+    let dir = common::shared_tempdir();
+    // Two 4-GPU nodes, declared down after 3 s of silence; the replica
+    // takes a whole node, so it can only move to the other one.
+    let mut c = Cluster::start_with_ttl(dir.path(), 2, 4, 3);
+    c.server.ok(&[
+        "service",
+        "create",
+        "web",
+        "--gpus-per-node",
+        "4",
+        "--restart-delay",
+        "1s",
+        "--",
+        "sleep",
+        "300",
+    ]);
+    wait_for("the replica running", LONG, || {
+        replica(&c, "web", 0, "state") == "RUNNING"
+    });
+    let lost = replica(&c, "web", 0, "node").as_str().unwrap().to_string();
+    let i = c.agents.iter().position(|a| a.name == lost).unwrap();
+    c.agents[i].kill();
+    wait_for("the replica running on the other node", LONG, || {
+        let r = &show(&c, "web")["slots"][0];
+        r["state"] == "RUNNING" && r["node"].is_string() && r["node"] != lost.as_str()
+    });
+    let moved = replica(&c, "web", 0, "node");
+    let eps = endpoints(&c, "web");
+    assert_eq!(eps.len(), 1, "{eps:?}");
+    let nodes: serde_json::Value =
+        serde_json::from_str(&c.server.ok(&["nodes", "--json"])).unwrap();
+    let lost_node = nodes
+        .as_array()
+        .and_then(|ns| ns.iter().find(|n| n["name"] == lost.as_str()))
+        .cloned()
+        .unwrap_or_default();
+    assert_ne!(lost_node["connected"], true, "{lost_node}");
+    assert_ne!(moved, lost.as_str());
+}
+
+#[test]
+fn named_ports_give_each_replica_its_own_port_variables_and_endpoints() {
+    let dir = common::shared_tempdir();
+    let c = Cluster::start(dir.path(), 1, 4);
+    let w = dir.path().join("w");
+    std::fs::create_dir_all(&w).unwrap();
+    let wd = w.to_str().unwrap();
+    for (port, says) in [("9000", "with a letter"), ("a-b", "with a letter")] {
+        let out = c
+            .server
+            .cli(&["service", "create", "bad", "--port", port, "--", "true"]);
+        assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+        assert!(stderr(&out).contains(says), "{}", stderr(&out));
+    }
+    let out = c.server.cli(&[
+        "service", "create", "bad", "--port", "http", "--port", "HTTP", "--", "true",
+    ]);
+    assert!(stderr(&out).contains("given twice"), "{}", stderr(&out));
+    assert_eq!(c.server.ok(&["service", "list", "--json"]).trim(), "[]");
+
+    let script =
+        format!("echo \"$PORT $PORT_METRICS $PORT_ADMIN\" > {wd}/r$GPUQ_REPLICA; exec sleep 300");
+    c.server.ok(&[
+        "service",
+        "create",
+        "web",
+        "--replicas",
+        "2",
+        "--port",
+        "metrics",
+        "--port",
+        "admin",
+        "--wrap",
+        &script,
+    ]);
+    wait_for("two endpoints", LONG, || endpoints(&c, "web").len() == 2);
+    let mut ports = Vec::new();
+    for i in 0..2 {
+        let file = w.join(format!("r{i}"));
+        wait_for("the replica's file", LONG, || {
+            std::fs::read_to_string(&file).is_ok_and(|t| t.ends_with('\n'))
+        });
+        let said = std::fs::read_to_string(&file).unwrap();
+        let fields: Vec<u16> = said
+            .split_whitespace()
+            .map(|p| p.parse().unwrap())
+            .collect();
+        assert_eq!(fields.len(), 3, "PORT, PORT_METRICS and PORT_ADMIN: {said}");
+        ports.extend(fields);
+    }
+    let unique: std::collections::BTreeSet<_> = ports.iter().collect();
+    assert_eq!(
+        unique.len(),
+        6,
+        "each port on the node is its own: {ports:?}"
+    );
+
+    // The endpoints list them: NAME=host:port after each replica's.
+    for line in endpoints(&c, "web") {
+        assert!(
+            line.contains(" admin=") && line.contains(" metrics="),
+            "{line}"
+        );
+    }
+    let json: serde_json::Value =
+        serde_json::from_str(&c.server.ok(&["service", "endpoints", "web", "--json"])).unwrap();
+    let first = &json[0];
+    let metrics = first["ports"]["metrics"].as_str().unwrap_or_default();
+    let port: u16 = metrics.rsplit(':').next().unwrap().parse().unwrap();
+    assert!(ports.contains(&port), "{json}");
+    assert!(first["endpoint"].is_string(), "{json}");
+}
+
+#[test]
+fn a_leader_failover_loses_no_service_and_its_replicas_keep_running() {
+    let dir = common::shared_tempdir();
+    let root = dir.path().join("servers");
+    let mut set = common::ServerSet::start_with(&root, 3, common::nemesis::RAFT_FAST);
+    let li = set.leader();
+    let token = set.servers[li].ok(&["token", "create"]).trim().to_string();
+    let _agent = common::Agent::start(&set.servers[li], &dir.path().join("n1"), "n1", 4, &token);
+    let w = dir.path().join("w");
+    std::fs::create_dir_all(&w).unwrap();
+    let starts = w.join("starts");
+    let script = format!("echo $GPUQ_JOB_ID >> {}; exec sleep 300", starts.display());
+    set.servers[li].ok(&[
+        "service",
+        "create",
+        "web",
+        "--replicas",
+        "2",
+        "--restart-delay",
+        "1s",
+        "--wrap",
+        &script,
+    ]);
+    let read = |s: &common::Server| -> serde_json::Value {
+        let out = s.cli(&["service", "show", "web", "--json"]);
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap_or_default()[0].clone()
+    };
+    let serving = |v: &serde_json::Value| {
+        v["slots"].as_array().map_or(0, |s| {
+            s.iter().filter(|r| r["endpoint"].is_string()).count()
+        })
+    };
+    wait_for("two replicas running", LONG, || {
+        serving(&read(&set.servers[li])) == 2
+    });
+    wait_for("both replicas started", LONG, || {
+        std::fs::read_to_string(&starts).is_ok_and(|t| t.lines().count() == 2)
+    });
+    let jobs = |v: &serde_json::Value| -> Vec<serde_json::Value> {
+        v["slots"]
+            .as_array()
+            .map(|s| s.iter().map(|r| r["job"].clone()).collect())
+            .unwrap_or_default()
+    };
+    let before = jobs(&read(&set.servers[li]));
+
+    // The leader dies: the new one has the service, its replicas are the
+    // same jobs, and none of them was started again.
+    set.servers[li].kill();
+    let nl = set.leader();
+    assert_ne!(nl, li);
+    let after = read(&set.servers[nl]);
+    assert_eq!(after["replicas"], 2, "{after}");
+    assert_eq!(jobs(&after), before, "{after}");
+    assert_eq!(serving(&after), 2, "{after}");
+    assert_eq!(
+        std::fs::read_to_string(&starts).unwrap().lines().count(),
+        2,
+        "no replica restarted"
+    );
+    // And it still takes changes: a third replica starts.
+    set.servers[nl].ok(&["service", "scale", "web", "3"]);
+    wait_for("three replicas running", LONG, || {
+        serving(&read(&set.servers[nl])) == 3
+    });
+    wait_for("the new replica started, and no other", LONG, || {
+        std::fs::read_to_string(&starts).is_ok_and(|t| t.lines().count() == 3)
+    });
+    let after = read(&set.servers[nl]);
+    assert_eq!(jobs(&after)[..2], before[..], "{after}");
 }

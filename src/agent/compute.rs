@@ -159,6 +159,36 @@ impl ComputeAgent {
         }
     }
 
+    /// Repartitions the GPUs into MIG `layout` (`gpuq node mig set`): the
+    /// GPUs as they are now, then `MigFailed` when it did not work.
+    fn apply_mig(&self, layout: &str) -> Vec<AgentMsg> {
+        let failed = |error: String| AgentMsg::MigFailed {
+            layout: layout.to_string(),
+            error,
+        };
+        let Some(backend) = self.gpus.as_ref() else {
+            return vec![failed("this node has no GPU backend".into())];
+        };
+        let applied = crate::model::mig::parse_target(layout)
+            .map_err(|e| e.to_string())
+            .and_then(|target| backend.set_mig(target.as_ref()).map_err(|e| e.to_string()));
+        let mut out = Vec::new();
+        match backend.gpus() {
+            Ok(gpus) => out.push(AgentMsg::Gpus { gpus }),
+            Err(e) => out.push(failed(format!(
+                "cannot read the GPUs after repartitioning: {e}"
+            ))),
+        }
+        match applied {
+            Ok(()) => tracing::info!(node = %self.inventory.name, layout, "GPUs repartitioned"),
+            Err(e) => {
+                tracing::warn!(node = %self.inventory.name, layout, "MIG repartition failed: {e}");
+                out.push(failed(e));
+            }
+        }
+        out
+    }
+
     /// Polls the GPU backend; after a health event, the GPUs to report.
     fn gpu_health(&self) -> Option<AgentMsg> {
         let backend = self.gpus.as_ref()?;
@@ -292,6 +322,18 @@ impl ComputeAgent {
                     Some(ServerMsg::Signal { tasks, signal }) => {
                         for key in tasks {
                             self.runner.signal(key, signal);
+                        }
+                    }
+                    Some(ServerMsg::Mig { layout }) => {
+                        let mut lost = false;
+                        for msg in self.apply_mig(&layout) {
+                            if write_frame(&mut send, &msg).await.is_err() {
+                                lost = true;
+                                break;
+                            }
+                        }
+                        if lost {
+                            break Session::Lost("connection lost".into());
                         }
                     }
                     None => break Session::Lost("the leader closed the connection".into()),

@@ -98,10 +98,20 @@ pub fn assemble(
 ) -> Result<NodeInventory, InventoryError> {
     let gpus = backend.gpus()?;
     let gpu_links = backend.links()?;
-    if gpu_links.len() != gpus.len() || gpu_links.iter().any(|row| row.len() != gpus.len()) {
+    // Links are between physical GPUs: a partitioned GPU's MIG instances
+    // are entries of their own but share their GPU's row.
+    let physical = if gpus.iter().any(|g| g.mig.is_some()) {
+        let mut p: Vec<u32> = gpus.iter().map(|g| g.physical_index()).collect();
+        p.sort_unstable();
+        p.dedup();
+        p.len()
+    } else {
+        gpus.len()
+    };
+    if gpu_links.len() != physical || gpu_links.iter().any(|row| row.len() != physical) {
         return Err(InventoryError::LinkShape {
             kind: backend.kind(),
-            gpus: gpus.len(),
+            gpus: physical,
         });
     }
     let usable = resources.reserve(host.reserved_cpus, host.reserved_memory_mb)?;

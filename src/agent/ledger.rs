@@ -316,6 +316,7 @@ mod tests {
             facts: None,
             health: None,
             container: None,
+            gpu_devices: Vec::new(),
         }
     }
 

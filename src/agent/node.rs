@@ -80,8 +80,21 @@ pub async fn start_compute(
         Ok(runtime) => {
             tracing::info!(runtime = %runtime.display(), "OCI runtime found: container jobs may run here");
             let oci = crate::model::OCI_FEATURE.to_string();
-            if !inventory.features.contains(&oci) {
-                inventory.features.push(oci);
+            let named = crate::model::runtime_feature(&runtime);
+            for f in std::iter::once(oci).chain(named) {
+                if !inventory.features.contains(&f) {
+                    inventory.features.push(f);
+                }
+            }
+            // Registry references need a pull tool as well.
+            let pull = crate::model::OCI_PULL_FEATURE.to_string();
+            match super::exec::container::find_tool("skopeo", &path) {
+                Some(skopeo) if !inventory.features.contains(&pull) => {
+                    tracing::info!(skopeo = %skopeo.display(), "images may be pulled here");
+                    inventory.features.push(pull);
+                }
+                Some(_) => {}
+                None => tracing::info!("no skopeo: docker:// images are not pulled here"),
             }
         }
         Err(why) => tracing::info!("no container jobs here: {why}"),

@@ -153,7 +153,10 @@ pub fn task_spec(
         node_gpus: &t.gpus,
         step: t.key.step,
     };
-    let env = task_env(&t.env, &ctx);
+    let mut env = task_env(&t.env, &ctx);
+    if !t.gpu_devices.is_empty() {
+        mig_visible_devices(&mut env, t, &gpus);
+    }
     let share = |n: u64| (n / u64::from(per_node)).max(1);
     TaskSpec {
         key: t.key,
@@ -188,8 +191,26 @@ pub fn task_spec(
                 spec,
                 runtime: PathBuf::new(),
                 cache: PathBuf::new(),
+                cache_max_mb: 0,
                 gpus: gpus.clone(),
             }),
+    }
+}
+
+/// Points `CUDA_VISIBLE_DEVICES` at the task's MIG instances: CUDA selects
+/// an instance only by its `MIG-` UUID, never by an index.
+fn mig_visible_devices(env: &mut [(String, String)], t: &DesiredTask, gpus: &[u32]) {
+    let names: Vec<&str> = gpus
+        .iter()
+        .filter_map(|g| {
+            let at = t.gpus.iter().position(|x| x == g)?;
+            t.gpu_devices.get(at).map(String::as_str)
+        })
+        .collect();
+    for (k, v) in env.iter_mut() {
+        if k == "CUDA_VISIBLE_DEVICES" {
+            *v = names.join(",");
+        }
     }
 }
 
@@ -336,4 +357,66 @@ impl TaskRunner for ExecRunner {
 /// The task directory root under an agent's data dir.
 pub fn tasks_root(data_dir: &Path) -> PathBuf {
     data_dir.join("tasks")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::task_spec;
+    use crate::model::{JobId, Program, TaskKey};
+    use crate::net::agent_proto::DesiredTask;
+
+    fn task(local_rank: u32, gpus: &[u32], devices: &[&str]) -> DesiredTask {
+        DesiredTask {
+            key: TaskKey::of_job(JobId(7), 0, local_rank),
+            node_rank: 0,
+            local_rank,
+            ntasks_per_node: 2,
+            num_nodes: 1,
+            nodelist: vec!["n1".into()],
+            user: "alice".into(),
+            job_name: "j".into(),
+            program: Program::Command {
+                argv: vec!["true".into()],
+            },
+            workdir: "/tmp".into(),
+            env: vec![("CUDA_VISIBLE_DEVICES".into(), "9".into())],
+            output: None,
+            error: None,
+            gpus: gpus.to_vec(),
+            cpus: vec![],
+            cpu_count: 2,
+            memory_mb: 1024,
+            time_limit_secs: None,
+            master_addr: "127.0.0.1".into(),
+            master_port: 29500,
+            signal: None,
+            array: None,
+            kill_grace_secs: None,
+            facts: None,
+            health: None,
+            container: None,
+            gpu_devices: devices.iter().map(|d| d.to_string()).collect(),
+        }
+    }
+
+    fn visible(t: &DesiredTask) -> String {
+        let spec = task_spec(t, false, 5, std::path::Path::new("/tmp/spool"));
+        let found: Vec<&String> = spec
+            .env
+            .iter()
+            .filter(|(k, _)| k == "CUDA_VISIBLE_DEVICES")
+            .map(|(_, v)| v)
+            .collect();
+        assert_eq!(found.len(), 1, "{:?}", spec.env);
+        found[0].clone()
+    }
+
+    #[test]
+    fn each_rank_sees_its_share_of_mig_instances_by_uuid() {
+        let devices = ["MIG-aaa", "MIG-bbb"];
+        assert_eq!(visible(&task(0, &[8, 9], &devices)), "MIG-aaa");
+        assert_eq!(visible(&task(1, &[8, 9], &devices)), "MIG-bbb");
+        // Whole GPUs keep their indices.
+        assert_eq!(visible(&task(1, &[2, 3], &[])), "3");
+    }
 }

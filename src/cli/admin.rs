@@ -7,13 +7,12 @@ use clap::{Args, Subcommand};
 
 use super::policy_change;
 use super::table::Table;
-use super::{call, print_json, unexpected, CliError, JsonFlag};
+use super::{print_json, CliError, JsonFlag};
 use crate::model::policy::fmt_secs;
 use crate::model::policy_change::{
     AccountPatch, Limit, Op, PartitionPatch, PolicyChange, PriorityPatch, QosPatch,
 };
 use crate::model::{PartitionState, PreemptMode};
-use crate::net::proto::{ApiRequest, ApiResponse};
 
 // `gpuq admin ...`
 #[derive(Subcommand, Debug)]
@@ -43,6 +42,16 @@ pub enum AdminCommand {
     Ports {
         #[command(subcommand)]
         cmd: super::ports::PortsCommand,
+    },
+    /// Advance reservations: whole nodes set aside over a window (maintenance, a big run).
+    Reservation {
+        #[command(subcommand)]
+        cmd: super::reservation::ReservationCommand,
+    },
+    /// Node groups: capacity started and stopped on demand (scale-out and power saving).
+    Nodegroup {
+        #[command(subcommand)]
+        cmd: super::nodegroup::NodeGroupCommand,
     },
 }
 
@@ -207,10 +216,10 @@ pub enum PriorityCommand {
         #[arg(long)]
         partition: Option<u32>,
         /// Age at which the age factor reaches 1 (e.g. 7d).
-        #[arg(long, value_parser = parse_secs)]
+        #[arg(long, value_parser = policy_change::parse_secs)]
         max_age: Option<u64>,
         /// Half-life of fair-share usage (e.g. 7d).
-        #[arg(long, value_parser = parse_secs)]
+        #[arg(long, value_parser = policy_change::parse_secs)]
         half_life: Option<u64>,
     },
     /// Print the weights and the half-life.
@@ -229,12 +238,6 @@ fn parse_limit(s: &str) -> Result<Limit, String> {
         .map_err(|_| format!("{s:?} is not a number; give N or none"))
 }
 
-pub(super) fn parse_secs(s: &str) -> Result<u64, String> {
-    crate::spec::time::parse_ttl(s)
-        .map(|d| d.as_secs())
-        .map_err(|e| e.to_string())
-}
-
 fn parse_duration_limit(s: &str) -> Result<Limit, String> {
     if s.eq_ignore_ascii_case("none") {
         return Ok(Limit::Unlimited);
@@ -242,7 +245,7 @@ fn parse_duration_limit(s: &str) -> Result<Limit, String> {
     if let Ok(n) = s.parse::<u64>() {
         return Ok(Limit::Max(n));
     }
-    parse_secs(s).map(Limit::Max)
+    policy_change::parse_secs(s).map(Limit::Max)
 }
 
 fn parse_time_limit(s: &str) -> Result<Limit, String> {
@@ -362,17 +365,12 @@ fn allowed(q: &crate::model::Qos) -> String {
     }
 }
 
-async fn policy() -> Result<crate::model::Policy, CliError> {
-    match call(ApiRequest::PolicyShow).await? {
-        ApiResponse::Policy { policy, .. } => Ok(*policy),
-        other => Err(unexpected(other)),
-    }
-}
-
 /// Runs `gpuq admin ...`.
 pub async fn run(cmd: AdminCommand) -> Result<(), CliError> {
     match cmd {
         AdminCommand::Ports { cmd } => super::ports::run(cmd).await,
+        AdminCommand::Reservation { cmd } => super::reservation::run(cmd).await,
+        AdminCommand::Nodegroup { cmd } => super::nodegroup::run(cmd).await,
         AdminCommand::Account { cmd } => match cmd {
             AccountCommand::Add(a) => policy_change::send(account_change(Op::Add, a)).await,
             AccountCommand::Modify(a) => policy_change::send(account_change(Op::Modify, a)).await,
@@ -393,7 +391,7 @@ pub async fn run(cmd: AdminCommand) -> Result<(), CliError> {
                 .await
             }
             AccountCommand::List { json } => {
-                let p = policy().await?;
+                let p = policy_change::current().await?;
                 if json.json {
                     return print_json(&p.accounts);
                 }
@@ -436,7 +434,7 @@ pub async fn run(cmd: AdminCommand) -> Result<(), CliError> {
                 .await
             }
             QosCommand::List { json } => {
-                let p = policy().await?;
+                let p = policy_change::current().await?;
                 if json.json {
                     return print_json(&p.qos);
                 }
@@ -488,7 +486,7 @@ pub async fn run(cmd: AdminCommand) -> Result<(), CliError> {
                 .await
             }
             PartitionCommand::List { json } => {
-                let p = policy().await?;
+                let p = policy_change::current().await?;
                 if json.json {
                     return print_json(&p.partitions);
                 }
@@ -538,7 +536,7 @@ pub async fn run(cmd: AdminCommand) -> Result<(), CliError> {
                 .await
             }
             PriorityCommand::Show { json } => {
-                let p = policy().await?;
+                let p = policy_change::current().await?;
                 if json.json {
                     return print_json(&serde_json::json!({
                         "weights": p.weights,

@@ -11,10 +11,12 @@ pub mod cluster;
 mod exec;
 mod hold;
 pub mod interactive;
+mod nodegroup;
 mod policy_change;
 mod ports;
 pub(crate) mod queue;
 mod report;
+mod reservation;
 mod run;
 mod service;
 pub mod session;
@@ -293,6 +295,32 @@ pub enum NodeCommand {
     /// token and --node-name NAME is admitted; the old machine's certificate
     /// is refused from then on.
     Replace { name: String },
+    /// MIG partitioning of a node's GPUs (admins).
+    Mig {
+        #[command(subcommand)]
+        cmd: MigCommand,
+    },
+}
+
+// `gpuq node mig ...`
+#[derive(Subcommand, Debug)]
+pub enum MigCommand {
+    /// Repartition every GPU of NAME: the node drains, its jobs finish (or,
+    /// with --now, requeue), the layout is applied, and the node resumes
+    /// once its agent reports it; a failure leaves it drained with the
+    /// reason (see `gpuq nodes`).
+    Set {
+        name: String,
+        /// The MIG instances of each GPU, e.g. 1g.10gb:7 or
+        /// 3g.40gb,2g.20gb,1g.10gb:2 (80 GB H100/H200 profiles: 1g.10gb,
+        /// 1g.20gb, 2g.20gb, 3g.40gb, 4g.40gb, 7g.80gb; at most 7 compute
+        /// and 8 memory slices a GPU), or `none` for whole GPUs.
+        #[arg(long)]
+        layout: String,
+        /// Requeue the node's jobs now instead of waiting for them to end.
+        #[arg(long)]
+        now: bool,
+    },
 }
 
 fn parse_state(s: &str) -> Result<JobState, String> {
@@ -453,6 +481,16 @@ async fn run_command(cmd: ClientCommand) -> Result<(), CliError> {
                     ApiRequest::NodeReplace { node: name },
                     "A new machine may now join (with a token and --node-name) as",
                 ),
+                NodeCommand::Mig {
+                    cmd: MigCommand::Set { name, layout, now },
+                } => (
+                    ApiRequest::NodeMig {
+                        node: name,
+                        layout,
+                        now,
+                    },
+                    "Repartitioning (drained until the layout is applied; see `gpuq nodes`)",
+                ),
             };
             match call(req).await? {
                 ApiResponse::NodeUpdated { node } => {
@@ -505,6 +543,22 @@ pub(crate) async fn logs(id: JobId, rank: u32, follow: bool) -> Result<(), CliEr
     }
 }
 
+/// GPUs in use of the node's GPU entries; with MIG, what they are:
+/// `3/56 (56x 1g.10gb)`, `0/8 (1 whole, 7x 1g.10gb)`.
+fn gpus_cell(used: impl std::fmt::Display, inv: &crate::model::NodeInventory) -> String {
+    let slices = inv.slice_summary();
+    if slices.is_empty() {
+        return format!("{used}/{}", inv.gpus.len());
+    }
+    let whole = inv.gpus_of(None).count();
+    let what = if whole > 0 {
+        format!("{whole} whole, {slices}")
+    } else {
+        slices
+    };
+    format!("{used}/{} ({what})", inv.gpus.len())
+}
+
 fn nodes_table(nodes: &[crate::net::proto::NodeInfo]) -> String {
     let mut t = Table::new(&[
         "NODE",
@@ -515,6 +569,7 @@ fn nodes_table(nodes: &[crate::net::proto::NodeInfo]) -> String {
         "MEMORY",
         "JOBS",
         "TOPOLOGY",
+        "CONTAINERS",
         "REASON",
     ]);
     for n in nodes {
@@ -528,7 +583,7 @@ fn nodes_table(nodes: &[crate::net::proto::NodeInfo]) -> String {
             n.name.clone(),
             state,
             inv.gpu_model().unwrap_or("-").to_string(),
-            format!("{}/{}", n.gpus_used, inv.gpus.len()),
+            gpus_cell(n.gpus_used, inv),
             format!("{}/{}", n.cpus_used, inv.cpus),
             format!(
                 "{}/{}",
@@ -541,6 +596,7 @@ fn nodes_table(nodes: &[crate::net::proto::NodeInfo]) -> String {
             } else {
                 inv.topology.clone()
             },
+            crate::model::containers_summary(&inv.features),
             n.reason.clone().unwrap_or_default(),
         ]);
     }

@@ -24,3 +24,18 @@ fn capitalise(s: &str) -> String {
         None => String::new(),
     }
 }
+
+/// Parses a duration flag of an admin change (`30s`, `10m`, `4h`, `2d`).
+pub(super) fn parse_secs(s: &str) -> Result<u64, String> {
+    crate::spec::time::parse_ttl(s)
+        .map(|d| d.as_secs())
+        .map_err(|e| e.to_string())
+}
+
+/// The policy in force, built-ins included (`gpuq admin ... list`).
+pub(super) async fn current() -> Result<crate::model::Policy, CliError> {
+    match call(ApiRequest::PolicyShow).await? {
+        ApiResponse::Policy { policy, .. } => Ok(*policy),
+        other => Err(unexpected(other)),
+    }
+}

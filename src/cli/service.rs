@@ -17,7 +17,8 @@ pub enum ServiceCommand {
     /// Create a service: REPLICAS copies of the command, each a job with
     /// the resources the job flags ask for (as `gpuq submit`'s), started
     /// again whenever one ends. Each replica gets GPUQ_SERVICE,
-    /// GPUQ_REPLICA and PORT (a port no other job on its node has).
+    /// GPUQ_REPLICA and PORT (a port no other job on its node has), and
+    /// PORT_<NAME> for each --port NAME (as unique).
     Create(CreateArgs),
     /// List services with their replicas (running / wanted).
     List {
@@ -50,10 +51,12 @@ pub enum ServiceCommand {
     /// command as after `gpuq submit`, e.g. "--gpus 1 --wrap 'serve
     /// --port $PORT'"; the environment is only what its --export names,
     /// NONE by default, so another shell applies the same job), and a
-    /// [health] table (http, interval, grace, failures).
+    /// [health] table (http, interval, grace, failures); ports = ["metrics"]
+    /// names ports as --port does.
     Apply { file: std::path::PathBuf },
-    /// The running replicas' `host:port`, one a line: what a load balancer
-    /// or a client reads.
+    /// The running replicas' `host:port`, one a line (then NAME=host:port
+    /// for each named port): what a load balancer or a client reads. With
+    /// --json, an array of {replica, endpoint, ports}.
     Endpoints {
         name: String,
         /// Keep watching: print the list again (a JSON array a line with
@@ -98,6 +101,11 @@ pub struct CreateArgs {
     /// Failed checks in a row that stop a replica.
     #[arg(long, default_value_t = 3)]
     pub health_failures: u32,
+    /// A named port (repeatable): each replica gets PORT_<NAME> (upper-
+    /// cased) besides PORT, a port no other job on its node has; the
+    /// endpoints list it (`--json`).
+    #[arg(long = "port", value_name = "NAME")]
+    pub ports: Vec<String>,
     #[command(flatten)]
     pub job: Box<SubmitArgs>,
 }
@@ -111,7 +119,7 @@ pub struct UpdateArgs {
 }
 
 fn parse_delay(s: &str) -> Result<u64, String> {
-    s.parse().or_else(|_| super::admin::parse_secs(s))
+    s.parse().or_else(|_| super::policy_change::parse_secs(s))
 }
 
 /// Runs `gpuq service ...`.
@@ -160,7 +168,7 @@ pub async fn run(cmd: ServiceCommand) -> Result<(), CliError> {
             Ok(())
         }
         ServiceCommand::Endpoints { name, watch, json } => {
-            let mut last: Option<Vec<String>> = None;
+            let mut last: Option<Vec<Endpoint>> = None;
             loop {
                 let now = match fetch(Some(name.clone())).await {
                     Ok(services) => endpoints(&services),
@@ -220,6 +228,7 @@ async fn create(a: CreateArgs) -> Result<(), CliError> {
             replicas: a.replicas,
             restart_delay_secs: a.restart_delay,
             health,
+            ports: a.ports.clone(),
         },
     };
     match call(req).await? {
@@ -268,12 +277,39 @@ async fn fetch(name: Option<String>) -> Result<Vec<ServiceInfo>, CliError> {
     }
 }
 
-/// The running (and healthy, where checked) replicas' `host:port`.
-fn endpoints(services: &[ServiceInfo]) -> Vec<String> {
+/// One serving replica, as `gpuq service endpoints --json` lists it.
+#[derive(Debug, PartialEq, serde::Serialize)]
+struct Endpoint {
+    replica: u32,
+    /// `host:PORT`.
+    endpoint: String,
+    /// Each named port's `host:port`.
+    ports: std::collections::BTreeMap<String, String>,
+}
+
+impl std::fmt::Display for Endpoint {
+    /// `host:port`, then `NAME=host:port` for each named port.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.endpoint)?;
+        for (name, at) in &self.ports {
+            write!(f, " {name}={at}")?;
+        }
+        Ok(())
+    }
+}
+
+/// The running (and healthy, where checked) replicas.
+fn endpoints(services: &[ServiceInfo]) -> Vec<Endpoint> {
     services
         .iter()
         .flat_map(|s| &s.slots)
-        .filter_map(|r| r.endpoint.clone())
+        .filter_map(|r| {
+            Some(Endpoint {
+                replica: r.index,
+                endpoint: r.endpoint.clone()?,
+                ports: r.ports.clone(),
+            })
+        })
         .collect()
 }
 
@@ -328,6 +364,8 @@ struct ServiceFile {
     restart_delay: Option<String>,
     job: String,
     health: Option<HealthFile>,
+    #[serde(default)]
+    ports: Vec<String>,
 }
 
 #[derive(serde::Deserialize)]
@@ -391,6 +429,7 @@ async fn apply(file: &std::path::Path) -> Result<(), CliError> {
             replicas: f.replicas,
             restart_delay_secs,
             health,
+            ports: f.ports.clone(),
         },
     };
     match call(req).await? {

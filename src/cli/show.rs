@@ -84,6 +84,12 @@ pub fn text(j: &Job, placement: &[RankPlacement]) -> String {
     if let Some(t) = &p.gpu_type {
         kv("GpuType", t.clone());
     }
+    if let Some(profile) = &p.gpu_slice {
+        kv(
+            "GpuSlice",
+            format!("{profile} (MIG instances, not whole GPUs)"),
+        );
+    }
     if !p.features.is_empty() {
         kv("Constraint", p.features.join(","));
     }

@@ -51,27 +51,7 @@ pub fn opt_time(t: Option<Millis>) -> String {
     t.map(fmt_time).unwrap_or_else(|| "-".into())
 }
 
-/// Formats Unix milliseconds as `YYYY-MM-DDTHH:MM:SS` in UTC.
-pub fn fmt_time(ms: Millis) -> String {
-    let secs = ms / 1000;
-    let (days, rem) = (secs / 86_400, secs % 86_400);
-    // Civil-from-days (Howard Hinnant's algorithm).
-    let z = days as i64 + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    )
-}
+pub use crate::clock::fmt_time;
 
 /// Formats seconds as Slurm does: `D-HH:MM:SS`, or `HH:MM:SS` under a day.
 pub fn fmt_duration(secs: u64) -> String {

@@ -10,6 +10,7 @@ use std::process::ExitCode;
 use super::format;
 use crate::cli::queue::fetch_jobs;
 use crate::cli::{call, unexpected, CliError};
+use crate::model::hostlist::compress_hostlist;
 use crate::model::{expand_hostlist, Job, JobRef, JobState};
 use crate::net::proto::{ApiRequest, ApiResponse};
 
@@ -123,11 +124,34 @@ pub async fn run(args: Vec<String>) -> Result<ExitCode, CliError> {
             );
             Ok(ExitCode::SUCCESS)
         }
+        ["show", "reservation" | "reservations" | "res", rest @ ..] => {
+            let name = rest.first().map(|_| words[2].as_str());
+            let policy = match call(ApiRequest::PolicyShow).await? {
+                ApiResponse::Policy { policy, .. } => *policy,
+                other => return Err(unexpected(other)),
+            };
+            let now = crate::clock::now_ms();
+            let texts: Vec<String> = (policy.reservations.values())
+                .filter(|r| name.is_none_or(|w| w == r.name))
+                .map(|r| show_reservation(r, now, oneliner))
+                .collect();
+            match (texts.is_empty(), name) {
+                (true, Some(w)) => {
+                    return Err(CliError::input(format!(
+                        "Reservation {w} not found; `scontrol show reservation` lists them"
+                    )))
+                }
+                (true, None) => println!("No reservations in the system"),
+                _ => print!("{}", texts.join(if oneliner { "" } else { "\n" })),
+            }
+            Ok(ExitCode::SUCCESS)
+        }
         ["show", what, ..] => Err(CliError::input(format!(
-            "show {what} is not supported; gpuq's scontrol shows hostnames, job, node and partition"
+            "show {what} is not supported; gpuq's scontrol shows hostnames, job, node, partition \
+             and reservation"
         ))),
         ["show"] => Err(CliError::input(
-            "show what? give hostnames LIST, job ID, node NAME or partition NAME",
+            "show what? give hostnames LIST, job ID, node NAME, partition NAME or reservation",
         )),
         ["update", ..] => {
             let req = super::scontrol_update::parse_update(&words[1..]).map_err(CliError::input)?;
@@ -316,6 +340,51 @@ pub fn show_job(job: &Job, now: crate::model::Millis, oneliner: bool) -> String 
 }
 
 /// `show node [NAME]` or `show partition [NAME]`.
+/// One reservation in `scontrol show reservation`'s layout.
+pub fn show_reservation(
+    r: &crate::model::AdvanceReservation,
+    now: crate::model::Millis,
+    oneliner: bool,
+) -> String {
+    let list = |set: &std::collections::BTreeSet<String>| {
+        if set.is_empty() {
+            "(null)".to_string()
+        } else {
+            set.iter().cloned().collect::<Vec<_>>().join(",")
+        }
+    };
+    let fields = [
+        vec![
+            format!("ReservationName={}", r.name),
+            format!("StartTime={}", crate::clock::fmt_time(r.start)),
+            format!("EndTime={}", crate::clock::fmt_time(r.end)),
+            format!(
+                "Duration={}",
+                crate::model::policy::fmt_secs((r.end - r.start) / 1000)
+            ),
+        ],
+        vec![
+            format!("Nodes={}", compress_hostlist(&r.nodes)),
+            format!("NodeCnt={}", r.nodes.len()),
+            format!("Flags={}", if r.maint { "MAINT" } else { "(null)" }),
+        ],
+        vec![
+            format!("Users={}", list(&r.users)),
+            format!("Accounts={}", list(&r.accounts)),
+            format!(
+                "State={}",
+                if r.active(now) { "ACTIVE" } else { "INACTIVE" }
+            ),
+        ],
+    ];
+    let lines: Vec<String> = fields.iter().map(|f| f.join(" ")).collect();
+    if oneliner {
+        format!("{}\n", lines.join(" "))
+    } else {
+        format!("{}\n", lines.join("\n   "))
+    }
+}
+
 async fn show_nodes_or_partitions(
     nodes_wanted: bool,
     name: Option<&str>,
@@ -372,6 +441,31 @@ mod tests {
         );
         let e = hostnames("n[1-").unwrap_err();
         assert_eq!(e.code, 1);
+    }
+
+    #[test]
+    fn show_reservation_has_slurms_keys() {
+        let r = crate::model::AdvanceReservation {
+            name: "fw".into(),
+            nodes: vec!["n1".into(), "n2".into()],
+            start: 1_796_083_200_000,
+            end: 1_796_083_200_000 + 4 * 3_600_000,
+            users: ["alice".to_string()].into(),
+            accounts: Default::default(),
+            maint: true,
+            by: "root".into(),
+        };
+        let text = show_reservation(&r, 0, false);
+        for want in [
+            "ReservationName=fw StartTime=2026-12-01T00:00:00 EndTime=2026-12-01T04:00:00 Duration=04:00:00\n",
+            "   Nodes=n[1-2] NodeCnt=2 Flags=MAINT\n",
+            "   Users=alice Accounts=(null) State=INACTIVE\n",
+        ] {
+            assert!(text.contains(want), "{want:?} in\n{text}");
+        }
+        let one = show_reservation(&r, r.start, true);
+        assert_eq!(one.lines().count(), 1);
+        assert!(one.contains("State=ACTIVE"), "{one}");
     }
 
     #[test]

@@ -153,13 +153,26 @@ fn null_if_empty(v: String) -> String {
 pub fn show_node(n: &NodeInfo, partitions: &[&str], oneliner: bool) -> String {
     let inv = &n.inventory;
     let gpus = inv.gpus.len();
-    let gres = match (gpus, inv.gpu_model()) {
+    let whole = inv.gpus_of(None).count();
+    let mut gres = match (whole, inv.gpu_model()) {
         (0, _) => "(null)".to_string(),
         (n, Some(model)) if !model.is_empty() => {
             format!("gpu:{}:{n}", model.to_ascii_lowercase().replace(' ', "_"))
         }
         (n, _) => format!("gpu:{n}"),
     };
+    // MIG instances as Slurm lists them: one GRES type per profile.
+    let slices: Vec<String> = inv
+        .slice_counts()
+        .iter()
+        .map(|(p, n)| format!("gpu:{p}:{n}"))
+        .collect();
+    if !slices.is_empty() {
+        gres = match whole {
+            0 => slices.join(","),
+            _ => format!("{gres},{}", slices.join(",")),
+        };
+    }
     let state = super::sinfo::node_state(n).to_ascii_uppercase();
     let state = state.replace("DRNG", "MIXED+DRAIN").replace("MIX", "MIXED");
     let cfg = format!(

@@ -79,6 +79,7 @@ pub fn node_state(n: &NodeInfo) -> String {
         "down" => "down",
         "drained" if busy => "drng",
         "drained" => "drain",
+        "maint" => "maint",
         _ if full => "alloc",
         _ if busy => "mix",
         _ => "idle",

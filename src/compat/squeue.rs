@@ -250,7 +250,7 @@ pub fn nodelist(job: &Job) -> String {
 /// them) by their opening words, and the one word squeue shows for each:
 /// Slurm's where Slurm has one, else the scheduler's own short name. The
 /// tests hold this table to the scheduler's.
-const REASONS: [(&str, &str); 14] = [
+const REASONS: [(&str, &str); 18] = [
     ("waiting for resources", "Resources"),
     ("waiting behind a higher-priority job", "Priority"),
     ("cannot run on the nodes that are up", "Unsatisfiable"),
@@ -268,6 +268,13 @@ const REASONS: [(&str, &str); 14] = [
     ("waiting for a free MASTER_PORT", "MasterPort"),
     ("its partition is down", "PartitionDown"),
     ("waiting for the jobs preempted", "Preempting"),
+    ("waiting for its reservation", "Reservation"),
+    (
+        "the nodes it could use are reserved for maintenance",
+        "ReservedForMaintenance",
+    ),
+    ("the nodes it could use are reserved", "ReservedNodes"),
+    ("waiting for nodes of group", "NodesStarting"),
 ];
 
 /// A pending job's reason as one word, as squeue shows it.

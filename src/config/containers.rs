@@ -5,10 +5,26 @@
 use serde::{Deserialize, Serialize};
 
 /// `[agent.containers]`.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Containers {
     /// The OCI runtime: a name looked up in PATH or an absolute path.
     /// `None`: crun, else runc, from PATH.
     pub runtime: Option<String>,
+    /// How many MiB the node's cache of unpacked images (`data_dir/images`)
+    /// may take; past it, the least recently used images no task runs in
+    /// are removed after each unpack. 0: no cap.
+    pub cache_max_mb: u64,
+}
+
+/// The cache's cap when the config names none: 100 GiB.
+pub const DEFAULT_CACHE_MAX_MB: u64 = 100 * 1024;
+
+impl Default for Containers {
+    fn default() -> Containers {
+        Containers {
+            runtime: None,
+            cache_max_mb: DEFAULT_CACHE_MAX_MB,
+        }
+    }
 }

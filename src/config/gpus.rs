@@ -14,6 +14,8 @@ use serde::{Deserialize, Serialize};
 /// gpus = "none"      # no GPUs (login nodes, CPU-only nodes)
 /// gpus = { fake = { count = 8, model = "NVIDIA H100 80GB HBM3", memory_mb = 81559,
 ///                   numa_nodes = 2, nvlink = "nvswitch", fault_file = "/tmp/faults" } }
+/// gpus = { fake = { count = 8, mig = "1g.10gb:7" } }           # every GPU in 7 slices
+/// gpus = { fake = { count = 2, mig_per_gpu = ["3g.40gb:2", ""] } } # GPU 0 only
 /// ```
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -43,6 +45,41 @@ pub struct FakeGpuConfig {
     /// When set, each `poll_events` reads fault lines from this file and
     /// removes it (see `fake`), so a test or a shell can inject faults.
     pub fault_file: Option<PathBuf>,
+    /// A MIG layout every GPU is partitioned into (`1g.10gb:7`,
+    /// `3g.40gb,2g.20gb,1g.10gb:2`); see `model::mig` for the profiles.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mig: Option<crate::model::MigLayout>,
+    /// A MIG layout per GPU by index (`""`: the GPU stays whole; GPUs past
+    /// the list too). Not together with `mig`.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub mig_per_gpu: Vec<String>,
+}
+
+impl FakeGpuConfig {
+    /// The layout of each GPU (`None`: whole), from `mig` or `mig_per_gpu`;
+    /// an error names the bad entry.
+    pub fn mig_layouts(&self) -> Result<Vec<Option<crate::model::MigLayout>>, String> {
+        use crate::model::MigLayout;
+        if self.mig.is_some() && !self.mig_per_gpu.is_empty() {
+            return Err("mig and mig_per_gpu are both set; use one".into());
+        }
+        if self.mig_per_gpu.len() > self.count as usize {
+            return Err(format!(
+                "mig_per_gpu lists {} layouts for {} GPUs",
+                self.mig_per_gpu.len(),
+                self.count
+            ));
+        }
+        (0..self.count as usize)
+            .map(|i| match (&self.mig, self.mig_per_gpu.get(i)) {
+                (Some(all), _) => Ok(Some(all.clone())),
+                (None, Some(text)) if !text.trim().is_empty() => MigLayout::parse(text)
+                    .map(Some)
+                    .map_err(|e| format!("mig_per_gpu[{i}]: {e}")),
+                _ => Ok(None),
+            })
+            .collect()
+    }
 }
 
 impl Default for FakeGpuConfig {
@@ -54,6 +91,8 @@ impl Default for FakeGpuConfig {
             numa_nodes: 2,
             nvlink: FakeNvLink::NvSwitch,
             fault_file: None,
+            mig: None,
+            mig_per_gpu: Vec::new(),
         }
     }
 }

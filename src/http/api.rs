@@ -168,6 +168,8 @@ pub(super) async fn route(site: &dyn Site, peer: SocketAddr, req: Request<Incomi
             })
         }),
         (Method::GET, ["nodes"]) => Ok(ApiRequest::Nodes),
+        // Accounts, QoS, partitions, reservations, node groups.
+        (Method::GET, ["policy"]) => Ok(ApiRequest::PolicyShow),
         (Method::GET, ["cluster"]) => Ok(ApiRequest::Cluster),
         (Method::GET, ["acct"]) => acct_request(&query),
         (Method::GET, ["utilisation"]) => utilisation_request(&query),

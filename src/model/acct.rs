@@ -304,11 +304,21 @@ impl AcctRecord {
             start_time: job.start_time,
             end_time: job.end_time,
             elapsed_secs: elapsed_ms / 1000,
-            gpu_hours: f64::from(gpus) * elapsed_ms as f64 / 3_600_000.0,
+            gpu_hours: gpu_hours(job, gpus, elapsed_ms),
             restart_count: job.restart_count,
             gpu_use: job.run.as_ref().and_then(|r| r.gpu_use()),
             detail: AcctDetail::from_job(job),
         }
+    }
+}
+
+/// `gpus` × elapsed in hours; a MIG slice counts as its share of a GPU
+/// (compute slices / 7).
+fn gpu_hours(job: &Job, gpus: u32, elapsed_ms: u64) -> f64 {
+    let hours = f64::from(gpus) * elapsed_ms as f64 / 3_600_000.0;
+    match job.spec.placement.gpu_slice.as_deref() {
+        None => hours,
+        slice => hours * super::mig::sevenths(slice) as f64 / 7.0,
     }
 }
 

@@ -10,11 +10,70 @@ use serde::{Deserialize, Serialize};
 /// a container image asks for it, so it goes only where it can run.
 pub const OCI_FEATURE: &str = "oci";
 
+/// The node feature an agent adds when it finds a pull tool (skopeo); a job
+/// whose image is a registry reference (`docker://...`) asks for it.
+pub const OCI_PULL_FEATURE: &str = "oci-pull";
+
+/// The prefix of the feature naming a node's OCI runtime (`oci-crun`).
+pub const RUNTIME_FEATURE_PREFIX: &str = "oci-";
+
+/// The feature that names `runtime` (a path), e.g. `oci-crun`; `None` for a
+/// name that is no plain word.
+pub fn runtime_feature(runtime: &std::path::Path) -> Option<String> {
+    let name = runtime.file_name()?.to_str()?;
+    let plain = !name.is_empty()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_');
+    (plain && name != "pull").then(|| format!("{RUNTIME_FEATURE_PREFIX}{name}"))
+}
+
+/// What a node offers for containers, from its features, as `gpuq nodes`
+/// shows it: `crun`, `runc+pull`, or `-` for none.
+pub fn containers_summary(features: &[String]) -> String {
+    if !features.iter().any(|f| f == OCI_FEATURE) {
+        return "-".into();
+    }
+    let runtime = features
+        .iter()
+        .filter(|f| f.as_str() != OCI_PULL_FEATURE)
+        .find_map(|f| f.strip_prefix(RUNTIME_FEATURE_PREFIX))
+        .unwrap_or("oci");
+    match features.iter().any(|f| f == OCI_PULL_FEATURE) {
+        true => format!("{runtime}+pull"),
+        false => runtime.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_nodes_runtime_and_pull_tool_are_features_and_summed_up() {
+        let f = |p: &str| runtime_feature(std::path::Path::new(p));
+        assert_eq!(f("/usr/bin/crun").as_deref(), Some("oci-crun"));
+        assert_eq!(f("runc").as_deref(), Some("oci-runc"));
+        assert_eq!(f("/opt/My Runtime"), None);
+        let s =
+            |fs: &[&str]| containers_summary(&fs.iter().map(|f| f.to_string()).collect::<Vec<_>>());
+        assert_eq!(s(&["ib", "oci", "oci-crun"]), "crun");
+        assert_eq!(s(&["oci-runc", "oci-pull", "oci"]), "runc+pull");
+        assert_eq!(s(&["oci"]), "oci");
+        assert_eq!(s(&["ib"]), "-");
+    }
+}
+
+/// The scheme of a registry reference `--container-image` takes.
+pub const REGISTRY_SCHEME: &str = "docker://";
+
 /// `--container-image` and its companions.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ContainerSpec {
     /// Absolute path on the nodes of an OCI image layout directory
-    /// (`index.json` and `blobs/`) or of a root filesystem directory.
+    /// (`index.json` and `blobs/`), a root filesystem directory, an OCI or
+    /// docker archive (`.tar`) or a squashfs file; or a registry reference
+    /// `docker://...` the nodes pull.
     pub image: String,
     /// Host paths bound into the container (`--container-mounts`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -26,6 +85,22 @@ pub struct ContainerSpec {
     /// `--no-container-mount-home`: the user's home directory stays out.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub no_mount_home: bool,
+    /// `--container-env`: variables of the job's environment that override
+    /// the image's `Env` (by default the image's value wins, as in Pyxis).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub env: Vec<String>,
+    /// `--container-readonly`: the root filesystem is read-only. By default
+    /// it is writable (a per-task layer over the shared image, thrown away
+    /// with the task), as Pyxis's documented enroot setup has it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub read_only: bool,
+}
+
+impl ContainerSpec {
+    /// Whether the image is a registry reference the node must pull.
+    pub fn is_registry(&self) -> bool {
+        self.image.starts_with(REGISTRY_SCHEME)
+    }
 }
 
 /// One `SRC:DST[:ro]` of `--container-mounts`.

@@ -165,6 +165,14 @@ pub struct Placement {
     /// Every node of the job in one topology domain of this level (`--topology`).
     #[serde(default)]
     pub topology: Option<TopologyRequirement>,
+    /// The advance reservation it runs in (`--reservation`): only on its
+    /// nodes, once it has started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reservation: Option<String>,
+    /// A MIG profile (`--gpus-per-node 1g.10gb:2`): the job's GPUs are
+    /// instances of this profile, never whole GPUs; `None`: whole GPUs only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_slice: Option<String>,
 }
 
 impl Placement {
@@ -177,6 +185,7 @@ impl Placement {
     /// `topology` rules out combinations, not nodes.
     pub fn restricts_nodes(&self) -> bool {
         self.gpu_type.is_some()
+            || self.gpu_slice.is_some()
             || !self.features.is_empty()
             || !self.nodelist.is_empty()
             || !self.exclude.is_empty()

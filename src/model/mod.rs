@@ -8,11 +8,14 @@ mod container;
 mod gpu_use;
 pub mod hostlist;
 mod job;
+pub mod mig;
 mod node;
+pub mod nodegroup;
 pub mod policy;
 pub mod policy_change;
 mod ports;
 mod queue;
+pub mod reservation;
 mod run;
 mod service;
 mod step;
@@ -21,17 +24,23 @@ mod token;
 mod update;
 
 pub use bulk_submit::BatchEntryError;
-pub use container::{ContainerMount, ContainerSpec, OCI_FEATURE};
+pub use container::{
+    containers_summary, runtime_feature, ContainerMount, ContainerSpec, OCI_FEATURE,
+    OCI_PULL_FEATURE, REGISTRY_SCHEME,
+};
 pub use gpu_use::GpuUse;
 pub use hostlist::{expand_hostlist, HostlistError};
 pub use job::*;
+pub use mig::{MigLayout, MigSlice};
 pub use node::*;
+pub use nodegroup::{NodeGroup, PowerChange, PowerRecord, PowerState};
 pub use policy::{
     Account, Partition, PartitionState, Policy, PreemptMode, PreemptionRecord, PriorityFactors,
     PriorityWeights, Qos, ShareRow, UsageCell,
 };
 pub use ports::{PortRange, PortRangeError};
 pub use queue::*;
+pub use reservation::AdvanceReservation;
 pub use run::JobRun;
 pub use service::*;
 pub use step::*;

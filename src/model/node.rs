@@ -59,6 +59,32 @@ pub struct GpuInfo {
     /// Why the GPU is unhealthy.
     #[serde(default)]
     pub fault: Option<String>,
+    /// A MIG instance of a partitioned GPU (see [`super::mig`]); `None`: a
+    /// whole GPU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mig: Option<super::MigSlice>,
+}
+
+impl GpuInfo {
+    /// The MIG profile of this entry, `None` for a whole GPU.
+    pub fn slice_profile(&self) -> Option<&str> {
+        self.mig.as_ref().map(|m| m.profile.as_str())
+    }
+
+    /// Whether a job asking for `slice` (a MIG profile, or `None` for whole
+    /// GPUs) may have this entry: a whole-GPU job never gets a slice.
+    pub fn is_kind(&self, slice: Option<&str>) -> bool {
+        match (self.slice_profile(), slice) {
+            (None, None) => true,
+            (Some(have), Some(want)) => have.eq_ignore_ascii_case(want),
+            _ => false,
+        }
+    }
+
+    /// The physical GPU this entry is or is part of.
+    pub fn physical_index(&self) -> u32 {
+        self.mig.as_ref().map_or(self.index, |m| m.parent)
+    }
 }
 
 fn yes() -> bool {
@@ -79,7 +105,8 @@ pub struct NumaNode {
 pub struct NodeInventory {
     pub name: NodeName,
     pub gpus: Vec<GpuInfo>,
-    /// `gpu_links[i][j]`: how GPU i reaches GPU j (square, `SelfLink` on the diagonal).
+    /// `gpu_links[i][j]`: how GPU i reaches GPU j (square, `SelfLink` on the
+    /// diagonal), between physical GPUs by index: MIG instances have no row.
     pub gpu_links: Vec<Vec<GpuLink>>,
     pub numa: Vec<NumaNode>,
     /// Logical CPUs available to jobs (after `reserved_cpus`).
@@ -98,6 +125,39 @@ impl NodeInventory {
     /// The GPU model most of the node's GPUs have, for tables.
     pub fn gpu_model(&self) -> Option<&str> {
         self.gpus.first().map(|g| g.model.as_str())
+    }
+
+    /// Whether some GPU of the node is partitioned into MIG slices.
+    pub fn has_slices(&self) -> bool {
+        self.gpus.iter().any(|g| g.mig.is_some())
+    }
+
+    /// The entries a job asking for `slice` may have (see [`GpuInfo::is_kind`]).
+    pub fn gpus_of<'a>(&'a self, slice: Option<&'a str>) -> impl Iterator<Item = &'a GpuInfo> {
+        self.gpus.iter().filter(move |g| g.is_kind(slice))
+    }
+
+    /// The node's slices by profile, e.g. `[("1g.10gb", 7)]`, in profile order.
+    pub fn slice_counts(&self) -> Vec<(&str, usize)> {
+        let mut out: Vec<(&str, usize)> = Vec::new();
+        for p in self.gpus.iter().filter_map(GpuInfo::slice_profile) {
+            match out.iter_mut().find(|(name, _)| *name == p) {
+                Some((_, n)) => *n += 1,
+                None => out.push((p, 1)),
+            }
+        }
+        out.sort_by_key(|(name, _)| super::mig::PROFILES.iter().position(|q| q.name == *name));
+        out
+    }
+
+    /// What a table shows of the node's GPUs' partitioning: `56x 1g.10gb`,
+    /// `7x 1g.10gb, 2x 3g.40gb`; empty when no GPU is partitioned.
+    pub fn slice_summary(&self) -> String {
+        self.slice_counts()
+            .iter()
+            .map(|(p, n)| format!("{n}x {p}"))
+            .collect::<Vec<_>>()
+            .join(", ")
     }
 }
 

@@ -292,6 +292,12 @@ pub struct Policy {
     /// Half-life of fair-share usage.
     #[serde(default = "default_half_life")]
     pub half_life_secs: u64,
+    /// Advance reservations by name (`gpuq admin reservation`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub reservations: BTreeMap<String, super::AdvanceReservation>,
+    /// Node groups started and stopped on demand (`gpuq admin nodegroup`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub node_groups: BTreeMap<String, super::NodeGroup>,
 }
 
 impl Default for Policy {
@@ -303,6 +309,8 @@ impl Default for Policy {
             default_accounts: BTreeMap::new(),
             weights: PriorityWeights::default(),
             half_life_secs: DEFAULT_HALF_LIFE_SECS,
+            reservations: BTreeMap::new(),
+            node_groups: BTreeMap::new(),
         }
     }
 }
@@ -478,11 +486,48 @@ impl Policy {
                 ));
             }
         }
+        if let Some(name) = &spec.placement.reservation {
+            let r = self.reservations.get(name).ok_or_else(|| {
+                format!(
+                    "reservation {name:?} does not exist (see `gpuq admin reservation list`); \
+                     leave out --reservation to run outside it"
+                )
+            })?;
+            if !r.admits(user, &account) {
+                return Err(format!(
+                    "user {user} in account {account} may not use reservation {name}; \
+                     leave out --reservation, or ask an admin \
+                     (gpuq admin reservation modify {name} --users {user})"
+                ));
+            }
+        }
         spec.account = Some(account);
         spec.qos = Some(qos_name);
         spec.partition = Some(part_name);
         Ok(())
     }
+}
+
+/// Formats Unix milliseconds as `YYYY-MM-DDTHH:MM:SS` in UTC.
+pub fn fmt_time(ms: super::Millis) -> String {
+    let secs = ms / 1000;
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    // Civil-from-days (Howard Hinnant's algorithm).
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
 }
 
 /// Seconds as Slurm's `D-HH:MM:SS` (days only when there are some).

@@ -124,6 +124,63 @@ pub struct PriorityPatch {
     pub half_life_secs: Option<u64>,
 }
 
+/// What `gpuq admin reservation create|modify` sets. Times are absolute
+/// (the CLI resolves `now+10min`), so apply reads no clock.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReservationPatch {
+    /// A host list; replaces the nodes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nodes: Option<String>,
+    /// Instead of `nodes`: whole nodes with at least this many GPUs in all,
+    /// picked by apply among the nodes free of other reservations.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpus: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start: Option<super::Millis>,
+    /// The end, or (`duration_secs`) how long after the start.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub end: Option<super::Millis>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub duration_secs: Option<u64>,
+    /// Replaces the users who may use it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub users: Option<Vec<String>>,
+    /// Replaces the accounts whose jobs may use it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub accounts: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub maint: Option<bool>,
+}
+
+/// What `gpuq admin nodegroup add|modify` sets.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeGroupPatch {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpus: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpus: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_mb: Option<u64>,
+    /// Replaces the features.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub features: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resume_command: Option<String>,
+    /// `""`: none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub suspend_command: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_secs: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resume_timeout_secs: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub demand_secs: Option<u64>,
+}
+
 /// One admin change of the policy.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum PolicyChange {
@@ -148,5 +205,17 @@ pub enum PolicyChange {
     /// bad one is refused with what a good one looks like.
     MasterPorts {
         range: String,
+    },
+    /// `gpuq admin reservation create|modify|delete`.
+    Reservation {
+        op: Op,
+        name: String,
+        patch: ReservationPatch,
+    },
+    /// `gpuq admin nodegroup add|modify|remove`.
+    NodeGroup {
+        op: Op,
+        name: String,
+        patch: NodeGroupPatch,
     },
 }

@@ -56,6 +56,10 @@ pub struct JobRun {
     /// once the job is over.
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub gpu_use: std::collections::BTreeMap<String, super::GpuUse>,
+    /// A service replica's named ports (`--port NAME`), each unique among
+    /// the jobs on rank 0's node as `master_port` is: its `PORT_<NAME>`.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub named_ports: std::collections::BTreeMap<String, u16>,
 }
 
 impl JobRun {

@@ -50,6 +50,10 @@ pub struct Service {
     /// replica ended before it was ready).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub roll_halted: Option<String>,
+    /// Its named ports (`--port NAME`): each replica gets `PORT_<NAME>`
+    /// besides `PORT`, each unique on its node.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ports: Vec<String>,
 }
 
 fn first_version() -> u64 {
@@ -101,12 +105,15 @@ impl HealthCheck {
 /// What `gpuq service create` and `apply` set besides the replica
 /// template: how many, how soon one that ended starts again, and how its
 /// health is checked.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ServiceSettings {
     pub replicas: u32,
     pub restart_delay_secs: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub health: Option<HealthCheck>,
+    /// Named ports (`--port NAME`), as given.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ports: Vec<String>,
 }
 
 /// One replica index of a service.
@@ -170,6 +177,48 @@ fn restart_delay(base: u64, quick_failures: u32) -> u64 {
         .min(MAX_RESTART_DELAY_SECS.max(base))
 }
 
+/// At most this many named ports per service.
+pub const MAX_NAMED_PORTS: usize = 8;
+
+/// The variable a replica finds its named port `name` in: `PORT_<NAME>`.
+pub fn port_env(name: &str) -> String {
+    format!("PORT_{}", name.to_ascii_uppercase())
+}
+
+/// Whether `names` may name a service's ports: each a letter, then
+/// letters, digits and '_' (at most 32), none twice (upper-cased, as their
+/// variables are), at most [`MAX_NAMED_PORTS`].
+pub fn check_port_names(names: &[String]) -> Result<(), String> {
+    if names.len() > MAX_NAMED_PORTS {
+        return Err(format!(
+            "{} named ports: a service may have at most {MAX_NAMED_PORTS} (--port NAME)",
+            names.len()
+        ));
+    }
+    let mut seen = std::collections::BTreeSet::new();
+    for name in names {
+        let ok = !name.is_empty()
+            && name.len() <= 32
+            && name.starts_with(|c: char| c.is_ascii_alphabetic())
+            && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+        if !ok {
+            return Err(format!(
+                "--port {name:?}: name a port with a letter, then letters, digits and '_' \
+                 (at most 32), e.g. --port metrics; the replica gets PORT_METRICS, a port of \
+                 the cluster's range chosen for it"
+            ));
+        }
+        if !seen.insert(port_env(name)) {
+            return Err(format!(
+                "--port {name:?} is given twice (names are upper-cased into {}): give each \
+                 port once",
+                port_env(name)
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Whether `name` may name a service: what a DNS label allows (lowercase
 /// letters, digits, `-`, starting with a letter, at most 63 characters), so
 /// it can name endpoints and files everywhere.
@@ -203,6 +252,29 @@ mod tests {
         for bad in ["", "Llama", "2fast", "a_b", "trailing-", &"x".repeat(64)] {
             let e = check_service_name(bad).unwrap_err();
             assert!(e.contains("lowercase"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn port_names_become_variables_and_bad_ones_say_how_to_fix_them() {
+        assert_eq!(port_env("metrics"), "PORT_METRICS");
+        let names = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            check_port_names(&names(&["http", "grpc_2", "Metrics"])),
+            Ok(())
+        );
+        for (bad, says) in [
+            (names(&["8080"]), "name a port with a letter"),
+            (names(&["a-b"]), "name a port with a letter"),
+            (names(&[""]), "name a port with a letter"),
+            (names(&["http", "HTTP"]), "given twice"),
+            (
+                names(&["a", "b", "c", "d", "e", "f", "g", "h", "i"]),
+                "at most 8",
+            ),
+        ] {
+            let e = check_port_names(&bad).unwrap_err();
+            assert!(e.contains(says), "{bad:?}: {e}");
         }
     }
 

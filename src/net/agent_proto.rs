@@ -49,6 +49,9 @@ pub enum AgentMsg {
         /// What the last check saw (`GET /healthz: 503`).
         detail: String,
     },
+    /// `ServerMsg::Mig` could not be applied; the node's GPUs are as
+    /// `Gpus` (sent before this) reports them.
+    MigFailed { layout: String, error: String },
 }
 
 /// Leader -> agent.
@@ -90,6 +93,10 @@ pub enum ServerMsg {
     /// not running here is skipped. Not replicated: a signal is a moment's
     /// act, like Slurm's.
     Signal { tasks: Vec<TaskKey>, signal: i32 },
+    /// Partition every GPU into this MIG layout (`none`: whole GPUs), then
+    /// report the GPUs (`AgentMsg::Gpus`), or `AgentMsg::MigFailed`. Sent
+    /// once nothing runs on the node (`gpuq node mig set`).
+    Mig { layout: String },
 }
 
 /// The most bytes one log reply carries.
@@ -211,6 +218,11 @@ pub struct DesiredTask {
     /// The image the task runs in (`--container-image`), if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub container: Option<crate::model::ContainerSpec>,
+    /// When some of `gpus` are MIG instances: what `CUDA_VISIBLE_DEVICES`
+    /// names for each of `gpus`, in order (an instance's `MIG-` UUID, a whole
+    /// GPU's index); empty: the indices themselves.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gpu_devices: Vec<String>,
 }
 
 /// The job-level facts of a task's environment (`SLURM_*`), and how it

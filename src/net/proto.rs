@@ -225,6 +225,15 @@ pub enum ApiRequest {
     },
     /// Every service, or the one named, with its replicas (a read).
     Services { name: Option<String> },
+    /// Repartition every GPU of `node` into MIG `layout` (`none`: whole
+    /// GPUs), admins only: the node drains, its jobs end (or are requeued
+    /// with `now`), the agent applies the layout and the node resumes.
+    NodeMig {
+        node: String,
+        layout: String,
+        #[serde(default)]
+        now: bool,
+    },
 }
 
 /// How far back a `Utilisation` request may look, in hours (30 days).

@@ -100,14 +100,31 @@ impl Default for BackfillConfig {
     }
 }
 
-/// Resources set aside for a blocked job over `[start, end)`.
+/// Resources set aside over `[start, end)`: for a blocked job, or the
+/// nodes of an advance reservation (`resv`).
 pub(super) struct Hold {
     pub start: Millis,
     pub end: Option<Millis>,
     pub alloc: Allocation,
+    /// The advance reservation it is, whose own jobs it does not bind.
+    pub resv: Option<HeldFor>,
+}
+
+/// The advance reservation a [`Hold`] is.
+pub(super) struct HeldFor {
+    pub name: String,
+    pub maint: bool,
 }
 
 impl Hold {
+    /// Whether it keeps `job` off what it holds: every hold does, but an
+    /// advance reservation's for the jobs that run in it.
+    pub fn binds(&self, job: &PendingJob) -> bool {
+        self.resv
+            .as_ref()
+            .is_none_or(|r| job.placement.reservation.as_deref() != Some(r.name.as_str()))
+    }
+
     /// Whether it overlaps `[from, to)` (`to: None`: forever).
     fn overlaps(&self, from: Millis, to: Option<Millis>) -> bool {
         let starts_before_end = to.is_none_or(|to| self.start < to);
@@ -122,6 +139,7 @@ pub(super) fn clear_of_holds(
     pool: &Pool,
     victims: &[&Allocation],
     holds: &[Hold],
+    job: &PendingJob,
     from: Millis,
     to: Option<Millis>,
     at: &Allocation,
@@ -130,7 +148,10 @@ pub(super) fn clear_of_holds(
     for v in victims {
         p.release(v);
     }
-    for h in holds.iter().filter(|h| h.overlaps(from, to)) {
+    for h in holds
+        .iter()
+        .filter(|h| h.overlaps(from, to) && h.binds(job))
+    {
         p.charge(&h.alloc);
     }
     at.nodes.iter().all(|na| {
@@ -161,7 +182,10 @@ pub(super) fn place_during(
     allowed: &[bool],
     packing: Packing,
 ) -> (Result<Allocation, PendingReason>, bool) {
-    let over: Vec<&Hold> = holds.iter().filter(|h| h.overlaps(from, to)).collect();
+    let over: Vec<&Hold> = holds
+        .iter()
+        .filter(|h| h.overlaps(from, to) && h.binds(job))
+        .collect();
     if over.is_empty() {
         return (pool.place(job, resolved, allowed, packing), false);
     }
@@ -363,7 +387,7 @@ impl<'v> Timeline<'_, 'v> {
             let taken: u64 = self
                 .holds
                 .iter()
-                .filter(|h| h.overlaps(t, to))
+                .filter(|h| h.overlaps(t, to) && h.binds(job))
                 .flat_map(|h| h.alloc.nodes.iter())
                 .map(|na| {
                     na.gpus

@@ -155,6 +155,7 @@ pub(super) fn fits_some(
         };
         return Err(constraints::none_matches(&named, p, among));
     }
+    let matching = of_kind(matching, job, scope)?;
     let wording = Wording {
         scope,
         matching: p.restricts_nodes(),
@@ -170,6 +171,49 @@ pub(super) fn fits_some(
         }
         Some(total) => resolve_total(&matching, job, total, wording),
     }
+}
+
+/// `matching` with each node's GPUs counted as those of the kind the job
+/// takes (whole GPUs, or its MIG profile's slices); an error when the job
+/// asks for whole GPUs and every matching GPU is partitioned.
+fn of_kind<'a>(
+    mut matching: Vec<Candidate<'a>>,
+    job: &PendingJob,
+    scope: Scope,
+) -> Result<Vec<Candidate<'a>>, String> {
+    let slice = job.placement.gpu_slice.as_deref();
+    let mut sliced: Vec<&str> = Vec::new();
+    for c in &mut matching {
+        if slice.is_some() || c.inventory.has_slices() {
+            c.cap.gpus = c
+                .inventory
+                .gpus_of(slice)
+                .filter(|g| matches!(scope, Scope::Cluster) || g.healthy)
+                .count() as u64;
+            sliced.extend(c.inventory.gpus.iter().filter_map(|g| g.slice_profile()));
+        }
+    }
+    let asks_gpus = job.gpus_per_node > 0 || job.total_gpus.is_some();
+    if slice.is_none()
+        && asks_gpus
+        && !sliced.is_empty()
+        && matching.iter().all(|c| c.cap.gpus == 0)
+    {
+        sliced.sort_unstable();
+        sliced.dedup();
+        return Err(format!(
+            "asks for whole GPUs; every GPU of the {}nodes is partitioned into MIG slices \
+             ({}); ask for a slice instead, e.g. --gpus-per-node {}:1",
+            if job.placement.restricts_nodes() {
+                "matching "
+            } else {
+                ""
+            },
+            sliced.join(", "),
+            sliced[0]
+        ));
+    }
+    Ok(matching)
 }
 
 /// The shape of a `--gpus N` job: one node when N fits on one, else whole
@@ -431,7 +475,8 @@ pub fn check_allocation_by<'n>(
             domains.insert(topology::domain(&node.inventory.topology, &node.name, up));
         }
         let shape = if job.exclusive {
-            exclusive_shape(node, &shape).map_err(|why| format!("job {} {why}", job.id))?
+            exclusive_shape(node, &shape, job.placement.gpu_slice.as_deref())
+                .map_err(|why| format!("job {} {why}", job.id))?
         } else {
             shape
         };
@@ -454,6 +499,17 @@ pub fn check_allocation_by<'n>(
             };
             if !info.healthy {
                 return Err(format!("GPU {g} on node {} is unhealthy", na.node));
+            }
+            let slice = job.placement.gpu_slice.as_deref();
+            if !info.is_kind(slice) {
+                return Err(format!(
+                    "GPU {g} on node {} is {}; job {} asks for {}",
+                    na.node,
+                    info.slice_profile()
+                        .map_or("a whole GPU".to_string(), |p| format!("a {p} MIG slice")),
+                    job.id,
+                    slice.map_or("whole GPUs".to_string(), |p| format!("{p} MIG slices")),
+                ));
             }
             if node.used.gpus.contains(&g) {
                 return Err(format!("GPU {g} on node {} is in use", na.node));
@@ -511,9 +567,9 @@ pub fn check_allocation_by<'n>(
 
 /// What an `--exclusive` job holds on `node`: the whole of it, which must
 /// run nothing else and hold at least `asked`.
-fn exclusive_shape(node: &NodeView, asked: &Shape) -> Result<Shape, String> {
+fn exclusive_shape(node: &NodeView, asked: &Shape, slice: Option<&str>) -> Result<Shape, String> {
     let whole = Shape {
-        gpus: node.inventory.gpus.iter().filter(|g| g.healthy).count() as u32,
+        gpus: node.inventory.gpus_of(slice).filter(|g| g.healthy).count() as u32,
         cpus: u64::from(node.inventory.cpus),
         memory_mb: node.inventory.memory_mb,
     };

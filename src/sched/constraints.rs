@@ -33,6 +33,11 @@ pub(super) fn mismatch(name: &str, inventory: &NodeInventory, p: &Placement) -> 
             return Some(format!("has no GPUs of type {t}"));
         }
     }
+    if let Some(profile) = &p.gpu_slice {
+        if inventory.gpus_of(Some(profile)).next().is_none() {
+            return Some(format!("has no MIG slices of profile {profile}"));
+        }
+    }
     if let Some(f) = p
         .features
         .iter()
@@ -81,6 +86,34 @@ pub(super) fn none_matches(
             };
         }
     }
+    if let Some(profile) = &p.gpu_slice {
+        if !nodes
+            .iter()
+            .any(|(_, inv)| inv.gpus_of(Some(profile)).next().is_some())
+        {
+            let mut have: Vec<&str> = nodes
+                .iter()
+                .flat_map(|(_, inv)| inv.gpus.iter().filter_map(|g| g.slice_profile()))
+                .collect();
+            have.sort_unstable();
+            have.dedup();
+            return if have.is_empty() {
+                format!(
+                    "{no_node} has MIG slices of profile {profile}; no GPU of {} is \
+                     partitioned (ask for whole GPUs, or an admin partitions some)",
+                    match among {
+                        Among::Cluster => "the cluster",
+                        Among::Up => "the up nodes",
+                    }
+                )
+            } else {
+                format!(
+                    "{no_node} has MIG slices of profile {profile}; {they_have}: {}",
+                    have.join(", ")
+                )
+            };
+        }
+    }
     let missing: Vec<&str> = p
         .features
         .iter()
@@ -123,6 +156,9 @@ pub(super) fn describe(p: &Placement) -> String {
     let mut parts = Vec::new();
     if let Some(t) = &p.gpu_type {
         parts.push(format!("--gpu-type {t}"));
+    }
+    if let Some(profile) = &p.gpu_slice {
+        parts.push(format!("MIG profile {profile}"));
     }
     if !p.features.is_empty() {
         parts.push(format!("--constraint {}", p.features.join(",")));

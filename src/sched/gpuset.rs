@@ -64,6 +64,31 @@ impl GpuSet {
         added
     }
 
+    /// How many of these are in `other`.
+    pub fn count_in(&self, other: &GpuSet) -> usize {
+        let mut n = (self.low & other.low).count_ones() as usize;
+        for &g in self.high.iter().flatten() {
+            if other.contains(g) {
+                n += 1;
+            }
+        }
+        n
+    }
+
+    /// Those of these that are in `other`.
+    pub fn intersect(&self, other: &GpuSet) -> GpuSet {
+        let mut out = GpuSet {
+            low: self.low & other.low,
+            high: None,
+        };
+        for &g in self.high.iter().flatten() {
+            if other.contains(g) {
+                out.insert(g);
+            }
+        }
+        out
+    }
+
     /// The indices in increasing order, as the GPU and CPU pickers take them.
     pub fn to_set(&self) -> BTreeSet<u32> {
         let mut out: BTreeSet<u32> = (0..128).filter(|&g| self.low & (1 << g) != 0).collect();

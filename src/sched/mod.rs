@@ -65,6 +65,7 @@ pub mod priority;
 mod queue;
 mod quota;
 mod restart;
+mod slices;
 mod topology;
 mod view;
 

@@ -27,9 +27,11 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::model::{Allocation, JobId, Millis, Placement};
+use crate::model::{Allocation, JobId, Millis, NodeAllocation, Placement};
 
-use super::backfill::{clear_of_holds, end_of, place_during, Ahead, Hold, Releases, Timeline};
+use super::backfill::{
+    clear_of_holds, end_of, place_during, Ahead, HeldFor, Hold, Releases, Timeline,
+};
 use super::check::{self, Candidate, Resolved, Scope};
 use super::plan::Reservation;
 use super::preempt;
@@ -80,7 +82,10 @@ pub(super) fn run<'v>(
     let mut allowed: BTreeMap<(&Placement, usize), Vec<bool>> = BTreeMap::new();
     // Requests (with their time limit) that could not start now.
     let mut failed: BTreeMap<(usize, Option<u64>), PendingReason> = BTreeMap::new();
-    let mut holds: Vec<Hold> = Vec::new();
+    // Advance reservations first (`holds[..reserved_nodes]`), then the
+    // blocked jobs' reservations as they are made.
+    let mut holds: Vec<Hold> = advance_reservations(view, &pool, now);
+    let reserved_nodes = holds.len();
     // Reservations made in each partition (`depth` is per partition, so one
     // partition's blocked jobs do not use up another's), and jobs each has
     // left to try.
@@ -127,6 +132,12 @@ pub(super) fn run<'v>(
             continue;
         };
         let job = q.job;
+        if let Some(name) = &job.placement.reservation {
+            if let Some(reason) = reservation_gate(view, name, now) {
+                out.pending.push((q.id, reason));
+                continue;
+            }
+        }
         let verdict = verdicts[q.request].get_or_insert_with(|| {
             let in_part: Vec<Candidate> = cands
                 .iter()
@@ -168,6 +179,14 @@ pub(super) fn run<'v>(
             a.iter_mut()
                 .zip(&parts.members[part])
                 .for_each(|(a, &m)| *a &= m);
+            if let Some(r) = (job.placement.reservation.as_ref())
+                .and_then(|name| view.policy.policy.reservations.get(name))
+            {
+                // A job in a reservation runs on its nodes only.
+                for (a, n) in a.iter_mut().zip(&pool.nodes) {
+                    *a &= r.holds(&n.view.name);
+                }
+            }
             a
         });
         let key = (q.request, job.time_limit_secs);
@@ -188,7 +207,24 @@ pub(super) fn run<'v>(
                     let taken_by_holds =
                         held && pool.place(job, resolved, allowed, packing).is_ok();
                     let r = if taken_by_holds {
-                        PendingReason::ReservedForOthers
+                        // By an advance reservation, or by blocked jobs?
+                        let resv = &holds[..reserved_nodes];
+                        let (alone, _) = place_during(
+                            &mut pool,
+                            resv,
+                            (now, end),
+                            job,
+                            resolved,
+                            allowed,
+                            packing,
+                        );
+                        match alone
+                            .err()
+                            .and_then(|_| in_the_way(resv, job, (now, end), allowed, &pool))
+                        {
+                            Some(r) => r,
+                            None => PendingReason::ReservedForOthers,
+                        }
                     } else {
                         reason
                     };
@@ -241,7 +277,7 @@ pub(super) fn run<'v>(
                         })
                         .map(|r| &*r.allocation)
                         .collect();
-                    clear_of_holds(&pool, &victims, &holds, now, end, at)
+                    clear_of_holds(&pool, &victims, &holds, job, now, end, at)
                 });
                 if let Some((preemption, reserved)) = preempting {
                     // What it will take once the victims stopped is not for
@@ -281,7 +317,12 @@ pub(super) fn run<'v>(
                             end,
                             allocation: alloc.clone(),
                         });
-                        holds.push(Hold { start, end, alloc });
+                        holds.push(Hold {
+                            start,
+                            end,
+                            alloc,
+                            resv: None,
+                        });
                         held_in[part] += 1;
                         reserved = true;
                         let all_made =
@@ -306,6 +347,7 @@ pub(super) fn run<'v>(
                 let reason = match reason {
                     r if first => r,
                     PendingReason::ReservedForOthers => PendingReason::ReservedForOthers,
+                    r @ PendingReason::ReservedNodes { .. } => r,
                     _ => PendingReason::Priority,
                 };
                 out.pending.push((job.id, reason));
@@ -354,7 +396,12 @@ pub(super) fn run<'v>(
                     end,
                     allocation: alloc.clone(),
                 });
-                holds.push(Hold { start, end, alloc });
+                holds.push(Hold {
+                    start,
+                    end,
+                    alloc,
+                    resv: None,
+                });
             }
         }
     }
@@ -420,4 +467,82 @@ fn preempt_for(
         }),
         at,
     ))
+}
+
+/// Each advance reservation not yet over as a hold on the whole of its
+/// nodes (every GPU, CPU and MiB, whatever runs there) over its window.
+fn advance_reservations(view: &ClusterView, pool: &Pool, now: Millis) -> Vec<Hold> {
+    let reservations = &view.policy.policy.reservations;
+    if reservations.is_empty() {
+        return Vec::new();
+    }
+    reservations
+        .values()
+        .filter(|r| r.end > now)
+        .map(|r| Hold {
+            start: r.start,
+            end: Some(r.end),
+            alloc: Allocation {
+                job: JobId(0),
+                // The pool's nodes: the view's own are not filled in for a
+                // pass over borrowed nodes (`ViewRef`).
+                nodes: (pool.nodes.iter().map(|n| n.view))
+                    .filter(|n| r.holds(&n.name))
+                    .map(|n| NodeAllocation {
+                        node: n.name.clone(),
+                        gpus: n.inventory.gpus.iter().map(|g| g.index).collect(),
+                        cpus: super::view::cpu_layout(&n.inventory).unwrap_or_default(),
+                        cpu_count: n.inventory.cpus,
+                        memory_mb: n.inventory.memory_mb,
+                    })
+                    .collect(),
+            },
+            resv: Some(HeldFor {
+                name: r.name.clone(),
+                maint: r.maint,
+            }),
+        })
+        .collect()
+}
+
+/// Why a job that names reservation `name` may not be tried now: it is
+/// gone, over, or not started.
+fn reservation_gate(view: &ClusterView, name: &str, now: Millis) -> Option<PendingReason> {
+    match view.policy.policy.reservations.get(name) {
+        None => Some(PendingReason::Unsatisfiable(format!(
+            "its reservation {name} does not exist any more; cancel the job, or submit it \
+             again without --reservation"
+        ))),
+        Some(r) if r.end <= now => Some(PendingReason::Unsatisfiable(format!(
+            "its reservation {name} is over; cancel the job, or submit it again without \
+             --reservation"
+        ))),
+        Some(r) if r.start > now => Some(PendingReason::ReservationNotStarted(name.to_string())),
+        Some(_) => None,
+    }
+}
+
+/// The advance reservation (of `resv`) keeping `job` off nodes it could
+/// use over `[from, to)`, as its pending reason.
+fn in_the_way(
+    resv: &[Hold],
+    job: &PendingJob,
+    (from, to): (Millis, Option<Millis>),
+    allowed: &[bool],
+    pool: &Pool,
+) -> Option<PendingReason> {
+    resv.iter()
+        .filter(|h| h.binds(job) && h.end.is_none_or(|e| e > from))
+        .filter(|h| to.is_none_or(|to| h.start < to))
+        .find(|h| {
+            h.alloc
+                .nodes
+                .iter()
+                .any(|na| pool.position(&na.node).is_some_and(|i| allowed[i]))
+        })
+        .and_then(|h| h.resv.as_ref())
+        .map(|r| PendingReason::ReservedNodes {
+            reservation: r.name.clone(),
+            maint: r.maint,
+        })
 }

@@ -129,6 +129,14 @@ pub enum PendingReason {
     PartitionDown,
     /// Jobs were preempted to make room for it; it starts once they stopped.
     Preempting,
+    /// It runs in a reservation (`--reservation`) that has not started.
+    ReservationNotStarted(String),
+    /// It would fit, but the nodes it could use are held by an advance
+    /// reservation its time limit would overlap.
+    ReservedNodes { reservation: String, maint: bool },
+    /// Nodes of this node group that would hold it are starting (set by
+    /// the leader's autoscaler, not by a pass).
+    NodesStarting(String),
 }
 
 impl PendingReason {
@@ -149,6 +157,10 @@ impl PendingReason {
             PendingReason::NoMasterPort => "MasterPort",
             PendingReason::PartitionDown => "PartitionDown",
             PendingReason::Preempting => "Preempting",
+            PendingReason::ReservationNotStarted(_) => "Reservation",
+            PendingReason::ReservedNodes { maint: true, .. } => "ReservedForMaintenance",
+            PendingReason::ReservedNodes { maint: false, .. } => "ReservedNodes",
+            PendingReason::NodesStarting(_) => "NodesStarting",
         }
     }
 }
@@ -193,6 +205,19 @@ impl fmt::Display for PendingReason {
             PendingReason::Preempting => {
                 f.write_str("waiting for the jobs preempted for it to stop")
             }
+            PendingReason::ReservationNotStarted(name) => {
+                write!(f, "waiting for its reservation {name} to start")
+            }
+            PendingReason::ReservedNodes { reservation, maint } => write!(
+                f,
+                "the nodes it could use are reserved{} (reservation {reservation}) before its \
+                 time limit would end; a shorter --time may let it run before the window",
+                if *maint { " for maintenance" } else { "" }
+            ),
+            PendingReason::NodesStarting(group) => write!(
+                f,
+                "waiting for nodes of group {group} that are starting for it (gpuq nodes)"
+            ),
         }
     }
 }

@@ -20,6 +20,7 @@ use crate::model::{Allocation, Millis, NodeAllocation, Placement};
 
 use super::check::Resolved;
 use super::gpuset::GpuSet;
+use super::slices::Kinds;
 use super::view::{self, Capacity, NodeView, PendingJob};
 use super::{constraints, pick_cpus, pick_gpus, restart, topology, Packing, PendingReason};
 
@@ -46,6 +47,9 @@ pub(super) struct FreeNode<'v> {
     pub gpus: GpuSet,
     /// The node's healthy GPUs: only those are given back by a release.
     healthy: GpuSet,
+    /// Its entries by kind when a GPU is partitioned into MIG slices
+    /// (`None`: all whole GPUs); shared by copies.
+    kinds: Option<Rc<Kinds>>,
     pub cpus: u64,
     /// CPU ids put in cpusets earlier in this pass. The node's free ids are
     /// worked out only where a job lands, not for every node of every pass.
@@ -135,6 +139,7 @@ impl<'v> Pool<'v> {
                     view,
                     gpus,
                     healthy,
+                    kinds: Kinds::of(&view.inventory).map(Rc::new),
                     cpus: view.free_cpus(),
                     cpu_ids_taken: BTreeSet::new(),
                     cpu_ids_freed: BTreeSet::new(),
@@ -203,8 +208,18 @@ impl<'v> Pool<'v> {
             return Err(PendingReason::Resources);
         }
         let cpu_count = u32::try_from(shape.cpus).map_err(|_| PendingReason::Resources)?;
+        let slice = job.placement.gpu_slice.as_deref();
+        // Free GPUs of the kind the job takes (whole GPUs, or its profile's slices).
+        let eligible = |i: usize| -> u32 {
+            match (&self.nodes[i].kinds, slice) {
+                (None, None) => self.gpu_count[i],
+                (None, Some(_)) => 0,
+                (Some(k), _) => k.count(&self.nodes[i].gpus, slice),
+            }
+        };
         let fits_here = |&i: &usize| {
             self.gpu_count[i] >= shape.gpus
+                && (shape.gpus == 0 || eligible(i) >= shape.gpus)
                 && allowed[i]
                 && self.nodes[i].free().holds(&shape)
                 && (!job.exclusive || self.nodes[i].is_whole())
@@ -236,11 +251,15 @@ impl<'v> Pool<'v> {
             .map(|&i| {
                 let n = &self.nodes[i];
                 let free = n.free();
+                let gpus_free = match shape.gpus {
+                    0 => free.gpus,
+                    _ => u64::from(eligible(i)),
+                };
                 topology::Fit {
                     name: &n.view.name,
                     topology: &n.view.inventory.topology,
                     left: (
-                        free.gpus - u64::from(shape.gpus),
+                        gpus_free - u64::from(shape.gpus),
                         free.cpus - shape.cpus,
                         free.memory_mb - shape.memory_mb,
                     ),
@@ -262,7 +281,10 @@ impl<'v> Pool<'v> {
             .enumerate()
             .map(|(rank, i)| {
                 let n = &self.nodes[i];
-                let free = n.gpus.to_set();
+                let free = match &n.kinds {
+                    None => n.gpus.to_set(),
+                    Some(k) => n.gpus.intersect(k.mask(slice)?).to_set(),
+                };
                 // An exclusive job takes the node whole (it is, checked above).
                 let (want_gpus, cpu_count, memory_mb) = if job.exclusive {
                     let all_cpus = u32::try_from(n.cpus).ok()?;
@@ -277,7 +299,10 @@ impl<'v> Pool<'v> {
                     .and_then(|p| restart::same_gpus(p, &free, want_gpus));
                 let gpus = match again {
                     Some(gpus) => gpus,
-                    None => pick_gpus(&n.view.inventory, &free, want_gpus)?,
+                    None => match (&n.kinds, slice) {
+                        (Some(k), Some(_)) => k.pick(&n.gpus, &free, want_gpus)?,
+                        _ => pick_gpus(&n.view.inventory, &free, want_gpus)?,
+                    },
                 };
                 let gpus_left: BTreeSet<u32> =
                     free.iter().copied().filter(|g| !gpus.contains(g)).collect();

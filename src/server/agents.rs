@@ -278,6 +278,8 @@ pub async fn serve(api: Arc<Api>, hub: Arc<AgentHub>, peer: Peer) {
     // entry that touched no job on this node leaves it, and the desired
     // state is then neither recomputed nor compared.
     let mut sent_version: Option<u64> = None;
+    // The MIG layout last handed to the agent (`gpuq node mig set`).
+    let mut last_mig: Option<String> = None;
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     loop {
         // A deposed leader (or one that lost its majority) must not push
@@ -326,6 +328,20 @@ pub async fn serve(api: Arc<Api>, hub: Arc<AgentHub>, peer: Peer) {
             }
             last_sent = Some(desired);
         }
+        // A MIG target goes to the agent once nothing runs there.
+        let mig = api.state().mig_to_apply(&node).map(str::to_string);
+        if mig != last_mig {
+            if let Some(layout) = &mig {
+                tracing::info!(%node, %layout, "asking the agent to repartition its GPUs");
+                let msg = ServerMsg::Mig {
+                    layout: layout.clone(),
+                };
+                if write_frame(&mut send, &msg).await.is_err() {
+                    break;
+                }
+            }
+            last_mig = mig;
+        }
         tokio::select! {
             changed = metrics.changed() => {
                 if changed.is_err() {
@@ -358,6 +374,13 @@ pub async fn serve(api: Arc<Api>, hub: Arc<AgentHub>, peer: Peer) {
                             promote_ready(&api, job).await;
                         } else {
                             stop_unhealthy(&api, &node, job, attempt, &detail).await;
+                        }
+                    }
+                    AgentMsg::MigFailed { layout, error } => {
+                        tracing::warn!(%node, %layout, "MIG repartition failed: {error}");
+                        let cmd = Command::MigFailed { node: node.clone(), error, now: now_ms() };
+                        if let Err(e) = api.write(cmd).await {
+                            tracing::warn!(%node, "MIG failure not committed: {e:?}");
                         }
                     }
                     AgentMsg::Gpus { gpus } => {

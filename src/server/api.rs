@@ -18,6 +18,7 @@ use crate::state::{Command, CommandResult, Rejection, State};
 mod forward;
 mod interactive;
 mod logs;
+mod nodes;
 mod services;
 mod status;
 mod steps;
@@ -35,6 +36,8 @@ pub struct Api {
     /// Why each pending job waits, and when backfill expects it to start,
     /// from the leader's last scheduling pass.
     pending_reasons: std::sync::RwLock<crate::sched::PendingReasons>,
+    /// Jobs waiting for nodes a node group is starting (`autoscale`).
+    starting_for: std::sync::RwLock<std::collections::BTreeMap<crate::model::JobId, String>>,
     /// Connected agents (leader only).
     pub hub: Arc<super::agents::AgentHub>,
     proposer: super::propose::Proposer,
@@ -109,6 +112,7 @@ impl Api {
             endpoint,
             identity,
             pending_reasons: Default::default(),
+            starting_for: Default::default(),
             hub: Default::default(),
             proposer: super::propose::Proposer::start(node.raft.clone()),
             unacked_since: Default::default(),
@@ -211,6 +215,14 @@ impl Api {
             .unwrap_or_else(|p| p.into_inner()) = reasons;
     }
 
+    /// Records which jobs wait for nodes of which starting node group.
+    pub(super) fn set_starting_for(
+        &self,
+        jobs: std::collections::BTreeMap<crate::model::JobId, String>,
+    ) {
+        *self.starting_for.write().unwrap_or_else(|p| p.into_inner()) = jobs;
+    }
+
     /// The reasons of the last scheduling pass.
     pub(super) fn pending_reasons(
         &self,
@@ -257,8 +269,22 @@ impl Api {
                 .pending_reasons
                 .read()
                 .unwrap_or_else(|p| p.into_inner());
+            let starting = self
+                .starting_for
+                .read()
+                .unwrap_or_else(|p| p.into_inner())
+                .get(&job.id)
+                .map(|g| crate::sched::PendingReason::NodesStarting(g.clone()));
             if let Some((reason, start)) = reasons.get(job.id) {
-                job.reason = Some(reason.to_string());
+                let reason = starting.as_ref().unwrap_or(reason);
+                job.reason = Some(match (reason, &job.spec.placement.gpu_slice) {
+                    // A slice job waits for instances of its profile, not GPUs.
+                    (crate::sched::PendingReason::Resources, Some(profile)) => format!(
+                        "waiting for resources: not enough free {profile} MIG slices, CPUs or \
+                         memory now"
+                    ),
+                    _ => reason.to_string(),
+                });
                 job.reason_code = Some(reason.as_str().to_string());
                 job.expected_start = start;
             }
@@ -318,6 +344,7 @@ impl Api {
                 | ApiRequest::ApiTokenCreate { .. }
                 | ApiRequest::Logs { .. }
                 | ApiRequest::NodeDrain { .. }
+                | ApiRequest::NodeMig { .. }
                 | ApiRequest::NodeResume { .. }
                 | ApiRequest::NodeReplace { .. }
                 | ApiRequest::RemoveServer { .. }
@@ -536,6 +563,12 @@ impl Api {
                 }
                 self.set_drain(node, Some((reason, caller.user)), now).await
             }
+            ApiRequest::NodeMig { node, layout, now } => {
+                if !caller.admin {
+                    return forbidden("repartitioning a node's GPUs");
+                }
+                self.set_mig(node, layout, caller.user, now).await
+            }
             ApiRequest::NodeResume { node } => {
                 if !caller.admin {
                     return forbidden("resuming a node");
@@ -635,27 +668,5 @@ impl Api {
                  {ms} ms, so another may lead now; retry on another server"
             ),
         ))
-    }
-
-    async fn set_drain(
-        &self,
-        node: String,
-        drain: Option<(String, String)>,
-        requeue_now: bool,
-    ) -> ApiResponse {
-        let (drain, user) = drain.unzip();
-        let cmd = Command::SetDrain {
-            node: node.clone(),
-            drain,
-            by: crate::state::DrainSource::Admin,
-            user,
-            requeue_now,
-            now: now_ms(),
-        };
-        match self.write(cmd).await {
-            Ok(CommandResult::NodeUpdated) => ApiResponse::NodeUpdated { node },
-            Ok(other) => self.unexpected(other),
-            Err(resp) => resp,
-        }
     }
 }

@@ -74,6 +74,7 @@ pub fn desired_tasks(state: &State, node: &str) -> Vec<DesiredTask> {
         };
         let per_node = job.spec.ntasks_per_node.max(1);
         let job_nodes = run.node_names();
+        let devices = gpu_devices(state, node, na);
         let facts = TaskFacts {
             ntasks: job.spec.total_tasks() as u32,
             first_rank: node_rank * per_node,
@@ -96,6 +97,7 @@ pub fn desired_tasks(state: &State, node: &str) -> Vec<DesiredTask> {
                 continue;
             }
             let mut task = base_task(job, run, na, TaskKey::of_job(job.id, run.attempt, rank));
+            task.gpu_devices = devices.clone();
             task.node_rank = node_rank;
             task.local_rank = local_rank;
             task.ntasks_per_node = per_node;
@@ -132,6 +134,7 @@ pub fn desired_tasks(state: &State, node: &str) -> Vec<DesiredTask> {
                     continue;
                 }
                 let mut task = base_task(job, run, na, step_key(job, run, step, rank));
+                task.gpu_devices = devices.clone();
                 task.node_rank = i as u32;
                 task.local_rank = rank - first;
                 task.ntasks_per_node = step.spec.tasks[i];
@@ -199,7 +202,7 @@ fn base_task(job: &Job, run: &JobRun, na: &NodeAllocation, key: TaskKey) -> Desi
         job_name: job.spec.name.clone(),
         program: job.spec.program.clone(),
         workdir: job.spec.workdir.clone(),
-        env: replica_env(job, run.master_port),
+        env: replica_env(job, run),
         output: job.spec.output.clone(),
         error: job.spec.error.clone(),
         gpus: na.gpus.clone(),
@@ -215,18 +218,46 @@ fn base_task(job: &Job, run: &JobRun, na: &NodeAllocation, key: TaskKey) -> Desi
         facts: None,
         health: None,
         container: job.spec.container.clone(),
+        gpu_devices: Vec::new(),
     }
+}
+
+/// [`DesiredTask::gpu_devices`] for `na` on `node`: empty unless some of
+/// its GPUs are MIG instances.
+fn gpu_devices(state: &State, node: &str, na: &NodeAllocation) -> Vec<String> {
+    let Some(inv) = state.nodes.get(node).map(|n| &n.inventory) else {
+        return Vec::new();
+    };
+    let entry = |i: u32| inv.gpus.iter().find(|g| g.index == i);
+    if !na
+        .gpus
+        .iter()
+        .any(|&i| entry(i).is_some_and(|g| g.mig.is_some()))
+    {
+        return Vec::new();
+    }
+    na.gpus
+        .iter()
+        .map(|&i| match entry(i) {
+            Some(g) if g.mig.is_some() => g.uuid.clone(),
+            _ => i.to_string(),
+        })
+        .collect()
 }
 
 /// A task's environment from its spec; a service replica's also says which
 /// service and index it serves, and the port it should listen on (`PORT`:
-/// its job's port, unique among the jobs on its first node).
-fn replica_env(job: &crate::model::Job, port: u16) -> Vec<(String, String)> {
+/// its job's port, unique among the jobs on its first node), and its named
+/// ports (`PORT_<NAME>`, as unique).
+fn replica_env(job: &crate::model::Job, run: &JobRun) -> Vec<(String, String)> {
     let mut env = job.spec.env.clone();
     if let Some(r) = &job.replica_of {
         env.push(("GPUQ_SERVICE".into(), r.service.clone()));
         env.push(("GPUQ_REPLICA".into(), r.index.to_string()));
-        env.push(("PORT".into(), port.to_string()));
+        env.push(("PORT".into(), run.master_port.to_string()));
+        for (name, port) in &run.named_ports {
+            env.push((crate::model::port_env(name), port.to_string()));
+        }
     }
     env
 }

@@ -39,6 +39,16 @@ pub async fn run(api: Arc<Api>, ttl: Duration, mut shutdown: watch::Receiver<boo
                 .nodes
                 .iter()
                 .filter(|(_, n)| !matches!(n.status, NodeStatus::Down { .. }))
+                // A node its group stopped is silent on purpose.
+                .filter(|(name, _)| {
+                    state.power.get(*name).is_none_or(|p| {
+                        !matches!(
+                            p.state,
+                            crate::model::PowerState::Suspending
+                                | crate::model::PowerState::Suspended
+                        )
+                    })
+                })
                 .filter(|(name, _)| {
                     let heard = api.hub.last_seen(name).map_or(since, |t| t.max(since));
                     heard.elapsed() > ttl

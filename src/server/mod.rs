@@ -29,6 +29,7 @@ mod acct;
 mod agents;
 mod api;
 mod archive;
+mod autoscale;
 mod backup;
 mod boot;
 mod datadir;
@@ -135,6 +136,50 @@ pub fn keep_freed_memory() {
     }
 }
 
+/// `cfg` with the address it advertises settled: configured, or the host's
+/// one address (said in the log) when nothing names one.
+fn with_advertise(mut cfg: ServerConfig) -> anyhow::Result<ServerConfig> {
+    let (addr, picked) = cfg.advertise_among(&host_addresses())?;
+    if picked {
+        tracing::info!(
+            "advertising {addr}: the host's one non-loopback address (set server.advertise \
+             or --advertise to choose another)"
+        );
+    }
+    cfg.advertise = Some(addr);
+    Ok(cfg)
+}
+
+/// The host's addresses other servers and agents could dial: up
+/// interfaces' addresses that are not loopback, link-local or unspecified.
+fn host_addresses() -> Vec<std::net::IpAddr> {
+    let Ok(addrs) = nix::ifaddrs::getifaddrs() else {
+        return Vec::new();
+    };
+    let mut ips: Vec<std::net::IpAddr> = addrs
+        .filter(|a| a.flags.contains(nix::net::if_::InterfaceFlags::IFF_UP))
+        .filter_map(|a| {
+            let sa = a.address?;
+            if let Some(v4) = sa.as_sockaddr_in() {
+                Some(std::net::IpAddr::V4(v4.ip()))
+            } else {
+                sa.as_sockaddr_in6().map(|v6| std::net::IpAddr::V6(v6.ip()))
+            }
+        })
+        .filter(|ip| match ip {
+            std::net::IpAddr::V4(v4) => {
+                !v4.is_loopback() && !v4.is_link_local() && !v4.is_unspecified()
+            }
+            std::net::IpAddr::V6(v6) => {
+                !v6.is_loopback() && !v6.is_unspecified() && (v6.segments()[0] & 0xffc0) != 0xfe80
+            }
+        })
+        .collect();
+    ips.sort();
+    ips.dedup();
+    ips
+}
+
 /// Starts the server and returns once it serves; the tasks it spawned stop
 /// when `shutdown` turns true.
 ///
@@ -148,6 +193,7 @@ pub async fn start(
     opts: ServerOptions,
     shutdown: watch::Receiver<bool>,
 ) -> anyhow::Result<RunningServer> {
+    let cfg = with_advertise(cfg)?;
     keep_freed_memory();
     let dir = DataDir::open(&cfg.data_dir)?;
     // A member's store must be there: redb would make a new, empty one, and
@@ -480,6 +526,7 @@ fn spawn_leader_duties(cfg: &ServerConfig, api: &Arc<Api>, shutdown: &watch::Rec
         Duration::from_secs(cfg.node_ttl_secs.max(1)),
         shutdown.clone(),
     ));
+    tokio::spawn(autoscale::run(api.clone(), shutdown.clone()));
 }
 
 /// The local socket for the CLI on this host.

@@ -264,6 +264,7 @@ mod tests {
             facts: None,
             health: None,
             container: None,
+            gpu_devices: Vec::new(),
         }
     }
 

@@ -1,13 +1,22 @@
 //! The container flags, named as Pyxis names them so existing scripts work:
-//! `--container-image PATH`, `--container-mounts SRC:DST[:ro],...`,
-//! `--container-workdir DIR`, `--no-container-mount-home`. What can be
-//! refused here is: a relative path (the nodes resolve it, not the
-//! submitting directory), a registry reference (no pull tool is supported
-//! yet), a malformed mount, a companion flag without an image. Whether the
-//! image exists and is one, only a node can tell; it fails the job with the
-//! reason (see `agent::exec::container`).
+//! `--container-image PATH|docker://REF`, `--container-mounts
+//! SRC:DST[:ro],...`, `--container-workdir DIR`, `--no-container-mount-home`,
+//! `--container-env VAR,...`, `--container-writable` and
+//! `--container-readonly`. What can be refused here is: a relative path (the
+//! nodes resolve it, not the submitting directory), a malformed mount or
+//! variable name, a companion flag without an image. Whether the image
+//! exists and is one, only a node can tell; it fails the job with the reason
+//! (see `agent::exec::container`). A registry reference asks for a node with
+//! a pull tool (the feature `oci-pull`); the server refuses it where no node
+//! has one.
+//!
+//! The root filesystem is writable by default: Pyxis leaves it to enroot's
+//! `ENROOT_ROOTFS_WRITABLE`, which Pyxis's setup guide sets to yes, and
+//! scripts that `pip install` in their container rely on it. Each task writes
+//! to a layer of its own, discarded when it ends; the shared image below is
+//! never written. `--container-readonly` makes it read-only.
 
-use crate::model::{ContainerMount, ContainerSpec};
+use crate::model::{ContainerMount, ContainerSpec, REGISTRY_SCHEME};
 
 use super::{SpecError, SubmitArgs};
 
@@ -15,19 +24,64 @@ use super::{SpecError, SubmitArgs};
 #[derive(Clone, Debug, PartialEq, Eq, Default)]
 pub struct Mounts(pub Vec<ContainerMount>);
 
-/// Parses `--container-image`: an absolute path on the nodes.
+/// The variable names of `--container-env`.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct EnvNames(pub Vec<String>);
+
+/// Parses `--container-image`: an absolute path on the nodes, or a registry
+/// reference. Pyxis's enroot forms (`REGISTRY#IMAGE[:TAG]`, `IMAGE:TAG`)
+/// become `docker://` references.
 pub fn parse_image(input: &str) -> Result<String, String> {
-    let registry = input.contains("://")
-        || input.contains('#')
-        || (!input.starts_with('/') && input.contains(':'));
-    if registry {
+    if let Some(reference) = input.strip_prefix(REGISTRY_SCHEME) {
+        return check_reference(input, reference);
+    }
+    if input.contains("://") {
         return Err(format!(
-            "{input:?} is a registry reference, and gpuq supports no pull tool yet; copy the \
-             image to a directory the nodes can read (e.g. skopeo copy docker://IMAGE \
-             oci:/shared/images/NAME) and give that absolute path"
+            "{input:?} names a transport gpuq cannot pull from; give docker://REGISTRY/IMAGE:TAG \
+             or an absolute path on the nodes"
         ));
     }
+    if !input.starts_with('/') && (input.contains('#') || input.contains(':')) {
+        // enroot's URI: [USER@][REGISTRY#]IMAGE[:TAG].
+        let plain = input.rsplit_once('@').map_or(input, |(_, rest)| rest);
+        let reference = plain.replacen('#', "/", 1);
+        return check_reference(input, &reference);
+    }
     check_path(input, "image")
+}
+
+/// A registry reference as `docker://REF`, refused when it is no name.
+fn check_reference(input: &str, reference: &str) -> Result<String, String> {
+    let ok = !reference.is_empty()
+        && !reference.starts_with('/')
+        && reference
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"./:_-@".contains(&b));
+    if !ok {
+        return Err(format!(
+            "{input:?} is not a registry reference; give docker://REGISTRY/IMAGE:TAG, e.g. \
+             docker://docker.io/library/ubuntu:22.04"
+        ));
+    }
+    Ok(format!("{REGISTRY_SCHEME}{reference}"))
+}
+
+/// Parses `--container-env`: variable names, comma-separated.
+pub fn parse_env_names(input: &str) -> Result<EnvNames, String> {
+    let mut names = Vec::new();
+    for name in input.split(',') {
+        let valid = !name.is_empty()
+            && !name.starts_with(|c: char| c.is_ascii_digit())
+            && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
+        if !valid {
+            return Err(format!(
+                "{name:?} is not a variable name; give names of the job's environment, \
+                 several separated by commas, e.g. --container-env PATH,LD_LIBRARY_PATH"
+            ));
+        }
+        names.push(name.to_string());
+    }
+    Ok(EnvNames(names))
 }
 
 /// Parses `--container-workdir`: an absolute path inside the container.
@@ -107,6 +161,9 @@ pub fn resolve(args: &SubmitArgs) -> Result<Option<ContainerSpec>, SpecError> {
             ("--container-mounts", args.container_mounts.is_some()),
             ("--container-workdir", args.container_workdir.is_some()),
             ("--no-container-mount-home", args.no_container_mount_home),
+            ("--container-env", args.container_env.is_some()),
+            ("--container-writable", args.container_writable),
+            ("--container-readonly", args.container_readonly),
         ]
         .into_iter()
         .find(|(_, set)| *set);
@@ -127,6 +184,8 @@ pub fn resolve(args: &SubmitArgs) -> Result<Option<ContainerSpec>, SpecError> {
             .unwrap_or_default(),
         workdir: args.container_workdir.clone(),
         no_mount_home: args.no_container_mount_home,
+        env: args.container_env.clone().map(|e| e.0).unwrap_or_default(),
+        read_only: args.container_readonly,
     }))
 }
 
@@ -135,23 +194,41 @@ mod tests {
     use super::*;
 
     #[test]
-    fn an_image_is_an_absolute_path_and_never_a_registry_reference() {
+    fn an_image_is_an_absolute_path_or_a_registry_reference() {
         assert_eq!(parse_image("/shared/img").unwrap(), "/shared/img");
-        for registry in [
-            "docker://ubuntu:22.04",
-            "ubuntu:22.04",
-            "nvcr.io#nvidia/pytorch:24.01-py3",
-            "oci://x",
+        for (given, reference) in [
+            ("docker://ubuntu:22.04", "docker://ubuntu:22.04"),
+            ("ubuntu:22.04", "docker://ubuntu:22.04"),
+            (
+                "nvcr.io#nvidia/pytorch:24.01-py3",
+                "docker://nvcr.io/nvidia/pytorch:24.01-py3",
+            ),
+            (
+                "me@nvcr.io#nvidia/cuda:12.4",
+                "docker://nvcr.io/nvidia/cuda:12.4",
+            ),
         ] {
-            let err = parse_image(registry).unwrap_err();
-            assert!(
-                err.contains("no pull tool") && err.contains("absolute path"),
-                "{registry}: {err}"
-            );
+            assert_eq!(parse_image(given).unwrap(), reference, "{given}");
+        }
+        for bad in ["oci://x", "docker://", "docker:///etc", "docker://a b"] {
+            let err = parse_image(bad).unwrap_err();
+            assert!(err.contains("docker://REGISTRY/IMAGE:TAG"), "{bad}: {err}");
         }
         let err = parse_image("img/rootfs").unwrap_err();
         assert!(err.contains("relative") && err.contains("$PWD"), "{err}");
         assert!(parse_image("").unwrap_err().contains("empty"));
+    }
+
+    #[test]
+    fn container_env_takes_variable_names() {
+        assert_eq!(
+            parse_env_names("PATH,LD_LIBRARY_PATH,_X1").unwrap().0,
+            ["PATH", "LD_LIBRARY_PATH", "_X1"]
+        );
+        for bad in ["A=1", "PATH,", "1X", "A B"] {
+            let err = parse_env_names(bad).unwrap_err();
+            assert!(err.contains("not a variable name"), "{bad}: {err}");
+        }
     }
 
     #[test]
@@ -223,5 +300,19 @@ mod tests {
         };
         let spec = crate::spec::build_spec(&bare, &env, std::path::Path::new("/tmp")).unwrap();
         assert!(spec.placement.features.is_empty());
+        let pulled = SubmitArgs {
+            container_image: Some("docker://ubuntu:22.04".into()),
+            container_env: Some(EnvNames(vec!["LANG".into()])),
+            container_readonly: true,
+            script_or_command: vec!["true".into()],
+            ..Default::default()
+        };
+        let spec = crate::spec::build_spec(&pulled, &env, std::path::Path::new("/tmp")).unwrap();
+        assert_eq!(
+            spec.placement.features,
+            [crate::model::OCI_FEATURE, crate::model::OCI_PULL_FEATURE]
+        );
+        let c = spec.container.unwrap();
+        assert!(c.read_only && c.env == ["LANG"], "{c:?}");
     }
 }

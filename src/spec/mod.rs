@@ -104,6 +104,10 @@ pub struct SubmitArgs {
     #[arg(long, value_name = "leaf|spine", value_parser = placement::parse_topology)]
     pub topology: Option<TopologyRequirement>,
 
+    /// Run in this advance reservation (`gpuq admin reservation list`): on its nodes, once it has started
+    #[arg(long, value_name = "NAME")]
+    pub reservation: Option<String>,
+
     /// CPUs per task [default: 1]
     #[arg(short = 'c', long, value_name = "N", allow_negative_numbers = true,
           value_parser = value_parser!(u32).range(1..))]
@@ -194,8 +198,8 @@ pub struct SubmitArgs {
     #[arg(long, value_name = "COMMAND", conflicts_with = "script_or_command")]
     pub wrap: Option<String>,
 
-    /// Run the tasks in this image: the absolute path, on the nodes, of an OCI image layout directory or a root filesystem directory
-    #[arg(long, value_name = "PATH", value_parser = container::parse_image)]
+    /// Run the tasks in this image: the absolute path, on the nodes, of an OCI image layout or root filesystem directory, an OCI/docker archive (.tar) or a squashfs file (.sqsh); or docker://REF, pulled by the nodes (skopeo)
+    #[arg(long, value_name = "PATH|docker://REF", value_parser = container::parse_image)]
     pub container_image: Option<String>,
 
     /// Host paths to mount in the container: SRC:DST[:ro],... (absolute paths)
@@ -209,6 +213,18 @@ pub struct SubmitArgs {
     /// Leave your home directory out of the container [default: mounted]
     #[arg(long)]
     pub no_container_mount_home: bool,
+
+    /// Variables of the job's environment that override the image's (by default the image's value wins): VAR,...
+    #[arg(long, value_name = "VAR,...", value_parser = container::parse_env_names)]
+    pub container_env: Option<container::EnvNames>,
+
+    /// A writable root filesystem in the container (the default: a per-task layer over the image, discarded at the end)
+    #[arg(long, conflicts_with = "container_readonly")]
+    pub container_writable: bool,
+
+    /// A read-only root filesystem in the container (mounts and /dev/shm stay writable)
+    #[arg(long)]
+    pub container_readonly: bool,
 
     #[arg(value_name = "SCRIPT | COMMAND", trailing_var_arg = true, num_args = 0..,
           help = "Script to submit, or command to run (see --help for the rule)",
@@ -241,6 +257,7 @@ impl SubmitArgs {
             nodelist: pick(&self.nodelist, &over.nodelist),
             exclude: pick(&self.exclude, &over.exclude),
             topology: pick(&self.topology, &over.topology),
+            reservation: pick(&self.reservation, &over.reservation),
             cpus_per_task: pick(&self.cpus_per_task, &over.cpus_per_task),
             mem: pick(&self.mem, &over.mem),
             time: pick(&self.time, &over.time),
@@ -267,6 +284,18 @@ impl SubmitArgs {
             container_mounts: pick(&self.container_mounts, &over.container_mounts),
             container_workdir: pick(&self.container_workdir, &over.container_workdir),
             no_container_mount_home: self.no_container_mount_home || over.no_container_mount_home,
+            container_env: pick(&self.container_env, &over.container_env),
+            // One setting spelled two ways: the side that says either wins.
+            container_writable: if over.container_writable || over.container_readonly {
+                over.container_writable
+            } else {
+                self.container_writable
+            },
+            container_readonly: if over.container_writable || over.container_readonly {
+                over.container_readonly
+            } else {
+                self.container_readonly
+            },
             script_or_command: if over.script_or_command.is_empty() {
                 self.script_or_command.clone()
             } else {
@@ -503,9 +532,13 @@ fn finish_spec(
             )));
         }
     }
-    let oci = crate::model::OCI_FEATURE;
-    if spec.container.is_some() && !spec.placement.features.iter().any(|f| f == oci) {
-        spec.placement.features.push(oci.to_string());
+    if let Some(c) = &spec.container {
+        let pull = c.is_registry().then_some(crate::model::OCI_PULL_FEATURE);
+        for f in std::iter::once(crate::model::OCI_FEATURE).chain(pull) {
+            if !spec.placement.features.iter().any(|have| have == f) {
+                spec.placement.features.push(f.to_string());
+            }
+        }
     }
     spec.check_invariants().map_err(SpecError::Invalid)?;
     check_word("job name", &spec.name, true)?;

@@ -120,6 +120,15 @@ pub(super) fn resolve(
         .gpus()
         .or(merged.total_gpus.as_ref())
         .and_then(|g| g.gpu_type.clone());
+    // `1g.10gb:2` names a MIG profile, not a GPU type.
+    let (gpu_slice, typed) = match typed {
+        Some(t) if crate::model::mig::looks_like_profile(&t) => {
+            let p = crate::model::mig::find_profile(&t)
+                .map_err(|e| SpecError::Invalid(format!("GPU request {t}: {e}")))?;
+            (Some(p.name.to_string()), None)
+        }
+        other => (None, other),
+    };
     let gpu_type = match (&merged.gpu_type, typed) {
         (Some(a), Some(b)) if !a.eq_ignore_ascii_case(&b) => {
             return invalid(format!(
@@ -129,6 +138,11 @@ pub(super) fn resolve(
         (Some(a), _) => Some(a.clone()),
         (None, b) => b,
     };
+    if let (Some(p), 0) = (&gpu_slice, gpus_per_node) {
+        return invalid(format!(
+            "the GPU request asks for 0 MIG slices of {p}; ask for at least 1, e.g. {p}:1"
+        ));
+    }
     if let Some(t) = &gpu_type {
         if gpus_per_node == 0 {
             return invalid(format!(
@@ -158,6 +172,8 @@ pub(super) fn resolve(
         nodelist,
         exclude,
         topology: merged.topology,
+        reservation: merged.reservation.clone(),
+        gpu_slice,
     };
     Ok((nodes, gpus_per_node, total_gpus, placement))
 }

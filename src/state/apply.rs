@@ -193,6 +193,7 @@ impl State {
                 settings,
                 now,
             } => self.service_apply(by, *admin, name, spec, settings, *now, dirty),
+            Command::Power { changes, now } => Ok(self.apply_power(changes, *now, dirty)),
             Command::ServiceReplicaReady {
                 name,
                 index,
@@ -231,7 +232,7 @@ impl State {
             )),
             Command::Archive { before } => Ok(self.archive(*before, dirty)),
             Command::GpuHealth { node, gpus, now } => Ok(self.gpu_health(node, gpus, *now, dirty)),
-            Command::Policy { change, .. } => self.apply_policy(change, dirty),
+            Command::Policy { change, by, now } => self.apply_policy(change, by, *now, dirty),
             Command::Preempt { preemptions, now } => {
                 Ok(self.apply_preempt(preemptions, *now, dirty))
             }
@@ -288,6 +289,14 @@ impl State {
                 now,
                 limit_secs,
             } => Ok(self.release_inactive(jobs, *now, *limit_secs, dirty)),
+            Command::SetMig {
+                node,
+                layout,
+                user,
+                requeue_now,
+                now,
+            } => self.set_mig(node, layout, user.as_deref(), *requeue_now, *now, dirty),
+            Command::MigFailed { node, error, now } => self.mig_failed(node, error, *now, dirty),
             Command::TokenUsed { id, .. } => {
                 let t = self
                     .tokens

@@ -255,6 +255,31 @@ pub enum Command {
         settings: crate::model::ServiceSettings,
         now: Millis,
     },
+    /// The leader asked node groups for nodes, gave up on some, or is
+    /// stopping idle ones (`server::autoscale`).
+    Power {
+        changes: Vec<crate::model::PowerChange>,
+        now: Millis,
+    },
+    /// `gpuq node mig set`: drain `node` and repartition every GPU of it
+    /// into `layout` (`none`: whole GPUs) once its jobs ended (at once with
+    /// `requeue_now`: they are requeued). See `state::mig`.
+    SetMig {
+        node: String,
+        layout: String,
+        #[serde(default)]
+        user: Option<String>,
+        #[serde(default)]
+        requeue_now: bool,
+        now: Millis,
+    },
+    /// The node's agent could not apply its MIG target: the node stays
+    /// drained with `error` as the reason.
+    MigFailed {
+        node: String,
+        error: String,
+        now: Millis,
+    },
 }
 
 /// What applying a command answered. Returned to the proposer after commit.
@@ -338,6 +363,10 @@ pub enum CommandResult {
         queued: Vec<JobId>,
         cancelled: Vec<JobId>,
     },
+    /// The group nodes whose power state a `Power` changed.
+    PowerChanged {
+        nodes: Vec<String>,
+    },
 }
 
 /// Why apply refused a command. Nothing of a rejected command is applied.
@@ -405,4 +434,7 @@ pub enum Rejection {
     /// A service command refused; the text names the input and the fix.
     #[error("{0}")]
     Service(String),
+    /// A MIG layout refused (`gpuq node mig set`); the text names the fix.
+    #[error("{0}")]
+    Mig(String),
 }

@@ -19,7 +19,12 @@ impl State {
             return;
         };
         let gpus: u64 = run.allocation.gpus();
-        let gpu_ms = gpus.saturating_mul(now.saturating_sub(start));
+        // A MIG slice is charged as its share of a GPU (compute slices / 7).
+        let sevenths = crate::model::mig::sevenths(job.spec.placement.gpu_slice.as_deref());
+        let gpu_ms = gpus
+            .saturating_mul(now.saturating_sub(start))
+            .saturating_mul(sevenths)
+            / 7;
         let account = job
             .spec
             .account

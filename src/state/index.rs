@@ -152,7 +152,7 @@ impl State {
                     used.charge(na);
                     // Rank 0 holds one of the node's MASTER_PORTs.
                     if rank == 0 {
-                        used.master_ports += 1;
+                        used.master_ports += 1 + run.named_ports.len() as u32;
                     }
                 }
             }

@@ -5,17 +5,21 @@
 //! exactly those in the same redb transaction that records the applied index.
 
 mod apply;
+mod autoscale;
 pub mod codec;
 mod command;
 mod deps;
 mod fairshare;
 pub mod history;
 mod index;
+pub mod mig;
 mod nodes;
 mod policy;
+mod power;
 mod preempt;
 mod queue;
 mod requeue;
+mod reservations;
 mod runs;
 mod service_roll;
 mod services;
@@ -32,6 +36,7 @@ use serde::{Deserialize, Serialize};
 pub use crate::model::policy_change::{
     AccountPatch, Limit, Op, PartitionPatch, PolicyChange, PriorityPatch, QosPatch,
 };
+pub use autoscale::{power_decisions, PowerDecisions};
 pub use command::{Command, CommandResult, Rejection};
 pub use deps::DepStatus;
 pub use index::ActiveIndex;
@@ -135,6 +140,10 @@ pub enum DrainSource {
     Admin,
     HealthCheck,
     Gpu,
+    /// A MIG repartition (`gpuq node mig set`; see `mig`).
+    Mig,
+    /// Its node group suspended it (lifted when it registers again).
+    Power,
 }
 
 /// A compute node as the cluster records it.
@@ -156,6 +165,10 @@ pub struct NodeRecord {
     /// registration records its certificate.
     #[serde(default)]
     pub replace_allowed: bool,
+    /// The MIG layout an admin asked for and the node does not have yet
+    /// (`gpuq node mig set`; see `mig`); the node stays drained meanwhile.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mig_target: Option<String>,
 }
 
 /// The whole replicated state, held in memory and persisted by `store`.
@@ -187,6 +200,9 @@ pub struct State {
     /// Services by name (`gpuq service`; kept with `meta`).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub services: BTreeMap<String, crate::model::Service>,
+    /// Power states of node groups' nodes (`state::power`; kept with `meta`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub power: BTreeMap<String, crate::model::PowerRecord>,
 }
 
 /// The records one or more applies touched, for `store::write_dirty`.

@@ -45,6 +45,11 @@ impl State {
             },
             _ => NodeStatus::Up,
         };
+        let status = self.powered_up(&name, status, now);
+        if self.power.contains_key(&name) {
+            dirty.meta = true;
+        }
+        let mig_target = self.nodes.get(&name).and_then(|n| n.mig_target.clone());
         self.nodes.insert(
             name.clone(),
             NodeRecord {
@@ -54,8 +59,10 @@ impl State {
                 registered_at: now,
                 cert_sha256,
                 replace_allowed: false,
+                mig_target,
             },
         );
+        self.mig_reached(&name, dirty);
         dirty.nodes.insert(name);
         Ok(CommandResult::NodeRegistered)
     }
@@ -63,7 +70,7 @@ impl State {
     /// Marks every unfinished rank of active jobs on `node` as lost and ends
     /// (or requeues) those jobs. With `only_gpus`, only jobs holding one of
     /// those GPUs there are affected.
-    fn lose_ranks_on(
+    pub(super) fn lose_ranks_on(
         &mut self,
         node: &str,
         only_gpus: Option<&[u32]>,
@@ -168,6 +175,9 @@ impl State {
             None => match &rec.status {
                 NodeStatus::Drained { by: was, .. } if *was == by || by == DrainSource::Admin => {
                     rec.status = NodeStatus::Up;
+                    // A resumed node keeps the GPUs it has: a pending MIG
+                    // repartition is called off.
+                    rec.mig_target = None;
                     dirty.nodes.insert(node.to_string());
                 }
                 NodeStatus::Drained { .. } | NodeStatus::Up => {}
@@ -228,6 +238,7 @@ impl State {
             }
             self.lose_ranks_on(node, Some(&bad), &reason, now, dirty);
         }
+        self.mig_reached(node, dirty);
         CommandResult::NodeUpdated
     }
 }

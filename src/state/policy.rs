@@ -17,7 +17,7 @@ fn refuse(msg: impl Into<String>) -> Rejection {
     Rejection::Policy(msg.into())
 }
 
-fn check_name(kind: &str, name: &str) -> Result<(), Rejection> {
+pub(super) fn check_name(kind: &str, name: &str) -> Result<(), Rejection> {
     if name.is_empty()
         || name.len() > 64
         || !name
@@ -63,7 +63,7 @@ impl State {
         })?;
         let old = std::mem::replace(&mut cluster.master_ports, new);
         Ok(format!(
-            "MASTER_PORT range set to {new} ({} ports; was {old}); jobs running on ports              outside it keep them until they end",
+            "MASTER_PORT range set to {new} ({} ports; was {old}); jobs running on ports outside it keep them until they end",
             new.len()
         ))
     }
@@ -86,6 +86,8 @@ impl State {
     pub(super) fn apply_policy(
         &mut self,
         change: &PolicyChange,
+        by: &str,
+        now: crate::model::Millis,
         dirty: &mut Dirty,
     ) -> Result<CommandResult, Rejection> {
         let what = match change {
@@ -121,6 +123,12 @@ impl State {
                 "priority weights updated".to_string()
             }
             PolicyChange::MasterPorts { range } => self.set_master_ports(range)?,
+            PolicyChange::Reservation { op, name, patch } => {
+                self.change_reservation(*op, name, patch, by, now)?
+            }
+            PolicyChange::NodeGroup { op, name, patch } => {
+                self.change_node_group(*op, name, patch)?
+            }
         };
         dirty.meta = true;
         Ok(CommandResult::PolicyUpdated { what })

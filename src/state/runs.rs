@@ -31,7 +31,7 @@ impl State {
             .filter(|j| j.state.is_active())
             .filter_map(|j| j.run.as_ref())
             .filter(|r| r.allocation.nodes.first().is_some_and(|n| n.node == node))
-            .map(|r| r.master_port)
+            .flat_map(|r| std::iter::once(r.master_port).chain(r.named_ports.values().copied()))
             .collect()
     }
 
@@ -109,6 +109,36 @@ impl State {
                 continue;
             };
             ports_given.push((first.node.clone(), master_port));
+            // A service replica's named ports, chosen the same way.
+            let names = job
+                .replica_of
+                .as_ref()
+                .and_then(|r| self.services.get(&r.service))
+                .map_or(&[][..], |s| &s.ports[..]);
+            let mut named_ports = BTreeMap::new();
+            for name in names {
+                used.insert(master_port);
+                used.extend(named_ports.values().copied());
+                let Some(port) = range.ports().find(|p| !used.contains(p)) else {
+                    break;
+                };
+                named_ports.insert(name.clone(), port);
+            }
+            if named_ports.len() < names.len() {
+                ports_given.pop();
+                skipped.push((
+                    alloc.job,
+                    format!(
+                        "no free ports on {} for the {} named ports of its service: the \
+                         cluster's range {range} is taken by running jobs there",
+                        first.node,
+                        names.len()
+                    ),
+                ));
+                continue;
+            }
+            ports_given.extend(named_ports.values().map(|p| (first.node.clone(), *p)));
+            let port_count = 1 + named_ports.len() as u32;
             for (rank, na) in alloc.nodes.iter().enumerate() {
                 let view = match charged.entry(na.node.clone()) {
                     Entry::Occupied(e) => e.into_mut(),
@@ -118,9 +148,10 @@ impl State {
                     },
                 };
                 view.used.charge(na);
-                // Rank 0 holds one of the node's MASTER_PORTs.
+                // Rank 0 holds one of the node's MASTER_PORTs (and a
+                // replica's named ports).
                 if rank == 0 {
-                    view.used.master_ports += 1;
+                    view.used.master_ports += port_count;
                 }
             }
             if let Some(job) = self.jobs.get_mut(&alloc.job) {
@@ -146,6 +177,7 @@ impl State {
                     limit_changed: false,
                     renewed_at: None,
                     gpu_use: BTreeMap::new(),
+                    named_ports,
                     // An allocation asked for with its first step (`srun`
                     // outside one) starts that step with the job.
                     steps: job

@@ -126,6 +126,7 @@ impl State {
             replicas,
             restart_delay_secs: delay,
             health,
+            ports,
         } = settings.clone();
         let Some(s) = self.services.get(name) else {
             let r = self.service_create(by, name, spec, settings, now, dirty)?;
@@ -142,17 +143,23 @@ impl State {
         if let Some(h) = &health {
             h.check().map_err(Rejection::Service)?;
         }
+        self.check_ports(&ports)?;
         let admitted = self.admit_template(&s.user, spec)?;
         let (new_spec, new_count) = (admitted != s.spec, replicas != s.replicas);
         let (old_count, old_delay) = (s.replicas, s.restart_delay_secs);
         let new_health = health != s.health;
+        let new_ports = ports != s.ports;
         let mut changes = Vec::new();
         let (mut queued, mut cancelled) = (Vec::new(), Vec::new());
-        if delay != old_delay || new_health {
+        if delay != old_delay || new_health || new_ports {
             let s = self.services.get_mut(name).expect("checked above");
             s.restart_delay_secs = delay;
             s.health = health;
+            s.ports = ports;
             dirty.meta = true;
+            if new_ports {
+                changes.push("named ports (new replicas get them)".to_string());
+            }
             if delay != old_delay {
                 changes.push(format!("restart delay {old_delay} s -> {delay} s"));
             }

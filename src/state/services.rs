@@ -12,8 +12,8 @@ use std::collections::BTreeSet;
 
 use super::{CommandResult, Dirty, Rejection, State};
 use crate::model::{
-    check_service_name, JobId, JobSpec, JobState, Millis, ReplicaOf, Service, ServiceSettings,
-    MAX_REPLICAS, QUICK_FAILURE_SECS,
+    check_port_names, check_service_name, JobId, JobSpec, JobState, Millis, ReplicaOf, Service,
+    ServiceSettings, MAX_REPLICAS, QUICK_FAILURE_SECS,
 };
 
 impl State {
@@ -30,6 +30,7 @@ impl State {
         if let Some(h) = &settings.health {
             h.check().map_err(Rejection::Service)?;
         }
+        self.check_ports(&settings.ports)?;
         if self.services.contains_key(name) {
             return Err(Rejection::Service(format!(
                 "service {name} exists already: change its size with `gpuq service scale {name} N`, \
@@ -52,6 +53,7 @@ impl State {
                 version: 1,
                 previous: None,
                 roll_halted: None,
+                ports: settings.ports.clone(),
             },
         );
         dirty.meta = true;
@@ -127,7 +129,7 @@ impl State {
                 }
                 continue;
             }
-            if !job.state.is_final() {
+            if !ended(job.state) {
                 continue;
             }
             let now = job.end_time.unwrap_or(job.submit_time);
@@ -195,7 +197,7 @@ impl State {
         let missing: Vec<u32> = (0..s.replicas)
             .filter(|i| {
                 let job = s.slots.get(i).and_then(|slot| slot.job);
-                job.is_none_or(|j| self.jobs.get(&j).is_none_or(|j| j.state.is_final()))
+                job.is_none_or(|j| self.jobs.get(&j).is_none_or(|j| ended(j.state)))
             })
             .collect();
         missing
@@ -308,6 +310,23 @@ impl State {
         self.admit(user, spec)
     }
 
+    /// Named ports that are well formed and fit, with `PORT`, in the
+    /// cluster's port range.
+    pub(super) fn check_ports(&self, names: &[String]) -> Result<(), Rejection> {
+        check_port_names(names).map_err(Rejection::Service)?;
+        let range = self.master_ports();
+        if names.len() as u32 + 1 > range.len() {
+            return Err(Rejection::Service(format!(
+                "{} named ports and PORT need {} ports on a node; the cluster's port range \
+                 {range} has {} (an admin widens it with `gpuq admin ports set FIRST-LAST`)",
+                names.len(),
+                names.len() + 1,
+                range.len()
+            )));
+        }
+        Ok(())
+    }
+
     pub(super) fn service_owned(&self, by: &str, admin: bool, name: &str) -> Result<(), Rejection> {
         let s = self
             .services
@@ -321,6 +340,13 @@ impl State {
         }
         Ok(())
     }
+}
+
+/// Whether a replica's job is over: in a final state, or NODE_FAIL or
+/// PREEMPTED and not requeued (those two are final only until a requeue,
+/// which keeps the job, so a requeued replica is left to run again).
+fn ended(state: JobState) -> bool {
+    state.is_final() || matches!(state, JobState::NodeFail | JobState::Preempted)
 }
 
 fn check_replicas(replicas: u32) -> Result<(), Rejection> {

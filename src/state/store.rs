@@ -61,6 +61,9 @@ pub fn load(txn: &ReadTransaction) -> Result<State, StoreError> {
             if let Some(v) = db!(meta.get("services"))? {
                 state.services = decode(v.value()).map_err(StoreError::decoding("services"))?;
             }
+            if let Some(v) = db!(meta.get("power"))? {
+                state.power = decode(v.value()).map_err(StoreError::decoding("power"))?;
+            }
             if let Some(v) = db!(meta.get("api_tokens"))? {
                 state.api_tokens = decode(v.value()).map_err(StoreError::decoding("api_tokens"))?;
             }
@@ -117,6 +120,11 @@ pub fn write_dirty(txn: &WriteTransaction, state: &State, dirty: &Dirty) -> Resu
             db!(meta.remove("services"))?;
         } else {
             db!(meta.insert("services", encode(&state.services)?.as_slice()))?;
+        }
+        if state.power.is_empty() {
+            db!(meta.remove("power"))?;
+        } else {
+            db!(meta.insert("power", encode(&state.power)?.as_slice()))?;
         }
     }
     if !dirty.jobs.is_empty() {

@@ -48,7 +48,7 @@ impl State {
                     views[i].used.charge(na);
                     // Rank 0 holds one of the node's MASTER_PORTs.
                     if rank == 0 {
-                        views[i].used.master_ports += 1;
+                        views[i].used.master_ports += 1 + run.named_ports.len() as u32;
                     }
                 }
             }
@@ -127,6 +127,8 @@ impl State {
             pending.push((p, Some(fixed.len())));
             fixed.push(copy);
         }
+        let (starting, holds) = self.starting_nodes();
+        running.extend(holds);
         SchedInput {
             rest: ClusterView {
                 nodes: Vec::new(),
@@ -137,9 +139,89 @@ impl State {
                 policy: self.policy_view_of(active),
             },
             nodes: self.index.node_views.values().collect(),
+            starting,
             pending,
             fixed,
         }
+    }
+
+    /// Nodes node groups were asked for that have not registered: each a
+    /// node of its group's shape, held whole until the group's resume
+    /// timeout by a stand-in running job, so backfill's timeline counts on
+    /// it from then (a blocked job's expected start may be there) and
+    /// nothing is placed on it before it joins.
+    fn starting_nodes(&self) -> (Vec<NodeView>, Vec<RunningJob>) {
+        let mut nodes = Vec::new();
+        let mut holds = Vec::new();
+        let starting = self.power.iter().filter(|(n, p)| {
+            p.state == crate::model::PowerState::Resuming && !self.nodes.contains_key(*n)
+        });
+        for (k, (name, p)) in starting.enumerate() {
+            let Some(g) = self.policy.node_groups.get(&p.group) else {
+                continue;
+            };
+            let gpus: Vec<u32> = (0..g.gpus).collect();
+            let inventory = crate::model::NodeInventory {
+                name: name.clone(),
+                gpus: gpus
+                    .iter()
+                    .map(|&index| crate::model::GpuInfo {
+                        index,
+                        uuid: format!("{name}-starting-{index}"),
+                        model: String::new(),
+                        memory_mb: 0,
+                        pci_bus_id: String::new(),
+                        numa_node: None,
+                        healthy: true,
+                        fault: None,
+                        mig: None,
+                    })
+                    .collect(),
+                gpu_links: gpus
+                    .iter()
+                    .map(|&i| {
+                        gpus.iter()
+                            .map(|&j| {
+                                if i == j {
+                                    crate::model::GpuLink::SelfLink
+                                } else {
+                                    crate::model::GpuLink::NvLink(18)
+                                }
+                            })
+                            .collect()
+                    })
+                    .collect(),
+                numa: Vec::new(),
+                cpus: g.cpus,
+                memory_mb: g.memory_mb,
+                topology: String::new(),
+                features: g.features.clone(),
+            };
+            let whole = crate::model::NodeAllocation {
+                node: name.clone(),
+                gpus: gpus.clone(),
+                cpus: Vec::new(),
+                cpu_count: g.cpus,
+                memory_mb: g.memory_mb,
+            };
+            let mut view = NodeView::new(inventory, crate::sched::NodeState::Up);
+            view.used.charge(&whole);
+            // Ids no job has: counted down from the top.
+            let id = JobId(u64::MAX - k as u64);
+            holds.push(RunningJob {
+                id,
+                allocation: std::sync::Arc::new(crate::model::Allocation {
+                    job: id,
+                    nodes: vec![whole],
+                }),
+                expected_end: Some(
+                    p.since
+                        .saturating_add(g.resume_timeout_secs.saturating_mul(1000)),
+                ),
+            });
+            nodes.push(view);
+        }
+        (nodes, holds)
     }
 
     /// The (user, name) pairs of jobs holding resources (for singletons)
@@ -209,6 +291,8 @@ pub struct SchedInput<'s> {
     /// pending jobs: those are borrowed).
     pub rest: ClusterView,
     nodes: Vec<&'s NodeView>,
+    /// Nodes node groups are starting (see [`State::starting_nodes`]).
+    starting: Vec<NodeView>,
     /// In no particular order; `Some(i)`: this pass's copy `fixed[i]` stands in for
     /// it (it is held, waits on dependencies or has an array throttle).
     pending: Vec<(&'s PendingJob, Option<usize>)>,
@@ -219,7 +303,7 @@ impl SchedInput<'_> {
     /// The pass's input as the scheduler reads it.
     pub fn view(&self) -> ViewRef<'_> {
         ViewRef {
-            nodes: self.nodes.clone(),
+            nodes: self.nodes.iter().copied().chain(&self.starting).collect(),
             pending: self
                 .pending
                 .iter()

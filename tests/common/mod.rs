@@ -624,6 +624,9 @@ pub struct AgentHw {
     pub gpus: u32,
     pub cpus: u32,
     pub memory_mb: u64,
+    /// The fake GPUs' MIG layouts, TOML (`mig = "1g.10gb:7"`,
+    /// `mig_per_gpu = ["1g.10gb:7"]`); empty: whole GPUs.
+    pub mig: &'static str,
 }
 
 impl Default for AgentHw {
@@ -633,6 +636,7 @@ impl Default for AgentHw {
             gpus: 8,
             cpus: 64,
             memory_mb: 524288,
+            mig: "",
         }
     }
 }
@@ -697,11 +701,16 @@ impl Agent {
         let cfg = format!(
             "[agent]\nnode_name = \"{name}\"\ndata_dir = \"{d}/data\"\nsocket = \"{d}/agent.sock\"\n\
              allow_root = true\nkill_grace_secs = 1\ncpus = {cpus}\nmemory_mb = {mem}\n\
-             gpus = {{ fake = {{ count = {gpus}, fault_file = \"{d}/faults\" }} }}\n{extra}\n",
+             gpus = {{ fake = {{ count = {gpus}, fault_file = \"{d}/faults\"{mig} }} }}\n{extra}\n",
             d = dir.display(),
             cpus = hw.cpus,
             mem = hw.memory_mb,
             gpus = hw.gpus,
+            mig = if hw.mig.is_empty() {
+                String::new()
+            } else {
+                format!(", {}", hw.mig)
+            },
         );
         std::fs::write(dir.join("agent.toml"), cfg).unwrap();
         let mut a = Agent {

@@ -276,6 +276,11 @@ fn check_session(input: &[u8]) {
                 gpus,
                 now: NOW,
             },
+            AgentMsg::MigFailed { error, .. } => Command::MigFailed {
+                node: node.clone(),
+                error,
+                now: NOW,
+            },
             AgentMsg::Events { events, .. } => Command::TaskEvents {
                 node: node.clone(),
                 events,

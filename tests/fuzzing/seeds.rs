@@ -401,6 +401,7 @@ pub fn desired_task() -> DesiredTask {
         facts: None,
         health: None,
         container: None,
+        gpu_devices: Vec::new(),
     }
 }
 

@@ -329,6 +329,7 @@ pub fn samples(store: &Store, _dir: &Path) -> Vec<Sample> {
         facts: None,
         health: None,
         container: None,
+        gpu_devices: Vec::new(),
     };
     let server_msgs = [
         ServerMsg::Welcome {

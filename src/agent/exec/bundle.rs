@@ -69,26 +69,48 @@ pub(super) fn gpu_devices(gpus: &[u32], driver: &Path, dev: &Path) -> Vec<Device
         .collect()
 }
 
-/// The container's environment: the image's `Env`, then the task's over
-/// it, except that the image's PATH wins (the host's rarely fits an
-/// image); a login's USER and LOGNAME and a PATH when nothing set them.
+/// The variables gpuq and Slurm set for a task (its place in the job, its
+/// GPUs, the rendezvous): always the task's, whatever the image says.
+fn is_contract(name: &str) -> bool {
+    const NAMES: [&str; 11] = [
+        "CUDA_VISIBLE_DEVICES",
+        "CUDA_DEVICE_ORDER",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "WORLD_SIZE",
+        "RANK",
+        "LOCAL_RANK",
+        "LOCAL_WORLD_SIZE",
+        "NODE_RANK",
+        "TORCHELASTIC_RESTART_COUNT",
+        "HOME",
+    ];
+    ["GPUQ_", "SLURM_", "PET_"]
+        .iter()
+        .any(|p| name.starts_with(p))
+        || NAMES.contains(&name)
+}
+
+/// The container's environment, as Pyxis makes it: the image's `Env`, then
+/// the task's variables the image does not set; where both set one, the
+/// image's value wins unless the job named it in `--container-env`
+/// (`overrides`) or it is one of gpuq's and Slurm's own (`is_contract`).
+/// A login's USER and LOGNAME and a PATH when nothing set them.
 pub(super) fn container_env(
     image: &[String],
     task: &[(String, String)],
     user: &str,
+    overrides: &[String],
 ) -> Vec<String> {
     let mut env: Vec<(String, String)> = image
         .iter()
         .filter_map(|kv| kv.split_once('='))
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect();
-    let image_path = env.iter().any(|(k, _)| k == "PATH");
     for (k, v) in task {
-        if k == "PATH" && image_path {
-            continue;
-        }
         match env.iter_mut().find(|(name, _)| name == k) {
-            Some(slot) => slot.1 = v.clone(),
+            Some(slot) if overrides.contains(k) || is_contract(k) => slot.1 = v.clone(),
+            Some(_) => {}
             None => env.push((k.clone(), v.clone())),
         }
     }
@@ -108,6 +130,8 @@ fn mount(destination: &str, kind: &str, source: &str, options: &[&str]) -> Value
 /// The process and identity half of `config.json`.
 pub(super) struct Process<'a> {
     pub argv: &'a [String],
+    /// `--container-readonly`: the root filesystem is mounted read-only.
+    pub read_only: bool,
     pub env: Vec<String>,
     pub cwd: &'a str,
     pub identity: &'a Identity,
@@ -209,7 +233,7 @@ pub(super) fn oci_config(
             "capabilities": {"bounding": caps, "effective": caps, "permitted": caps,
                 "inheritable": [], "ambient": []},
         },
-        "root": {"path": rootfs, "readonly": false},
+        "root": {"path": rootfs, "readonly": p.read_only},
         "mounts": mounts,
         "linux": linux,
     })
@@ -233,6 +257,7 @@ mod tests {
         let argv = vec!["python".to_string(), "train.py".to_string()];
         let p = Process {
             argv: &argv,
+            read_only: false,
             env: vec!["A=1".into()],
             cwd: "/work",
             identity: &alice(),
@@ -298,6 +323,7 @@ mod tests {
         let c = oci_config(
             &Process {
                 identity: &root,
+                env: p.env.clone(),
                 ..p
             },
             Path::new("/r"),
@@ -313,33 +339,54 @@ mod tests {
                 > 3
         );
         assert_eq!(c["linux"]["cgroupsPath"], "/gpuq/1.0.0");
+        let c = oci_config(
+            &Process {
+                read_only: true,
+                ..p
+            },
+            Path::new("/r"),
+            &[],
+            &[],
+            None,
+        );
+        assert_eq!(c["root"], json!({"path": "/r", "readonly": true}));
     }
 
     #[test]
-    fn the_job_environment_wins_except_the_images_path() {
+    fn the_images_env_wins_unless_named_in_container_env_or_gpuqs_own() {
         let task = vec![
             ("PATH".to_string(), "/home/alice/bin:/usr/bin".to_string()),
             ("CUDA_VISIBLE_DEVICES".to_string(), "2,3".to_string()),
             ("LANG".to_string(), "C.UTF-8".to_string()),
+            ("SLURM_JOB_ID".to_string(), "7".to_string()),
         ];
-        let env = container_env(
-            &["PATH=/opt/conda/bin:/bin".into(), "LANG=C".into()],
-            &task,
-            "alice",
-        );
+        let image = [
+            "PATH=/opt/conda/bin:/bin".to_string(),
+            "LANG=C".to_string(),
+            "CUDA_VISIBLE_DEVICES=all".to_string(),
+            "SLURM_JOB_ID=0".to_string(),
+        ];
+        let env = container_env(&image, &task, "alice", &[]);
         assert_eq!(
             env,
             [
                 "PATH=/opt/conda/bin:/bin",
-                "LANG=C.UTF-8",
+                "LANG=C",
                 "CUDA_VISIBLE_DEVICES=2,3",
+                "SLURM_JOB_ID=7",
                 "USER=alice",
                 "LOGNAME=alice"
             ]
         );
-        let env = container_env(&[], &task[1..], "bob");
+        let env = container_env(&image, &task, "alice", &["LANG".into(), "PATH".into()]);
+        assert!(
+            env.contains(&"LANG=C.UTF-8".to_string())
+                && env.contains(&"PATH=/home/alice/bin:/usr/bin".to_string()),
+            "{env:?}"
+        );
+        let env = container_env(&[], &task[1..], "bob", &[]);
         assert!(env.contains(&format!("PATH={CONTAINER_PATH}")), "{env:?}");
-        let env = container_env(&[], &task, "bob");
+        let env = container_env(&[], &task, "bob", &[]);
         assert!(
             env.contains(&"PATH=/home/alice/bin:/usr/bin".to_string()),
             "{env:?}"

@@ -6,15 +6,18 @@
 //!
 //! The agent names the runtime and the node's image cache (`ContainerHost`,
 //! into the task's `TaskContainer`); the shim does the rest (`prepare`):
-//! it resolves the image (`image`: a layout unpacked once per node, or a
-//! plain root filesystem), opens every host path the container will see
-//! *as the job's user* (so root never mounts what the user may not reach,
-//! and nothing the user can swap afterwards: the mounts are made from these
-//! descriptors, see `container_mounts`), and writes an OCI bundle
+//! it resolves the image (`image`: unpacked once per node into the cache,
+//! whose entry it holds for as long as the task runs so that it is never
+//! evicted under it, or a plain root filesystem), opens every host path
+//! the container will see *as the job's user* (so root never mounts what
+//! the user may not reach, and nothing the user can swap afterwards: the
+//! mounts are made from these descriptors, see `container_mounts`), and
+//! writes an OCI bundle
 //! (`<task dir>/bundle/config.json`). The forked child (`launch`) then, in
 //! a mount namespace of its own, mounts a tmpfs with an overlay on it
 //! (the image read-only below, a per-task writable layer above, `nosuid`
-//! and `nodev`: the image is never written, whoever shares it) and the
+//! and `nodev`: the image is never written, whoever shares it; the
+//! runtime makes the root read-only with `--container-readonly`) and the
 //! bind sources, opens the task's output files as the user, and execs the
 //! runtime as root with `run --detach`. The runtime exits once the
 //! container runs; its process, reparented to the shim (a subreaper), is
@@ -32,16 +35,15 @@ use std::fs::{self, File};
 use std::io;
 use std::os::fd::OwnedFd;
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use nix::unistd::Pid;
 
 use super::bundle::{container_env, gpu_devices, oci_config, Process};
+pub use super::image_tools::find_tool;
 use super::task::{hostname, Identity, TaskContainer, TaskSpec};
 
-/// Where the shim looks for the OCI runtime when the agent's PATH has none.
-const FALLBACK_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 /// How long the runtime may take to start the container.
 const START_LIMIT: std::time::Duration = std::time::Duration::from_secs(60);
 
@@ -52,6 +54,8 @@ pub struct ContainerHost {
     pub runtime: Option<String>,
     /// The image cache.
     pub cache: PathBuf,
+    /// Its cap in MiB; 0: none.
+    pub cache_max_mb: u64,
     /// Whether the GPUs are real (their device nodes exist).
     pub real_gpus: bool,
 }
@@ -67,6 +71,7 @@ impl ContainerHost {
         ContainerHost {
             runtime: cfg.runtime.clone(),
             cache: data_dir.join("images"),
+            cache_max_mb: cfg.cache_max_mb,
             real_gpus: matches!(gpus, GpuConfig::Auto | GpuConfig::Nvml),
         }
     }
@@ -84,6 +89,7 @@ impl ContainerHost {
         let path = std::env::var("PATH").unwrap_or_default();
         c.runtime = find_runtime(self.runtime.as_deref(), &path)?;
         c.cache = self.cache.clone();
+        c.cache_max_mb = self.cache_max_mb;
         if !self.real_gpus {
             c.gpus.clear();
         }
@@ -94,19 +100,7 @@ impl ContainerHost {
 /// The OCI runtime: the configured one, or crun, or runc, in `path` (then
 /// the usual directories).
 pub fn find_runtime(configured: Option<&str>, path: &str) -> Result<PathBuf, String> {
-    let dirs: Vec<&str> = path
-        .split(':')
-        .chain(FALLBACK_PATH.split(':'))
-        .filter(|d| !d.is_empty())
-        .collect();
-    let find = |name: &str| -> Option<PathBuf> {
-        if name.contains('/') {
-            return Some(PathBuf::from(name)).filter(|p| is_executable(p));
-        }
-        dirs.iter()
-            .map(|d| Path::new(d).join(name))
-            .find(|p| is_executable(p))
-    };
+    let find = |name: &str| find_tool(name, path);
     match configured {
         Some(name) => find(name).ok_or_else(|| {
             format!(
@@ -123,10 +117,6 @@ pub fn find_runtime(configured: Option<&str>, path: &str) -> Result<PathBuf, Str
             )
         }),
     }
-}
-
-fn is_executable(p: &Path) -> bool {
-    fs::metadata(p).is_ok_and(|m| m.is_file() && m.mode() & 0o111 != 0)
 }
 
 /// Whether `runtime` is crun (its `--cgroup-manager=disabled` keeps the
@@ -183,6 +173,8 @@ pub(super) struct Launch {
     pid_file: PathBuf,
     log_file: PathBuf,
     pub(super) mounts: super::container_mounts::ChildMounts,
+    /// The hold on the image's cache entry while the task runs.
+    _lease: Option<super::image_cache::Lease>,
 }
 
 /// Prepares the task's container in the shim (as root): resolves the image
@@ -223,7 +215,14 @@ pub(super) fn prepare(
             false => open(),
         }
     };
-    let image = super::image::resolve(Path::new(&c.spec.image), &c.cache, &open_as_user)?;
+    let cache = super::image_cache::Cache {
+        dir: c.cache.clone(),
+        max_bytes: c.cache_max_mb.saturating_mul(1 << 20),
+    };
+    let image = super::image::resolve(Path::new(&c.spec.image), &cache, &open_as_user)?;
+    if image.unpacked {
+        tracing::info!(image = %c.spec.image, "image unpacked for this task");
+    }
     let lower = reach(&image.rootfs, image.users)
         .and_then(|f| super::container_mounts::clone_tree(&f.into(), false))
         .map_err(|e| format!("cannot open the image {}: {e}", image.rootfs.display()))?;
@@ -323,7 +322,8 @@ pub(super) fn prepare(
     let crun = is_crun(&c.runtime);
     let process = Process {
         argv,
-        env: container_env(&image.env, &spec.env, &identity.name),
+        read_only: c.spec.read_only,
+        env: container_env(&image.env, &spec.env, &identity.name, &c.spec.env),
         cwd: c.spec.workdir.as_deref().unwrap_or(&workdir),
         identity,
     };
@@ -371,6 +371,7 @@ pub(super) fn prepare(
         pid_file,
         log_file,
         mounts,
+        _lease: image.lease,
     })
 }
 

@@ -1,55 +1,47 @@
-//! Container images on a node: what `--container-image PATH` names, and
-//! the per-node cache of unpacked OCI images.
+//! Container images on a node: what `--container-image` names, resolved
+//! to a root filesystem the task runs in.
 //!
-//! PATH is either an OCI image layout (`index.json`, `blobs/sha256/...`,
-//! as skopeo and umoci write it) or a plain root filesystem directory, used
-//! as it is. A layout is unpacked once per node into
-//! `<cache>/<manifest hex>/rootfs`, keyed by its manifest's digest: the
-//! same image in two layouts is one unpack. An exclusive `flock` on
-//! `<cache>/<hex>.lock` makes concurrent tasks with the same image wait for
-//! one unpack instead of racing; the unpack goes to a staging directory
-//! renamed into place when whole, so a crash leaves nothing that passes for
-//! an image. Each unpack appends a line to `<cache>/unpacks.log`.
+//! The image is an OCI image layout (`index.json`, `blobs/sha256/...`, as
+//! skopeo and umoci write it), a plain root filesystem directory (used as it
+//! is), a tar archive of a layout (`skopeo copy ... oci-archive:`) or of a
+//! `docker save` (`image_archive`), a squashfs file (enroot's `.sqsh`,
+//! unpacked with `unsquashfs`), or a registry reference `docker://REF`
+//! pulled with skopeo (`image_tools`). All but a plain directory are
+//! unpacked once per node into the cache (`image_cache`), keyed by digest:
+//! the same image in two places is one unpack.
 //!
-//! Every file of the layout is opened through the caller's `open` (the
+//! Every file of the image is opened through the caller's `open` (the
 //! shim opens them with the job user's file system identity: a user cannot
 //! have root read what they may not), and every blob is checked against
 //! its digest while it is read, so the cache, shared by all users, only
 //! ever holds what the digests say.
 
 use std::collections::BTreeMap;
-use std::fs::{self, File, OpenOptions};
-use std::io::{self, Read, Write};
-use std::os::fd::AsRawFd;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
-use std::path::{Path, PathBuf};
+use std::fs::File;
+use std::io::{self, Read};
+use std::path::Path;
 
 use serde::Deserialize;
-use sha2::{Digest, Sha256};
 
+use super::image_cache::Cache;
+use super::image_files::{
+    hex_of, parse, read_limited, Files, Hashing, ImageConfig, Resolved, MAX_JSON,
+};
 use super::unpack::Root;
-
-/// How large `index.json`, a manifest or an image config may be.
-const MAX_JSON: u64 = 4 << 20;
-/// The record of unpacks in the cache directory.
-pub const UNPACK_LOG: &str = "unpacks.log";
 
 /// Opens a file of the image (as the job's user, in the shim).
 pub type Open<'a> = &'a dyn Fn(&Path) -> io::Result<File>;
 
-/// What the task's root filesystem is made from.
-#[derive(Debug, PartialEq, Eq)]
-pub struct Resolved {
-    /// The directory that becomes the container's root (read-only, below a
-    /// per-task writable layer).
-    pub rootfs: PathBuf,
-    /// Whether `rootfs` is the user's own directory (open it as the user)
-    /// rather than the node's cache.
-    pub users: bool,
-    /// The image's `Env` (`KEY=VALUE`), empty for a plain directory.
-    pub env: Vec<String>,
-    /// Whether this call unpacked the image (a cache miss).
-    pub unpacked: bool,
+/// A layout directory, its files opened through `open`.
+struct Dir<'a> {
+    root: &'a Path,
+    open: Open<'a>,
+}
+
+impl Files for Dir<'_> {
+    fn open(&self, rel: &str) -> io::Result<Box<dyn Read + '_>> {
+        Ok(Box::new((self.open)(&self.root.join(rel))?))
+    }
 }
 
 /// `oci-layout`'s descriptors, manifests and configs: only what is used.
@@ -86,19 +78,6 @@ struct Manifest {
     layers: Vec<Descriptor>,
 }
 
-#[derive(Debug, Default, Deserialize)]
-struct ImageConfig {
-    #[serde(default)]
-    config: Option<RunConfig>,
-}
-
-#[derive(Debug, Default, Deserialize)]
-#[serde(rename_all = "PascalCase")]
-struct RunConfig {
-    #[serde(default)]
-    env: Option<Vec<String>>,
-}
-
 const INDEX_TYPES: [&str; 2] = [
     "application/vnd.oci.image.index.v1+json",
     "application/vnd.docker.distribution.manifest.list.v2+json",
@@ -114,51 +93,96 @@ pub fn oci_arch() -> &'static str {
     }
 }
 
-/// Resolves `image` for a task: a layout is unpacked into `cache` unless it
-/// is there already; a root filesystem directory is used as it is. Errors
-/// are sentences naming the path and what to do.
-pub fn resolve(image: &Path, cache: &Path, open: Open<'_>) -> Result<Resolved, String> {
-    let shown = image.display();
-    let index = match open(&image.join("index.json")) {
-        Ok(f) => Some(f),
-        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => None,
-        Err(e) if e.raw_os_error() == Some(libc::ENOTDIR) => {
-            return Err(format!(
-                "container image {shown} is a file; archives and squashfs images are not \
-                 supported yet: give an OCI image layout directory or a root filesystem \
-                 directory"
-            ))
+/// Resolves `image` for a task: an image is unpacked into `cache` unless
+/// it is there already; a root filesystem directory is used as it is.
+/// Errors are sentences naming the image and what to do.
+pub fn resolve(image: &Path, cache: &Cache, open: Open<'_>) -> Result<Resolved, String> {
+    let shown = image.display().to_string();
+    if let Some(reference) = shown.strip_prefix(crate::model::REGISTRY_SCHEME) {
+        let layout = super::image_tools::pull(reference, &cache.dir)?;
+        let plain = |p: &Path| File::open(p);
+        let files = Dir {
+            root: &layout,
+            open: &plain,
+        };
+        return from_layout(&files, &shown, cache);
+    }
+    match open(&image.join("index.json")) {
+        Ok(_) => {
+            let files = Dir { root: image, open };
+            from_layout(&files, &shown, cache)
         }
-        Err(e) => return Err(format!("cannot read container image {shown}: {e}")),
-    };
-    let Some(index) = index else {
-        return plain_rootfs(image, open);
-    };
+        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => plain_rootfs(image, open),
+        Err(e) if e.raw_os_error() == Some(libc::ENOTDIR) => {
+            let file =
+                open(image).map_err(|e| format!("cannot read container image {shown}: {e}"))?;
+            from_file(file, &shown, cache)
+        }
+        Err(e) => Err(format!("cannot read container image {shown}: {e}")),
+    }
+}
+
+/// A file: a squashfs image, or a tar archive of a layout or a `docker
+/// save`.
+fn from_file(file: File, shown: &str, cache: &Cache) -> Result<Resolved, String> {
+    use std::os::unix::fs::FileExt;
+    let mut magic = [0u8; 4];
+    let n = file
+        .read_at(&mut magic, 0)
+        .map_err(|e| format!("cannot read container image {shown}: {e}"))?;
+    if n == 4 && &magic == b"hsqs" {
+        return super::image_tools::squashfs(file, shown, cache);
+    }
+    let archive = super::image_archive::Archive::scan(file).map_err(|e| {
+        format!(
+            "container image {shown} is a file and neither a squashfs image nor a readable \
+             tar archive ({e}); give an OCI archive (skopeo copy ... oci-archive:PATH), a \
+             docker save archive, a .sqsh file or an image directory"
+        )
+    })?;
+    if archive.has("index.json") {
+        from_layout(&archive, shown, cache)
+    } else if archive.has("manifest.json") {
+        super::image_archive::from_docker(&archive, shown, cache)
+    } else {
+        Err(format!(
+            "container image {shown} is a tar archive without index.json (an OCI archive) \
+             or manifest.json (a docker save archive); it is no image"
+        ))
+    }
+}
+
+/// An OCI image layout, in a directory or an archive.
+fn from_layout(files: &dyn Files, shown: &str, cache: &Cache) -> Result<Resolved, String> {
+    let index = files
+        .open("index.json")
+        .map_err(|e| format!("cannot read container image {shown}: {e}"))?;
     let index: Index = parse(
         read_limited(index, MAX_JSON),
-        &format!("{shown}/index.json"),
+        &format!("{shown}: its index.json"),
     )?;
     let mut chosen = pick(&index.manifests, oci_arch())
         .map_err(|why| format!("container image {shown}: {why}"))?;
     // One level of nested index (a multi-platform image).
     if INDEX_TYPES.contains(&chosen.media_type.as_str()) {
-        let nested: Index = parse(read_blob(image, &chosen, open), "its nested index")?;
+        let nested: Index = parse(read_blob(files, &chosen), "its nested index")?;
         chosen = pick(&nested.manifests, oci_arch())
             .map_err(|why| format!("container image {shown}: {why}"))?;
     }
-    let manifest: Manifest = parse(read_blob(image, &chosen, open), "its manifest")
+    let manifest: Manifest = parse(read_blob(files, &chosen), "its manifest")
         .map_err(|e| format!("container image {shown}: {e}"))?;
-    let config: ImageConfig = parse(read_blob(image, &manifest.config, open), "its config")
+    let config: ImageConfig = parse(read_blob(files, &manifest.config), "its config")
         .map_err(|e| format!("container image {shown}: {e}"))?;
     let hex = hex_of(&chosen.digest).map_err(|e| format!("container image {shown}: {e}"))?;
-    let (entry, unpacked) = cached(cache, hex, image, |rootfs| {
-        unpack_layers(image, &manifest.layers, rootfs, open)
+    let entry = cache.entry(hex, shown, |rootfs| {
+        unpack_layers(files, &manifest.layers, rootfs)
     })?;
     Ok(Resolved {
-        rootfs: entry.join("rootfs"),
+        rootfs: entry.dir.join("rootfs"),
         users: false,
         env: config.config.and_then(|c| c.env).unwrap_or_default(),
-        unpacked,
+        unpacked: entry.unpacked,
+        lease: Some(entry.lease),
     })
 }
 
@@ -190,6 +214,7 @@ fn plain_rootfs(image: &Path, open: Open<'_>) -> Result<Resolved, String> {
         users: true,
         env: Vec::new(),
         unpacked: false,
+        lease: None,
     })
 }
 
@@ -230,93 +255,42 @@ fn pick(manifests: &[Descriptor], arch: &str) -> Result<Descriptor, String> {
     }
 }
 
-/// The hex of a `sha256:` digest, refused unless it is exactly that (a
-/// digest names a file under `blobs/`, so it must not name anything else).
-fn hex_of(digest: &str) -> Result<&str, String> {
-    let hex = digest
-        .strip_prefix("sha256:")
-        .ok_or_else(|| format!("digest {digest:?} is not sha256, the only algorithm supported"))?;
-    if hex.len() != 64
-        || !hex
-            .bytes()
-            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-    {
-        return Err(format!("digest {digest:?} is malformed"));
+/// Reads what is left of `blob` and checks its digest and size.
+fn verify<R: Read>(blob: Hashing<R>, d: &Descriptor) -> Result<(), String> {
+    let read = blob.read;
+    let got = blob
+        .finish()
+        .map_err(|e| format!("cannot read blob {}: {e}", d.digest))?;
+    if got != d.digest {
+        return Err(format!(
+            "blob {} is damaged: its content hashes to {got}",
+            d.digest
+        ));
     }
-    Ok(hex)
-}
-
-fn parse<T: for<'de> Deserialize<'de>>(
-    bytes: Result<Vec<u8>, String>,
-    what: &str,
-) -> Result<T, String> {
-    let bytes = bytes?;
-    serde_json::from_slice(&bytes).map_err(|e| format!("{what} is not valid: {e}"))
-}
-
-fn read_limited(file: File, limit: u64) -> Result<Vec<u8>, String> {
-    let mut bytes = Vec::new();
-    file.take(limit + 1)
-        .read_to_end(&mut bytes)
-        .map_err(|e| format!("cannot read it: {e}"))?;
-    if bytes.len() as u64 > limit {
-        return Err(format!("it is larger than {limit} bytes"));
+    if d.size.is_some_and(|s| s != read) {
+        return Err(format!(
+            "blob {} has {} bytes, not {:?}",
+            d.digest, read, d.size
+        ));
     }
-    Ok(bytes)
+    Ok(())
 }
 
-/// A reader that hashes what passes through it.
-struct Hashing<R> {
-    inner: R,
-    hash: Sha256,
-    read: u64,
-}
-
-impl<R: Read> Read for Hashing<R> {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        let n = self.inner.read(buf)?;
-        self.hash.update(&buf[..n]);
-        self.read += n as u64;
-        Ok(n)
-    }
-}
-
-impl<R: Read> Hashing<R> {
-    /// Reads what is left and checks the digest and size.
-    fn verify(mut self, d: &Descriptor) -> Result<(), String> {
-        io::copy(&mut self, &mut io::sink())
-            .map_err(|e| format!("cannot read blob {}: {e}", d.digest))?;
-        let got = format!("sha256:{}", hex::encode(self.hash.finalize()));
-        if got != d.digest {
-            return Err(format!(
-                "blob {} is damaged: its content hashes to {got}",
-                d.digest
-            ));
-        }
-        if d.size.is_some_and(|s| s != self.read) {
-            return Err(format!(
-                "blob {} has {} bytes, not {:?}",
-                d.digest, self.read, d.size
-            ));
-        }
-        Ok(())
-    }
-}
-
-fn open_blob(layout: &Path, d: &Descriptor, open: Open<'_>) -> Result<Hashing<File>, String> {
+fn open_blob<'a>(
+    files: &'a dyn Files,
+    d: &Descriptor,
+) -> Result<Hashing<Box<dyn Read + 'a>>, String> {
     let hex = hex_of(&d.digest)?;
-    let path = layout.join("blobs/sha256").join(hex);
-    let file = open(&path).map_err(|e| format!("cannot read blob {}: {e}", path.display()))?;
-    Ok(Hashing {
-        inner: file,
-        hash: Sha256::new(),
-        read: 0,
-    })
+    let rel = format!("blobs/sha256/{hex}");
+    let file = files
+        .open(&rel)
+        .map_err(|e| format!("cannot read blob {rel}: {e}"))?;
+    Ok(Hashing::new(file))
 }
 
 /// A small blob (JSON), checked against its digest.
-fn read_blob(layout: &Path, d: &Descriptor, open: Open<'_>) -> Result<Vec<u8>, String> {
-    let mut blob = open_blob(layout, d, open)?;
+fn read_blob(files: &dyn Files, d: &Descriptor) -> Result<Vec<u8>, String> {
+    let mut blob = open_blob(files, d)?;
     let mut bytes = Vec::new();
     (&mut blob)
         .take(MAX_JSON + 1)
@@ -325,21 +299,16 @@ fn read_blob(layout: &Path, d: &Descriptor, open: Open<'_>) -> Result<Vec<u8>, S
     if bytes.len() as u64 > MAX_JSON {
         return Err(format!("blob {} is larger than {MAX_JSON} bytes", d.digest));
     }
-    blob.verify(d)?;
+    verify(blob, d)?;
     Ok(bytes)
 }
 
 /// Applies the layers in order to `rootfs`, each checked against its digest.
-fn unpack_layers(
-    layout: &Path,
-    layers: &[Descriptor],
-    rootfs: &Path,
-    open: Open<'_>,
-) -> Result<(), String> {
+fn unpack_layers(files: &dyn Files, layers: &[Descriptor], rootfs: &Path) -> Result<(), String> {
     let mut root =
         Root::open(rootfs).map_err(|e| format!("cannot open {}: {e}", rootfs.display()))?;
     for d in layers {
-        let mut blob = open_blob(layout, d, open)?;
+        let mut blob = open_blob(files, d)?;
         let t = d.media_type.as_str();
         let result = if t.ends_with("+gzip") || t.ends_with(".tar.gzip") {
             root.apply(flate2::read::GzDecoder::new(&mut blob))
@@ -354,94 +323,27 @@ fn unpack_layers(
         };
         // A damaged blob says so, rather than what the tar reader made of it.
         let applied = result.map_err(|e| format!("layer {}: {e}", d.digest));
-        blob.verify(d)?;
+        verify(blob, d)?;
         applied?;
     }
     Ok(())
 }
 
-/// The cache entry `<cache>/<hex>` of an image, made by `unpack` (given the
-/// staging `rootfs` to fill) unless it exists; also whether this call made
-/// it. One unpack per entry at a time, however many tasks ask.
-fn cached(
-    cache: &Path,
-    hex: &str,
-    source: &Path,
-    unpack: impl FnOnce(&Path) -> Result<(), String>,
-) -> Result<(PathBuf, bool), String> {
-    let fail = |what: &str, path: &Path, e: io::Error| {
-        format!("cannot {what} {} of the image cache: {e}", path.display())
-    };
-    fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(cache)
-        .map_err(|e| fail("create", cache, e))?;
-    let entry = cache.join(hex);
-    if entry.join("rootfs").is_dir() {
-        return Ok((entry, false));
-    }
-    let lock_path = cache.join(format!("{hex}.lock"));
-    let lock = OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .mode(0o600)
-        .open(&lock_path)
-        .map_err(|e| fail("open", &lock_path, e))?;
-    // SAFETY: flock on a descriptor this function owns; released on close.
-    if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) } < 0 {
-        return Err(fail("lock", &lock_path, io::Error::last_os_error()));
-    }
-    // Another task may have unpacked it while this one waited.
-    if entry.join("rootfs").is_dir() {
-        return Ok((entry, false));
-    }
-    let started = std::time::Instant::now();
-    let staging = cache.join(format!("{hex}.unpacking"));
-    if staging.exists() {
-        // Left by a shim that died mid-unpack; nobody else holds the lock.
-        fs::remove_dir_all(&staging).map_err(|e| fail("clear", &staging, e))?;
-    }
-    let rootfs = staging.join("rootfs");
-    fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(&rootfs)
-        .map_err(|e| fail("create", &rootfs, e))?;
-    if let Err(e) = unpack(&rootfs) {
-        let _ = fs::remove_dir_all(&staging);
-        return Err(format!(
-            "cannot unpack container image {}: {e}",
-            source.display()
-        ));
-    }
-    use std::os::unix::fs::PermissionsExt;
-    let _ = fs::set_permissions(&rootfs, fs::Permissions::from_mode(0o755));
-    fs::rename(&staging, &entry).map_err(|e| fail("finish", &entry, e))?;
-    let line = format!(
-        "{} sha256:{hex} {} {}ms\n",
-        crate::clock::now_ms(),
-        source.display(),
-        started.elapsed().as_millis()
-    );
-    let log = cache.join(UNPACK_LOG);
-    if let Err(e) = OpenOptions::new()
-        .create(true)
-        .append(true)
-        .mode(0o600)
-        .open(&log)
-        .and_then(|mut f| f.write_all(line.as_bytes()))
-    {
-        tracing::warn!("cannot record the unpack in {}: {e}", log.display());
-    }
-    tracing::info!(image = %source.display(), digest = %format!("sha256:{hex}"), "image unpacked");
-    Ok((entry, true))
-}
-
 #[cfg(test)]
 pub(super) mod tests {
     use super::*;
+    use crate::agent::exec::image_cache::UNPACK_LOG;
+    use sha2::{Digest, Sha256};
+    use std::fs;
+    use std::io::Write;
+
+    /// An uncapped cache in `dir/cache`.
+    pub fn test_cache(dir: &Path) -> Cache {
+        Cache {
+            dir: dir.join("cache"),
+            max_bytes: 0,
+        }
+    }
 
     /// Writes an OCI image layout of `files` (path, content; a path ending
     /// in `/` a directory) in one gzip layer, as `skopeo copy` would, and
@@ -505,12 +407,12 @@ pub(super) mod tests {
             &[("etc/", ""), ("etc/os-release", "NAME=tiny\n")],
             &["PATH=/bin", "A=1"],
         );
-        let cache = dir.path().join("cache");
+        let cache = test_cache(dir.path());
         let first = resolve(&layout, &cache, &plain_open).unwrap();
         assert!(first.unpacked && !first.users);
         assert_eq!(first.env, ["PATH=/bin", "A=1"]);
         let hex = digest.strip_prefix("sha256:").unwrap();
-        assert_eq!(first.rootfs, cache.join(hex).join("rootfs"));
+        assert_eq!(first.rootfs, cache.dir.join(hex).join("rootfs"));
         assert_eq!(
             fs::read_to_string(first.rootfs.join("etc/os-release")).unwrap(),
             "NAME=tiny\n"
@@ -518,7 +420,7 @@ pub(super) mod tests {
         let again = resolve(&layout, &cache, &plain_open).unwrap();
         assert!(!again.unpacked);
         assert_eq!(again.rootfs, first.rootfs);
-        let log = fs::read_to_string(cache.join(UNPACK_LOG)).unwrap();
+        let log = fs::read_to_string(cache.dir.join(UNPACK_LOG)).unwrap();
         assert_eq!(log.lines().count(), 1, "{log}");
         assert!(log.contains(&digest));
     }
@@ -536,10 +438,10 @@ pub(super) mod tests {
                 fs::write(&p, b"junk that is no gzip").unwrap();
             }
         }
-        let cache = dir.path().join("cache");
+        let cache = test_cache(dir.path());
         let err = resolve(&layout, &cache, &plain_open).unwrap_err();
         assert!(err.contains("damaged"), "{err}");
-        let left: Vec<_> = fs::read_dir(&cache)
+        let left: Vec<_> = fs::read_dir(&cache.dir)
             .unwrap()
             .map(|e| e.unwrap().file_name().into_string().unwrap())
             .filter(|n| !n.ends_with(".lock"))
@@ -550,7 +452,7 @@ pub(super) mod tests {
     #[test]
     fn a_plain_directory_is_used_as_it_is_and_anything_else_is_refused() {
         let dir = tempfile::tempdir().unwrap();
-        let cache = dir.path().join("cache");
+        let cache = test_cache(dir.path());
         let rootfs = dir.path().join("rootfs");
         fs::create_dir_all(rootfs.join("bin")).unwrap();
         let r = resolve(&rootfs, &cache, &plain_open).unwrap();
@@ -572,7 +474,10 @@ pub(super) mod tests {
         let file = dir.path().join("image.tar");
         fs::write(&file, "x").unwrap();
         let err = resolve(&file, &cache, &plain_open).unwrap_err();
-        assert!(err.contains("is a file"), "{err}");
+        assert!(
+            err.contains("neither a squashfs image nor a readable tar archive"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -131,6 +131,9 @@ pub struct TaskContainer {
     /// The node's image cache (`data_dir/images`).
     #[serde(default)]
     pub cache: PathBuf,
+    /// `[agent.containers] cache_max_mb`: the cache's cap; 0: none.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub cache_max_mb: u64,
     /// The task's GPUs by index, whose device nodes go into the container;
     /// empty with simulated GPUs.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -380,6 +383,10 @@ pub fn read_json<T: for<'de> Deserialize<'de>>(path: &Path) -> io::Result<Option
 }
 
 pub use crate::clock::now_ms;
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
 
 #[cfg(test)]
 mod tests {

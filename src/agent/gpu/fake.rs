@@ -46,12 +46,16 @@ pub struct FakeGpus {
     ledger: FaultLedger,
     /// Utilisation per GPU index (`simulate_load`); absent: idle.
     load: Mutex<std::collections::BTreeMap<u32, u8>>,
+    /// The MIG layout of each GPU (`None`: whole), from the config or
+    /// `set_mig`.
+    mig: Mutex<Vec<Option<crate::model::MigLayout>>>,
 }
 
 impl FakeGpus {
     /// Builds the GPUs `cfg` describes for the node `node_name`.
     pub fn new(node_name: &str, cfg: &FakeGpuConfig) -> Result<Self, GpuError> {
         validate(cfg)?;
+        let mig = cfg.mig_layouts().map_err(GpuError::InvalidFake)?;
         let gpus: Vec<GpuInfo> = (0..cfg.count)
             .map(|index| fake_gpu(node_name, index, cfg))
             .collect();
@@ -63,6 +67,7 @@ impl FakeGpus {
             fault_file: cfg.fault_file.clone(),
             ledger: FaultLedger::default(),
             load: Mutex::default(),
+            mig: Mutex::new(mig),
         })
     }
 
@@ -140,6 +145,10 @@ impl GpuBackend for FakeGpus {
     fn gpus(&self) -> Result<Vec<GpuInfo>, GpuError> {
         let mut gpus = self.gpus.clone();
         self.ledger.apply(&mut gpus);
+        let mig = self.mig.lock().unwrap_or_else(|e| e.into_inner());
+        if mig.iter().any(Option::is_some) {
+            return Ok(super::mig::expand(&gpus, &mig));
+        }
         Ok(gpus)
     }
 
@@ -187,6 +196,21 @@ impl GpuBackend for FakeGpus {
 
     fn simulate_load(&self, load: &std::collections::BTreeMap<u32, u8>) {
         *self.load.lock().unwrap_or_else(|e| e.into_inner()) = load.clone();
+    }
+
+    /// Sets every GPU's layout; fails, changing nothing, while a file
+    /// `mig-fail` lies beside the fault file (a test's simulated NVML error).
+    fn set_mig(&self, layout: Option<&crate::model::MigLayout>) -> Result<(), GpuError> {
+        if let Some(dir) = self.fault_file.as_deref().and_then(Path::parent) {
+            if dir.join("mig-fail").exists() {
+                return Err(GpuError::Mig(
+                    "simulated NVML failure (mig-fail file present)".into(),
+                ));
+            }
+        }
+        let mut mig = self.mig.lock().unwrap_or_else(|e| e.into_inner());
+        *mig = vec![layout.cloned(); self.gpus.len()];
+        Ok(())
     }
 }
 
@@ -289,6 +313,7 @@ fn fake_gpu(node: &str, index: u32, cfg: &FakeGpuConfig) -> GpuInfo {
         numa_node: Some(numa_of(index, cfg.count, cfg.numa_nodes)),
         healthy: true,
         fault: None,
+        mig: None,
     }
 }
 

@@ -12,7 +12,9 @@
 //! `is_critical` is the one place that decides which events those are.
 
 pub mod fake;
+pub mod mig;
 pub mod nvml;
+mod nvml_mig;
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -44,6 +46,14 @@ pub trait GpuBackend: Send + Sync {
     /// Simulated GPUs only: the utilisation (percent) each GPU shows from
     /// now on, by index; the others show idle. Real GPUs ignore it.
     fn simulate_load(&self, _load: &BTreeMap<u32, u8>) {}
+    /// Partitions every GPU into MIG `layout` (`None`: MIG off, whole GPUs);
+    /// `gpus()` then reports the new instances. Only while nothing runs.
+    fn set_mig(&self, _layout: Option<&crate::model::MigLayout>) -> Result<(), GpuError> {
+        Err(GpuError::Mig(format!(
+            "the {} GPU backend cannot repartition GPUs; use nvidia-smi mig on the node",
+            self.kind()
+        )))
+    }
 }
 
 /// One GPU's readings at one moment (what `nvidia-smi` shows).
@@ -175,6 +185,8 @@ pub enum GpuError {
     InvalidFake(String),
     #[error("there is no GPU {gpu} on this node (it has {count})")]
     NoSuchGpu { gpu: u32, count: u32 },
+    #[error("{0}")]
+    Mig(String),
 }
 
 /// A node without GPUs (`gpus = "none"`, or `"auto"` without a driver).
@@ -342,6 +354,7 @@ mod tests {
                 numa_nodes: 1,
                 nvlink: FakeNvLink::Pairs,
                 fault_file: Some("/tmp/gpuq-faults".into()),
+                ..Default::default()
             })
         );
         let none = parse(r#"gpus = { fake = { nvlink = "none" } }"#).unwrap();
@@ -396,6 +409,7 @@ mod tests {
                 numa_node: None,
                 healthy: true,
                 fault: None,
+                mig: None,
             })
             .collect();
         ledger.apply(&mut gpus);

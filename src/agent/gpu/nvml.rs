@@ -45,6 +45,9 @@ pub struct NvmlBackend {
     links: Vec<Vec<GpuLink>>,
     watch: Mutex<Watch>,
     ledger: FaultLedger,
+    /// The MIG instances of each GPU with MIG on (`None`: a whole GPU), in
+    /// `gpus` order; `gpus()` reports them in place of their GPU.
+    mig: Vec<Option<Vec<GpuInfo>>>,
 }
 
 /// What `poll_events` keeps between calls.
@@ -76,6 +79,11 @@ impl NvmlBackend {
             gpus.push(read_gpu(&device, index)?);
             devices.push(device);
         }
+        let mut next = count;
+        let mut mig = Vec::with_capacity(devices.len());
+        for (device, gpu) in devices.iter().zip(&gpus) {
+            mig.push(super::nvml_mig::instances(nvml, device, gpu, &mut next)?);
+        }
         let links = links(&devices, &gpus);
         let sets = register_events(nvml, &devices);
         let watch = Watch {
@@ -94,6 +102,7 @@ impl NvmlBackend {
             links,
             watch: Mutex::new(watch),
             ledger: FaultLedger::default(),
+            mig,
         })
     }
 }
@@ -106,6 +115,23 @@ impl GpuBackend for NvmlBackend {
     fn gpus(&self) -> Result<Vec<GpuInfo>, GpuError> {
         let mut gpus = self.gpus.clone();
         self.ledger.apply(&mut gpus);
+        if self.mig.iter().any(Option::is_some) {
+            // A MIG-enabled GPU is its instances, with its health.
+            let mut whole = Vec::with_capacity(gpus.len());
+            let mut slices = Vec::new();
+            for (g, mig) in gpus.into_iter().zip(&self.mig) {
+                match mig {
+                    None => whole.push(g),
+                    Some(instances) => slices.extend(instances.iter().map(|s| GpuInfo {
+                        healthy: g.healthy,
+                        fault: g.fault.clone(),
+                        ..s.clone()
+                    })),
+                }
+            }
+            whole.extend(slices);
+            return Ok(whole);
+        }
         Ok(gpus)
     }
 
@@ -270,6 +296,7 @@ fn read_gpu(device: &Device<'_>, index: u32) -> Result<GpuInfo, GpuError> {
         pci_bus_id,
         healthy: true,
         fault: None,
+        mig: None,
     })
 }
 

@@ -237,3 +237,16 @@ fn exit_status_of_ended_jobs() {
     job.exit_code = None;
     assert_eq!(exit_status(&job), 1);
 }
+
+#[test]
+fn gres_with_a_mig_profile_asks_for_slices() {
+    let spec = spec_of(
+        "#!/bin/sh\n#SBATCH --gres=gpu:1g.10gb:2\nnvidia-smi -L\n",
+        &[],
+    )
+    .unwrap();
+    assert_eq!(spec.placement.gpu_slice.as_deref(), Some("1g.10gb"));
+    assert_eq!(spec.gpus_per_node, 2);
+    let err = spec_of("#!/bin/sh\ntrue\n", &["--gpus-per-node=9g.90gb:1"]).unwrap_err();
+    assert!(err.contains("unknown MIG profile"), "{err}");
+}

@@ -116,6 +116,16 @@ fn every_scheduler_reason_has_its_word() {
         R::NoMasterPort,
         R::PartitionDown,
         R::Preempting,
+        R::ReservationNotStarted("r".into()),
+        R::ReservedNodes {
+            reservation: "m".into(),
+            maint: true,
+        },
+        R::ReservedNodes {
+            reservation: "r".into(),
+            maint: false,
+        },
+        R::NodesStarting("burst".into()),
     ];
     for r in all {
         let mut j = job(1, "a", JobState::Pending);

@@ -111,6 +111,7 @@ fn full_agent() -> AgentConfig {
         dcgm_job_map_dir: Some("/run/dcgm-job-map".into()),
         containers: Containers {
             runtime: Some("/usr/bin/crun".into()),
+            ..Default::default()
         },
         ..AgentConfig::default()
     }
@@ -525,6 +526,39 @@ fn the_advertised_address() {
     assert_eq!(
         c.advertise_addr().unwrap(),
         "192.168.1.1:1".parse().unwrap()
+    );
+}
+
+#[test]
+fn the_host_s_one_address_is_advertised_when_nothing_names_one() {
+    let ip = |s: &str| -> std::net::IpAddr { s.parse().unwrap() };
+    let mut c = ServerConfig::default();
+    assert_eq!(
+        c.advertise_among(&[ip("10.0.0.5")]).unwrap(),
+        ("10.0.0.5:7420".parse().unwrap(), true)
+    );
+    // IPv6 addresses do not count against the one IPv4 address.
+    assert_eq!(
+        c.advertise_among(&[ip("fd00::5"), ip("10.0.0.5")])
+            .unwrap()
+            .0,
+        "10.0.0.5:7420".parse().unwrap()
+    );
+    let msg = c
+        .advertise_among(&[ip("10.0.0.5"), ip("192.168.1.7")])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        msg.contains("this host has several: 10.0.0.5, 192.168.1.7") && msg.contains("--advertise"),
+        "{msg}"
+    );
+    let msg = c.advertise_among(&[]).unwrap_err().to_string();
+    assert!(msg.contains("GPUQ_ADVERTISE"), "{msg}");
+    // A configured address is never second-guessed.
+    c.advertise = Some("192.168.1.1:1".parse().unwrap());
+    assert_eq!(
+        c.advertise_among(&[ip("10.0.0.5")]).unwrap(),
+        ("192.168.1.1:1".parse().unwrap(), false)
     );
 }
 

@@ -102,7 +102,7 @@ function utilisationChart(u) {
 }
 
 async function home() {
-  const [cluster, nodes, queue, usage] = await Promise.all([api("cluster"), api("nodes"), api("jobs"), api("utilisation")]);
+  const [cluster, nodes, queue, usage, policy] = await Promise.all([api("cluster"), api("nodes"), api("jobs"), api("utilisation"), api("policy")]);
   const st = cluster.status;
   $("cluster-name").textContent = st.cluster_name;
   const facts = [
@@ -123,7 +123,8 @@ async function home() {
   $("nodes").replaceChildren(...nodes.nodes.map((n) => {
     const gpus = n.inventory.gpus.map((g) => {
       const j = holder[n.name + "/" + g.index];
-      const attrs = { class: "gpu" + (g.healthy ? "" : " unhealthy") + (j ? " busy" : ""), title: "GPU " + g.index + (j ? ": job " + j.id + " (" + j.user + ")" : g.healthy ? ": free" : ": " + (g.fault || "unhealthy")) };
+      const what = "GPU " + g.index + (g.mig ? " (MIG " + g.mig.profile + " of GPU " + g.mig.parent + ")" : "");
+      const attrs = { class: "gpu" + (g.mig ? " slice" : "") + (g.healthy ? "" : " unhealthy") + (j ? " busy" : ""), title: what + (j ? ": job " + j.id + " (" + j.user + ")" : g.healthy ? ": free" : ": " + (g.fault || "unhealthy")) };
       if (j) { attrs.style = "background:" + colour(j.id); attrs["data-job"] = j.id; attrs.href = "#/job/" + j.id; }
       return el(j ? "a" : "span", attrs, j ? j.id : g.index);
     });
@@ -132,6 +133,18 @@ async function home() {
       el("span", { class: "gpus" }, ...gpus),
       el("span", { class: "meta" }, n.state + (n.reason ? " (" + n.reason + ")" : "") + " · " + n.gpus_used + "/" + n.inventory.gpus.length + " GPUs · " + n.running_jobs + " jobs"));
   }));
+
+  // Advance reservations (gpuq admin reservation), when there are any.
+  const now = Date.now();
+  const resv = Object.values(policy.policy.reservations || {});
+  $("reservations-part").hidden = resv.length === 0;
+  $("reservations").tBodies[0].replaceChildren(...resv.map((r) => el("tr", { "data-reservation": r.name },
+    el("td", {}, r.name),
+    el("td", {}, r.end <= now ? "over" : r.start <= now ? "active" : "planned"),
+    el("td", {}, when(r.start)), el("td", {}, when(r.end)),
+    el("td", {}, r.nodes.join(", ")),
+    el("td", {}, r.maint ? "maint" : "-"),
+    el("td", {}, [...(r.users || []).map((u) => "user " + u), ...(r.accounts || []).map((a) => "account " + a)].join(", ") || "anyone"))));
 
   $("queue").tBodies[0].replaceChildren(...queue.jobs.map((j) => el("tr", { "data-job": j.id },
     el("td", {}, el("a", { href: "#/job/" + j.id }, j.array ? j.array.job + "_" + j.array.index : j.id)),

@@ -26,6 +26,9 @@ pub struct ServiceInfo {
     pub version: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub roll: Option<String>,
+    /// Its named ports (`--port NAME`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ports: Vec<String>,
 }
 
 /// One replica of a service.
@@ -51,4 +54,7 @@ pub struct ReplicaInfo {
     pub version: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub next: Option<JobId>,
+    /// Its named ports' `host:port`, by name, while it is an endpoint.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub ports: std::collections::BTreeMap<String, String>,
 }

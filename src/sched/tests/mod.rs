@@ -9,11 +9,13 @@ mod checks;
 mod constraints;
 mod delay;
 mod fragmentation;
+mod mig;
 mod packing;
 mod policy;
 mod policy_sim;
 mod ports;
 mod props;
+mod reservations;
 mod restart;
 mod scenarios;
 mod topology;
@@ -123,6 +125,7 @@ impl NodeBuilder {
                 numa_node: Some(numa_of(i, n)),
                 healthy: true,
                 fault: None,
+                mig: None,
             })
             .collect();
         inv.gpu_links = links(n, topo);
@@ -482,7 +485,20 @@ impl Scenario {
 
     /// Plans once and checks what every plan must hold (see [`assert_sound`]).
     pub fn run(&self) -> Outcome {
-        let plan = plan(&self.view, self.now);
+        // As the leader runs a pass: nodes and pending jobs borrowed, the
+        // rest of the view without them, so nothing in a pass may read them
+        // from `rest`.
+        let rest = ClusterView {
+            nodes: Vec::new(),
+            pending: Vec::new(),
+            ..self.view.clone()
+        };
+        let borrowed = crate::sched::ViewRef {
+            nodes: self.view.nodes.iter().collect(),
+            pending: self.view.pending.iter().collect(),
+            rest: &rest,
+        };
+        let plan = crate::sched::plan_ref(&borrowed, self.now, crate::sched::Packing::BestFit);
         assert_sound(&self.view, &plan, self.now);
         assert_no_delay(&self.view, &plan, self.now);
         Outcome { plan }

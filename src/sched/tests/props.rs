@@ -92,6 +92,7 @@ fn arb_placement() -> impl Strategy<Value = Placement> {
                 .map(|i| format!("n{i}"))
                 .collect(),
             topology,
+            ..Placement::default()
         })
 }
 

@@ -175,14 +175,25 @@ fn info(
                 .map(|n| n.node.clone());
             let healthy = svc.health.as_ref().and(slot.job).and_then(health);
             let serving = svc.health.is_none() || healthy == Some(true);
-            let endpoint = run
+            let host = run
                 .filter(|_| serving)
                 .zip(node.as_ref())
-                .and_then(|(r, n)| {
+                .and_then(|(_, n)| {
                     let addr = &s.nodes.get(n)?.addr;
-                    let host = addr.rsplit_once(':').map_or(addr.as_str(), |(h, _)| h);
-                    Some(format!("{host}:{}", r.master_port))
+                    Some(addr.rsplit_once(':').map_or(addr.as_str(), |(h, _)| h))
                 });
+            let endpoint = run
+                .zip(host)
+                .map(|(r, host)| format!("{host}:{}", r.master_port));
+            let ports = run
+                .zip(host)
+                .map(|(r, host)| {
+                    r.named_ports
+                        .iter()
+                        .map(|(name, p)| (name.clone(), format!("{host}:{p}")))
+                        .collect()
+                })
+                .unwrap_or_default();
             ReplicaInfo {
                 index,
                 job: slot.job,
@@ -194,6 +205,7 @@ fn info(
                 reason: job.and_then(|j| j.reason.clone()),
                 version: slot.version,
                 next: slot.next,
+                ports,
             }
         })
         .collect();
@@ -209,6 +221,7 @@ fn info(
         health: svc.health.clone(),
         version: svc.version,
         roll: roll(svc),
+        ports: svc.ports.clone(),
     }
 }
 

@@ -2,8 +2,10 @@
 //! control plane's members with their health, from this server's applied
 //! state and Raft metrics.
 
-use crate::model::JobState;
+use crate::model::reservation::maint_on;
+use crate::model::{JobState, PowerState};
 use crate::net::proto::{ClusterStatus, Member};
+use crate::state::NodeStatus;
 
 use super::{Api, LAGGING_ENTRIES};
 
@@ -50,6 +52,7 @@ impl Api {
     pub(super) fn nodes(&self) -> Vec<crate::net::proto::NodeInfo> {
         let alive: std::collections::HashSet<String> = self.hub.alive().into_iter().collect();
         let s = self.state();
+        let now = crate::clock::now_ms();
         // The index's views, not views built afresh: at 10,000 nodes that
         // copied every inventory while holding the state's lock.
         s.nodes
@@ -58,13 +61,29 @@ impl Api {
                 let v = s.node_view(name);
                 let why = n.status.reason();
                 // Shown with who set it, as before the name was kept apart.
-                let reason = why.map(|(reason, user, _)| match user {
+                let mut reason = why.map(|(reason, user, _)| match user {
                     Some(u) => format!("{reason} (by {u})"),
                     None => reason.to_string(),
                 });
+                let mut state = n.status.word();
+                // An up node in an open maintenance window is drained by it.
+                let maint = maint_on(s.policy.reservations.values(), name, now);
+                if let (Some(r), NodeStatus::Up) = (maint, &n.status) {
+                    state = "maint";
+                    reason = Some(format!(
+                        "maintenance reservation {} until {}",
+                        r.name,
+                        crate::clock::fmt_time(r.end)
+                    ));
+                }
+                // A group's node shows where it is in its power cycle.
+                if let Some(p) = s.power.get(name).filter(|p| p.state != PowerState::Up) {
+                    state = p.state.as_str();
+                    reason = Some(power_reason(p));
+                }
                 crate::net::proto::NodeInfo {
                     name: n.inventory.name.clone(),
-                    state: n.status.word().to_string(),
+                    state: state.to_string(),
                     reason,
                     reason_user: why.and_then(|(_, user, _)| user.map(str::to_string)),
                     reason_since: why.map(|(_, _, since)| since).filter(|&s| s > 0),
@@ -78,6 +97,26 @@ impl Api {
                     inventory: n.inventory.clone(),
                 }
             })
+            .chain(
+                // Nodes asked for that have not registered yet.
+                s.power
+                    .iter()
+                    .filter(|(name, _)| !s.nodes.contains_key(*name))
+                    .map(|(name, p)| crate::net::proto::NodeInfo {
+                        name: name.clone(),
+                        state: p.state.as_str().to_string(),
+                        reason: Some(power_reason(p)),
+                        reason_user: None,
+                        reason_since: Some(p.since),
+                        addr: String::new(),
+                        connected: false,
+                        gpus_used: 0,
+                        cpus_used: 0,
+                        memory_used_mb: 0,
+                        running_jobs: 0,
+                        inventory: shape_of(name, s.policy.node_groups.get(&p.group)),
+                    }),
+            )
             .collect()
     }
 
@@ -176,5 +215,36 @@ impl Api {
                 .entries
                 .load(std::sync::atomic::Ordering::Relaxed),
         }
+    }
+}
+
+/// Why a group's node is where it is in its power cycle, for `gpuq nodes`.
+fn power_reason(p: &crate::model::PowerRecord) -> String {
+    let verb = match p.state {
+        PowerState::Resuming => "asked for",
+        PowerState::Up => "up",
+        PowerState::Suspending => "idle; being stopped",
+        PowerState::Suspended => "idle; stopped",
+        PowerState::Failed => "did not come when asked for",
+    };
+    format!(
+        "{verb} by node group {} at {}",
+        p.group,
+        crate::clock::fmt_time(p.since)
+    )
+}
+
+/// What a node of `group` will have, for a node that has not registered:
+/// its CPUs, memory and features (its GPUs are known once it registers).
+fn shape_of(name: &str, group: Option<&crate::model::NodeGroup>) -> crate::model::NodeInventory {
+    crate::model::NodeInventory {
+        name: name.to_string(),
+        gpus: Vec::new(),
+        gpu_links: Vec::new(),
+        numa: Vec::new(),
+        cpus: group.map_or(0, |g| g.cpus),
+        memory_mb: group.map_or(0, |g| g.memory_mb),
+        topology: String::new(),
+        features: group.map(|g| g.features.clone()).unwrap_or_default(),
     }
 }

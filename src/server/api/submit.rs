@@ -113,6 +113,25 @@ pub(super) fn check<'a>(
             ),
         ));
     }
+    let pull = crate::model::OCI_PULL_FEATURE;
+    let can_pull = |n: &&NodeInventory| n.features.iter().any(|f| f == pull);
+    if let Some(c) = spec.container.as_ref().filter(|c| c.is_registry()) {
+        if !inventories.is_empty() && !inventories.iter().any(can_pull) {
+            return Err((
+                ErrorKind::BadInput,
+                format!(
+                    "--container-image {}: a registry reference, and none of the {} nodes has \
+                     a pull tool (skopeo; an agent that finds it gives its node the feature \
+                     `{pull}`): install skopeo on the nodes, or copy the image where they can \
+                     read it (skopeo copy {} oci-archive:/shared/images/NAME.tar) and give \
+                     that absolute path",
+                    c.image,
+                    inventories.len(),
+                    c.image
+                ),
+            ));
+        }
+    }
     feasible(inventories, spec).map_err(|why| (ErrorKind::BadInput, why))
 }
 
@@ -171,5 +190,29 @@ mod tests {
         assert_eq!(check(&caller, &spec, [&bare, &able]), Ok(()));
         // No nodes yet: the job waits for some.
         assert_eq!(check(&caller, &spec, []), Ok(()));
+    }
+
+    #[test]
+    fn a_registry_image_is_refused_where_no_node_can_pull() {
+        let args = SubmitArgs {
+            container_image: Some("docker://ubuntu:22.04".into()),
+            script_or_command: vec!["true".into()],
+            ..Default::default()
+        };
+        let spec = crate::spec::build_spec(&args, &[], std::path::Path::new("/tmp")).unwrap();
+        let caller = Caller {
+            user: "alice".into(),
+            uid: 1000,
+            admin: false,
+        };
+        let runs = node(&[crate::model::OCI_FEATURE]);
+        let (kind, why) = check(&caller, &spec, [&runs]).unwrap_err();
+        assert_eq!(kind, ErrorKind::BadInput);
+        assert!(
+            why.contains("docker://ubuntu:22.04") && why.contains("install skopeo"),
+            "{why}"
+        );
+        let pulls = node(&[crate::model::OCI_FEATURE, crate::model::OCI_PULL_FEATURE]);
+        assert_eq!(check(&caller, &spec, [&runs, &pulls]), Ok(()));
     }
 }

@@ -106,6 +106,7 @@ fn request_name(req: &ApiRequest) -> &'static str {
         ApiRequest::Nodes => "nodes",
         ApiRequest::NodeDrain { .. } => "node-drain",
         ApiRequest::NodeResume { .. } => "node-resume",
+        ApiRequest::NodeMig { .. } => "node-mig",
         ApiRequest::NodeReplace { .. } => "node-replace",
         ApiRequest::Logs { .. } => "logs",
         ApiRequest::TokenCreate { .. } => "token-create",

@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use clap::Args;
 
-use super::engine::{replay, EngineError, Progress, Shape};
+use super::engine::{replay, Autoscale, EngineError, Progress, Shape};
 use super::input::{self, Columns, InputError, ReadOptions};
 use super::policy::{PolicyError, ReplayPolicy};
 use super::report::{self, ReportError};
@@ -59,6 +59,24 @@ pub struct ReplayArgs {
     /// No progress lines on stderr.
     #[arg(long, short)]
     pub quiet: bool,
+    /// Replay the fleet as a node group that starts with MIN nodes, grows
+    /// toward --nodes when jobs wait and stops idle nodes (the leader's own
+    /// autoscaler), beside the same policy on a fixed fleet of --nodes
+    /// (unless --compare names another).
+    #[arg(long, value_name = "MIN")]
+    pub autoscale: Option<u32>,
+    /// With --autoscale: from a node being asked for to its taking work.
+    #[arg(long, value_name = "D", default_value = "5m", value_parser = parse_secs)]
+    pub boot_time: u64,
+    /// With --autoscale: how long a node is idle before it is stopped.
+    #[arg(long, value_name = "D", default_value = "10m", value_parser = parse_secs)]
+    pub idle_time: u64,
+}
+
+fn parse_secs(s: &str) -> Result<u64, String> {
+    crate::spec::time::parse_ttl(s)
+        .map(|d| d.as_secs())
+        .map_err(|e| e.to_string())
 }
 
 /// Why a replay stopped; [`ReplayError::is_input`] tells a user's mistake.
@@ -113,17 +131,47 @@ pub fn run(a: ReplayArgs) -> Result<(), ReplayError> {
             read_began.elapsed().as_secs_f64()
         );
     }
-    let shape = Shape {
+    let fixed = Shape {
         nodes: a.nodes,
         gpus_per_node: a.gpus_per_node,
         topology_leaves: a.topology_leaves,
+        autoscale: None,
     };
+    // Each run: a policy on a fleet. With --autoscale the first is on the
+    // autoscaled fleet and, without --compare, the same policy on the
+    // fixed fleet beside it.
+    let mut plans: Vec<(ReplayPolicy, Shape)> = Vec::new();
+    match a.autoscale {
+        Some(min) => {
+            let scaled = Shape {
+                autoscale: Some(Autoscale {
+                    min,
+                    boot_ms: a.boot_time.saturating_mul(1000),
+                    idle_secs: a.idle_time,
+                    demand_secs: 0,
+                }),
+                ..fixed.clone()
+            };
+            let mut first = policies.remove(0);
+            let base = first.name.clone();
+            first.name = format!("{base} autoscaled {min}-{}", a.nodes);
+            plans.push((first.clone(), scaled));
+            match policies.pop() {
+                Some(other) => plans.push((other, fixed.clone())),
+                None => {
+                    first.name = format!("{base} fixed {}", a.nodes);
+                    plans.push((first, fixed.clone()));
+                }
+            }
+        }
+        None => plans.extend(policies.into_iter().map(|p| (p, fixed.clone()))),
+    }
     let began = Instant::now();
     let runs: Vec<Result<(Run, std::time::Duration), EngineError>> = std::thread::scope(|s| {
-        let handles: Vec<_> = policies
+        let handles: Vec<_> = plans
             .iter()
-            .map(|p| {
-                let (trace, shape, quiet) = (&trace.jobs, &shape, a.quiet);
+            .map(|(p, shape)| {
+                let (trace, quiet) = (&trace.jobs, a.quiet);
                 s.spawn(move || {
                     let mut last = Instant::now();
                     let mut pass_time = std::time::Duration::ZERO;

@@ -27,6 +27,10 @@ use super::{Outcome, Run, Sample, TraceJob};
 use crate::model::{JobId, JobState, Millis, TaskEnd, TaskEvent, TaskEventKind, TaskKey};
 use crate::state::{Command, CommandResult, Dirty, State};
 
+mod autoscale;
+pub use autoscale::Autoscale;
+use autoscale::{declare_group, GROUP};
+
 /// `State::apply` without a store: what it touched is only for writing
 /// records out, which a replay never does.
 fn apply(state: &mut State, cmd: &Command) -> CommandResult {
@@ -41,6 +45,9 @@ pub struct Shape {
     /// Spread the nodes over this many leaf switches (one spine), so
     /// topology-aware placement has domains to respect; `None`: flat.
     pub topology_leaves: Option<u32>,
+    /// The nodes are a node group the leader's autoscaler starts and
+    /// stops (`state::power_decisions`), not a fixed fleet.
+    pub autoscale: Option<Autoscale>,
 }
 
 impl Shape {
@@ -61,8 +68,22 @@ impl Shape {
     }
 
     fn node_name(&self, i: u32) -> String {
+        if self.autoscale.is_some() {
+            return format!("{GROUP}-{:03}", i + 1);
+        }
         let width = self.nodes.to_string().len();
         format!("node{:0width$}", i + 1)
+    }
+
+    /// The simulated inventory of node `i`.
+    fn inventory(&self, i: u32) -> Result<crate::model::NodeInventory, EngineError> {
+        let name = self.node_name(i);
+        crate::sim::fleet::sim_inventory(&name, self.gpus_per_node, &self.topology(i)).map_err(
+            |e| EngineError::Node {
+                node: name.clone(),
+                reason: format!("{e:#}"),
+            },
+        )
     }
 
     fn topology(&self, i: u32) -> String {
@@ -96,6 +117,8 @@ pub enum EngineError {
     EmptyCluster,
     #[error("cannot build the simulated node {node}: {reason}")]
     Node { node: String, reason: String },
+    #[error("--autoscale: {0}")]
+    Autoscale(String),
     #[error("the state machine refused {what} of trace job {job} (line {line}): {reason}")]
     Refused {
         what: &'static str,
@@ -135,7 +158,30 @@ pub fn replay(
         samples: engine.samples,
         skipped,
         passes: engine.passes,
+        provisioned_gpu_ms: shape.autoscale.map(|_| {
+            engine
+                .powered_ms
+                .saturating_mul(u128::from(shape.gpus_per_node)) as u64
+        }),
     })
+}
+
+/// Registers node `i` of `shape` at `now`.
+fn register(state: &mut State, shape: &Shape, i: u32, now: Millis) -> Result<(), EngineError> {
+    let cmd = Command::RegisterNode {
+        inventory: shape.inventory(i)?,
+        addr: format!("10.{}.{}.{}:7421", i >> 16 & 255, i >> 8 & 255, i & 255),
+        preflight: false,
+        now,
+        cert_sha256: String::new(),
+    };
+    if let CommandResult::Rejected(r) = apply(state, &cmd) {
+        return Err(EngineError::Node {
+            node: shape.node_name(i),
+            reason: r.to_string(),
+        });
+    }
+    Ok(())
 }
 
 /// A started attempt the loop is waiting on.
@@ -169,6 +215,18 @@ struct Engine<'p> {
     may_preempt: bool,
     /// Skip the ticks that cannot start anything (off only to test that).
     skip_ticks: bool,
+    /// Autoscaled: nodes asked for, by when they join.
+    joins: BinaryHeap<Reverse<(Millis, String)>>,
+    /// Since when each group node has been idle (`power_decisions`).
+    idle_since: HashMap<String, Millis>,
+    /// The last pass's reasons, which the autoscaler reads.
+    reasons: crate::sched::PendingReasons,
+    /// Node-milliseconds powered (asked for, up or stopping) so far, and
+    /// when that was last brought up to date.
+    powered_ms: u128,
+    powered_at: Millis,
+    /// GPUs of the nodes up (all of them, for a fixed fleet).
+    up_gpus: u64,
 }
 
 impl<'p> Engine<'p> {
@@ -180,27 +238,15 @@ impl<'p> Engine<'p> {
             policy: std::sync::Arc::new(policy.policy.clone()),
             ..State::default()
         };
-        for i in 0..shape.nodes {
-            let name = shape.node_name(i);
-            let inventory =
-                crate::sim::fleet::sim_inventory(&name, shape.gpus_per_node, &shape.topology(i))
-                    .map_err(|e| EngineError::Node {
-                        node: name.clone(),
-                        reason: format!("{e:#}"),
-                    })?;
-            let cmd = Command::RegisterNode {
-                inventory,
-                addr: format!("10.{}.{}.{}:7421", i >> 16 & 255, i >> 8 & 255, i & 255),
-                preflight: false,
-                now: 0,
-                cert_sha256: String::new(),
-            };
-            if let CommandResult::Rejected(r) = apply(&mut state, &cmd) {
-                return Err(EngineError::Node {
-                    node: name,
-                    reason: r.to_string(),
-                });
+        let up_at_start = match shape.autoscale {
+            Some(a) => {
+                declare_group(&mut state, shape, a)?;
+                a.min
             }
+            None => shape.nodes,
+        };
+        for i in 0..up_at_start {
+            register(&mut state, shape, i, 0)?;
         }
         let w = &policy.policy.weights;
         let others = w.job_size != 0 || w.qos != 0 || w.partition != 0;
@@ -223,6 +269,12 @@ impl<'p> Engine<'p> {
             order_drifts,
             may_preempt,
             skip_ticks: true,
+            joins: BinaryHeap::new(),
+            idle_since: HashMap::new(),
+            reasons: Default::default(),
+            powered_ms: 0,
+            powered_at: 0,
+            up_gpus: u64::from(up_at_start) * u64::from(shape.gpus_per_node),
         })
     }
 
@@ -237,15 +289,28 @@ impl<'p> Engine<'p> {
         loop {
             let arrival = jobs.get(next).map(|j| j.arrival);
             let end = self.ends.peek().map(|Reverse(e)| e.0);
+            let join = self.joins.peek().map(|Reverse(j)| j.0);
             // With nothing running and nothing to come, what still waits
             // after the last pass can never start: no tick would change that.
-            let idle = arrival.is_none() && end.is_none();
+            let idle = arrival.is_none() && end.is_none() && join.is_none();
             let tick = next_tick.filter(|_| !idle && self.state.has_pending());
-            let Some(t) = [arrival, end, tick].into_iter().flatten().min() else {
+            let check = self.next_check(idle);
+            let Some(t) = [arrival, end, tick, join, check]
+                .into_iter()
+                .flatten()
+                .min()
+            else {
                 break;
             };
+            self.count_powered(t);
             self.now = t;
             let mut changed = false;
+            while self.joins.peek().is_some_and(|Reverse(j)| j.0 == t) {
+                let Some(Reverse((_, name))) = self.joins.pop() else {
+                    break;
+                };
+                changed |= self.join(&name)?;
+            }
             while self.ends.peek().is_some_and(|Reverse(e)| e.0 == t) {
                 let Some(Reverse((_, id, attempt, timed_out))) = self.ends.pop() else {
                     break;
@@ -263,6 +328,7 @@ impl<'p> Engine<'p> {
             } else if tick == Some(t) {
                 next_tick = Some(t.saturating_add(self.policy.tick_ms));
             }
+            self.autoscale();
             self.sample();
             steps += 1;
             if steps % 4096 == 0 {
@@ -297,7 +363,7 @@ impl<'p> Engine<'p> {
         if self.may_preempt {
             return true;
         }
-        let free = self.shape.gpus() - u64::from(self.busy_gpus);
+        let free = self.up_gpus.saturating_sub(u64::from(self.busy_gpus));
         let smallest = self
             .state
             .index
@@ -363,12 +429,15 @@ impl<'p> Engine<'p> {
     fn pass(&mut self) -> Result<(), EngineError> {
         self.passes += 1;
         let began = std::time::Instant::now();
-        let plan = {
+        let mut plan = {
             let mut input = self.state.sched_input();
             input.rest.backfill = self.policy.backfill;
             crate::sched::plan_ref(&input.view(), self.now, self.policy.packing)
         };
         self.pass_time += began.elapsed();
+        if self.shape.autoscale.is_some() {
+            self.reasons = crate::sched::PendingReasons::take(&mut plan);
+        }
         if !plan.preemptions.is_empty() {
             let cmd = Command::Preempt {
                 preemptions: plan.preemptions,

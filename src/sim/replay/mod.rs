@@ -80,4 +80,8 @@ pub struct Run {
     pub skipped: Vec<String>,
     /// Scheduling passes the replay ran.
     pub passes: u64,
+    /// An autoscaled fleet's GPU-time powered (asked for, up or stopping),
+    /// ms; `None`: a fixed fleet, all of it powered all the time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provisioned_gpu_ms: Option<u64>,
 }

@@ -70,6 +70,10 @@ pub struct Summary {
     pub window_s: f64,
     /// GPU-hours held by jobs over the span.
     pub gpu_hours: f64,
+    /// GPU-hours the fleet had powered over the span: an autoscaled
+    /// fleet's as it grew and shrank, a fixed one's all of it.
+    #[serde(default)]
+    pub provisioned_gpu_hours: f64,
     /// GPU-time held over the cluster's GPU-time in the span (0..=1).
     pub gpu_utilisation: f64,
     /// The same within the arrival window, where the load is the trace's
@@ -222,6 +226,10 @@ pub fn summarize(run: &Run) -> Summary {
         span_s: secs(span as f64),
         window_s: secs(window as f64),
         gpu_hours: round6(busy / 3.6e6),
+        provisioned_gpu_hours: round6(match run.provisioned_gpu_ms {
+            Some(ms) => ms as f64 / 3.6e6,
+            None => cluster_gpus as f64 * span as f64 / 3.6e6,
+        }),
         gpu_utilisation: round6(share(busy, span)),
         window_utilisation: round6(share(window_busy, window)),
         wait: spread(&waits),
@@ -398,6 +406,17 @@ fn figures(summaries: &[Summary]) -> Vec<Figure> {
     row("restarts", Count, &|s| s.restarts as f64);
     row("span", Seconds, &|s| s.span_s);
     row("GPU utilisation", Percent, &|s| s.gpu_utilisation);
+    row("GPU-hours used", Number, &|s| s.gpu_hours);
+    row("GPU-hours provisioned", Number, &|s| {
+        s.provisioned_gpu_hours
+    });
+    row("used / provisioned", Percent, &|s| {
+        if s.provisioned_gpu_hours > 0.0 {
+            s.gpu_hours / s.provisioned_gpu_hours
+        } else {
+            0.0
+        }
+    });
     row("utilisation, arrival window", Percent, &|s| {
         s.window_utilisation
     });

@@ -1,6 +1,7 @@
 //! Tests of the submit grammar and `build_spec`, end to end from argv and
 //! script text to the `JobSpec` a user would see.
 
+mod mig;
 mod placement;
 
 use std::fs;

@@ -44,6 +44,8 @@ fn placement_flags_reach_the_spec() {
             nodelist: names(&["n1", "n2", "n3", "n4"]),
             exclude: names(&["gpu07", "gpu08"]),
             topology: Some(TopologyRequirement::Leaf),
+            reservation: None,
+            gpu_slice: None,
         }
     );
     assert_eq!((s.nodes, s.gpus_per_node, s.total_gpus), (2, 8, None));

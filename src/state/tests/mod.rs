@@ -7,9 +7,12 @@
 
 mod alloc;
 mod history;
+mod mig;
 mod policy;
+mod power;
 mod queue;
 mod requeue;
+mod reservations;
 mod restart;
 mod run;
 mod services;

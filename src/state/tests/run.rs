@@ -20,6 +20,7 @@ pub(super) fn inventory(name: &str, gpus: u32) -> NodeInventory {
                 numa_node: Some(i / 4),
                 healthy: true,
                 fault: None,
+                mig: None,
             })
             .collect(),
         gpu_links: (0..gpus)

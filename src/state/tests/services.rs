@@ -18,6 +18,7 @@ fn create(s: &mut State, d: &mut Dirty, name: &str, replicas: u32) -> CommandRes
                 replicas,
                 restart_delay_secs: 5,
                 health: None,
+                ports: Vec::new(),
             },
             now: 100 * SEC,
         },
@@ -358,6 +359,7 @@ fn a_checked_replica_takes_its_place_only_when_the_leader_says_it_is_healthy() {
                     failures: 1,
                     cmd: None,
                 }),
+                ports: Vec::new(),
             },
         },
         &mut d2,
@@ -389,4 +391,136 @@ fn a_checked_replica_takes_its_place_only_when_the_leader_says_it_is_healthy() {
     assert_eq!(replica(&s, "web", 0), Some(new));
     assert_eq!(s.jobs[&old].state, JobState::Completing);
     assert!(!s.services["web"].rolling());
+}
+
+#[test]
+fn named_ports_are_unique_on_a_node_and_bad_names_are_refused() {
+    let (mut s, mut d) = cluster();
+    let create_with = |s: &mut State, d: &mut Dirty, name: &str, ports: &[&str]| {
+        s.apply(
+            &Command::ServiceCreate {
+                user: "alice".into(),
+                name: name.into(),
+                spec: Box::new(spec(1, 1)),
+                settings: crate::model::ServiceSettings {
+                    replicas: 2,
+                    restart_delay_secs: 5,
+                    health: None,
+                    ports: ports.iter().map(|p| p.to_string()).collect(),
+                },
+                now: 100 * SEC,
+            },
+            d,
+        )
+    };
+    let before = s.clone();
+    for (ports, says) in [
+        (&["http", "HTTP"][..], "given twice"),
+        (&["9000"][..], "with a letter"),
+        (
+            &["a", "b", "c", "d", "e", "f", "g", "h", "i"][..],
+            "at most 8",
+        ),
+    ] {
+        match create_with(&mut s, &mut d, "bad", ports) {
+            CommandResult::Rejected(why) => assert!(why.to_string().contains(says), "{why}"),
+            other => panic!("{ports:?}: {other:?}"),
+        }
+    }
+    assert_eq!(s, before, "nothing half-applied");
+
+    let jobs = queued(&create_with(&mut s, &mut d, "web", &["http", "metrics"]));
+    let plain = queued(&create_with(&mut s, &mut d, "plain", &[]));
+    let r = s.apply(
+        &Command::Schedule {
+            allocations: vec![
+                alloc(jobs[0].0, &[("n1", &[0])]),
+                alloc(jobs[1].0, &[("n1", &[1])]),
+                alloc(plain[0].0, &[("n1", &[2])]),
+            ],
+            now: 110 * SEC,
+        },
+        &mut d,
+    );
+    assert!(
+        matches!(&r, CommandResult::Scheduled { skipped, .. } if skipped.is_empty()),
+        "{r:?}"
+    );
+    let mut all = Vec::new();
+    for id in jobs.iter().chain(&plain[..1]) {
+        let run = s.jobs[id].run.as_ref().expect("started");
+        all.push(run.master_port);
+        all.extend(run.named_ports.values());
+    }
+    for id in &jobs {
+        let run = s.jobs[id].run.as_ref().unwrap();
+        let names: Vec<&str> = run.named_ports.keys().map(String::as_str).collect();
+        assert_eq!(names, ["http", "metrics"]);
+    }
+    assert!(s.jobs[&plain[0]]
+        .run
+        .as_ref()
+        .unwrap()
+        .named_ports
+        .is_empty());
+    assert_eq!(all.len(), 7);
+    let unique: std::collections::BTreeSet<_> = all.iter().collect();
+    assert_eq!(
+        unique.len(),
+        all.len(),
+        "every port on n1 is its own: {all:?}"
+    );
+}
+
+#[test]
+fn a_replica_on_a_lost_node_is_requeued_then_replaced() {
+    let (mut s, mut d) = cluster();
+    create(&mut s, &mut d, "web", 1);
+    let mut t = 110 * SEC;
+    // Requeued (the same job) while it has restarts left, then a new job.
+    for round in 0..6 {
+        let node = ["n1", "n2"][round % 2];
+        let job = replica(&s, "web", 0).unwrap();
+        s.apply(
+            &Command::Schedule {
+                allocations: vec![alloc(job.0, &[(node, &[0])])],
+                now: t,
+            },
+            &mut d,
+        );
+        report(
+            &mut s,
+            &mut d,
+            node,
+            vec![ev(job, 0, TaskEventKind::Started)],
+        );
+        assert_eq!(s.jobs[&job].state, JobState::Running, "round {round}");
+        s.apply(
+            &Command::NodeDown {
+                node: node.into(),
+                reason: "no heartbeat".into(),
+                now: t + SEC,
+            },
+            &mut d,
+        );
+        let next = replica(&s, "web", 0).unwrap();
+        assert_eq!(
+            s.jobs[&next].state,
+            JobState::Pending,
+            "round {round}: {:?} {:?}",
+            s.jobs[&job],
+            s.services["web"]
+        );
+        s.apply(
+            &Command::RegisterNode {
+                inventory: super::run::inventory(node, 8),
+                addr: "10.1.0.9:7421".into(),
+                preflight: false,
+                now: t + 2 * SEC,
+                cert_sha256: String::new(),
+            },
+            &mut d,
+        );
+        t += 3600 * SEC;
+    }
 }

@@ -20,6 +20,7 @@ fn two_nodes() -> Shape {
         nodes: 2,
         gpus_per_node: 8,
         topology_leaves: None,
+        autoscale: None,
     }
 }
 
@@ -205,7 +206,50 @@ fn cpus_never_bind_before_gpus() {
         nodes: 1,
         gpus_per_node: 16,
         topology_leaves: None,
+        autoscale: None,
     };
     let r = run(&[job("A", 0, 16, 10), job("B", 0, 16, 10)], &shape, "fifo");
     assert_eq!(schedule(&r), vec![at("A", 0, 10), at("B", 10, 20)]);
+}
+
+#[test]
+fn an_autoscaled_fleet_boots_for_waiting_jobs_and_stops_when_idle() {
+    let shape = Shape {
+        nodes: 4,
+        gpus_per_node: 8,
+        topology_leaves: None,
+        autoscale: Some(Autoscale {
+            min: 0,
+            boot_ms: 60_000,
+            idle_secs: 600,
+            demand_secs: 0,
+        }),
+    };
+    // Four whole-node jobs at once; one small one after they end.
+    let mut trace: Vec<TraceJob> = (0..4).map(|i| job(&format!("j{i}"), 0, 8, 3600)).collect();
+    trace.push(job("late", 10_000, 1, 60));
+    let r = run(&trace, &shape, "fifo");
+    // They wait for the boot only.
+    for o in &r.jobs[..4] {
+        assert_eq!(o.start, Some(60_000), "{o:?}");
+    }
+    // The late one finds the fleet stopped and boots one node.
+    let late = &r.jobs[4];
+    assert_eq!(late.start, Some(10_060_000), "{late:?}");
+    // Powered: 4 nodes from 0 to the end of the jobs plus the idle time
+    // (stopped at the first look past it, at most a minute late), then one
+    // node for the late job's boot, run and idle time.
+    let gpu_s = r.provisioned_gpu_ms.unwrap() / 1000;
+    let four = 32 * (3660 + 600);
+    let one = 8 * (60 + 60 + 600);
+    assert!(
+        (four + one..=four + one + 32 * 60 + 8 * 60).contains(&gpu_s),
+        "{gpu_s}"
+    );
+    // A fixed fleet has all of it powered for the whole span.
+    let fixed = Shape {
+        autoscale: None,
+        ..shape
+    };
+    assert_eq!(run(&trace, &fixed, "fifo").provisioned_gpu_ms, None);
 }

@@ -70,6 +70,7 @@ fn hand_run() -> Run {
         ],
         skipped: vec!["e".into()],
         passes: 12,
+        provisioned_gpu_ms: None,
     }
 }
 
@@ -239,6 +240,7 @@ fn empty_run_has_zero_figures() {
             samples: vec![],
             skipped: vec![],
             passes: 0,
+            provisioned_gpu_ms: None,
         };
         let s = summarize(&run);
         assert_eq!((s.jobs, s.span_s, s.gpu_utilisation), (0, 0.0, 0.0));
@@ -389,6 +391,7 @@ fn large_run_stays_small() {
         samples,
         skipped: vec![],
         passes: n,
+        provisioned_gpu_ms: None,
     };
     let mut other = run.clone();
     other.policy = "other".into();

@@ -4,6 +4,8 @@
 //! tasks are real processes under real shims. State lives in one local
 //! directory; the CLI finds the socket with no flags.
 
+mod burst;
+
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -28,11 +30,16 @@ pub struct DevOptions {
     pub fresh: bool,
     /// Use this machine's real GPUs through NVML (one node) instead of fakes.
     pub nvml: bool,
+    /// `--mig LAYOUT`: every fake GPU partitioned into these MIG slices.
+    pub mig: Option<crate::model::MigLayout>,
     /// Names of links to this binary to make in `dir/bin` (the Slurm
     /// commands, which the binary speaks when started under those names).
     pub links: Vec<String>,
     /// The server's HTTP port (`--http`, loopback only).
     pub http: std::net::SocketAddr,
+    /// `--burst N`: a node group of up to N more simulated nodes, started
+    /// when jobs wait for capacity and stopped when idle (`burst`).
+    pub burst: u32,
 }
 
 fn current_user() -> anyhow::Result<(String, bool)> {
@@ -56,6 +63,11 @@ pub async fn start(
 ) -> anyhow::Result<DevCluster> {
     if opts.nodes == 0 || opts.nodes > 256 {
         anyhow::bail!("--nodes {} is out of range: use 1 to 256", opts.nodes);
+    }
+    if opts.nvml && opts.mig.is_some() {
+        anyhow::bail!(
+            "--mig partitions simulated GPUs; with --gpus nvml, partition the real ones with nvidia-smi"
+        );
     }
     if opts.nvml && opts.nodes != 1 {
         anyhow::bail!("--gpus nvml runs one node (the real GPUs cannot be shared): add --nodes 1");
@@ -169,6 +181,7 @@ pub async fn start(
                 GpuConfig::Fake(FakeGpuConfig {
                     count: opts.gpus_per_node,
                     fault_file: Some(data_dir.join("faults")),
+                    mig: opts.mig.clone(),
                     ..Default::default()
                 })
             },
@@ -215,6 +228,17 @@ pub async fn start(
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    if opts.burst > 0 {
+        burst::declare(
+            &server.api,
+            admin.clone(),
+            &opts.dir,
+            server.quic_addr,
+            opts.gpus_per_node,
+            opts.burst,
+        )
+        .await?;
+    }
     Ok(DevCluster {
         socket,
         server,
@@ -251,9 +275,13 @@ pub async fn run(opts: DevOptions) -> anyhow::Result<()> {
     let cluster = start(&opts, rx).await?;
     let default = socket_in(&dev_dir());
     println!(
-        "gpuq dev: 1 server, {} nodes x {} fake GPUs; state in {}",
+        "gpuq dev: 1 server, {} nodes x {} fake GPUs{}; state in {}",
         opts.nodes,
         opts.gpus_per_node,
+        opts.mig
+            .as_ref()
+            .map(|l| format!(" (MIG {})", l.to_text()))
+            .unwrap_or_default(),
         opts.dir.display()
     );
     println!("socket: {}", cluster.socket.display());
@@ -276,9 +304,18 @@ pub async fn run(opts: DevOptions) -> anyhow::Result<()> {
             Err(e) => eprintln!("gpuq dev: no Slurm command links: {e:#}"),
         }
     }
+    if opts.burst > 0 {
+        println!(
+            "node group {}: up to {} more nodes start when jobs wait for capacity and stop \
+             after 60 s idle (`gpuq admin nodegroup list`, `gpuq nodes`)",
+            burst::GROUP,
+            opts.burst
+        );
+    }
     println!("Ctrl-C stops everything.");
     crate::shutdown_signal().await;
     println!("gpuq dev: stopping");
+    burst::stop_all(&opts.dir);
     let _ = tx.send(true);
     for a in cluster.agents {
         let _ = tokio::time::timeout(Duration::from_secs(5), a.task).await;

@@ -1,0 +1,199 @@
+//! The test images of the container tests (`tests/containers.rs`,
+//! `tests/container_images.rs`): a busybox-static root filesystem made
+//! here, packed by hand (tar, gzip and sha256; no umoci, no docker) into an
+//! OCI image layout, an OCI archive and a `docker save` archive, or made
+//! into a squashfs file with mksquashfs; and what the tests read back.
+#![allow(dead_code)]
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use sha2::{Digest, Sha256};
+
+use crate::common::Agent;
+
+pub const LONG: Duration = Duration::from_secs(60);
+
+/// The `NAME` of the test image's os-release, which no host has.
+pub const IMAGE_NAME: &str = "gpuq-test-busybox";
+
+pub fn read(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()))
+}
+
+/// Fails, saying what to install, when crun or a static busybox is missing.
+pub fn require_tools() -> PathBuf {
+    let on_path = |name: &str| {
+        std::env::var("PATH")
+            .unwrap_or_default()
+            .split(':')
+            .map(|d| Path::new(d).join(name))
+            .find(|p| p.is_file())
+    };
+    assert!(
+        on_path("crun").is_some(),
+        "crun is missing: install it (apt-get install -y crun busybox-static), as .ci/run does"
+    );
+    let busybox = on_path("busybox").unwrap_or_else(|| {
+        panic!("busybox is missing: install busybox-static (apt-get install -y busybox-static)")
+    });
+    assert!(
+        is_static(&busybox),
+        "{} is dynamically linked; the test image needs busybox-static \
+         (apt-get install -y busybox-static)",
+        busybox.display()
+    );
+    busybox
+}
+
+/// Whether an ELF64 file has no program interpreter (is statically linked).
+pub fn is_static(path: &Path) -> bool {
+    let bytes = std::fs::read(path).unwrap();
+    let word = |at: usize, n: usize| {
+        bytes[at..at + n]
+            .iter()
+            .rev()
+            .fold(0u64, |acc, b| (acc << 8) | u64::from(*b))
+    };
+    let (phoff, phentsize, phnum) = (word(0x20, 8), word(0x36, 2), word(0x38, 2));
+    const PT_INTERP: u64 = 3;
+    (0..phnum).all(|i| word((phoff + i * phentsize) as usize, 4) != PT_INTERP)
+}
+
+/// A root filesystem: busybox-static with a link per applet, and an
+/// os-release that names the image.
+pub fn rootfs(dir: &Path) -> PathBuf {
+    let busybox = require_tools();
+    let root = dir.join("rootfs");
+    std::fs::create_dir_all(root.join("bin")).unwrap();
+    std::fs::create_dir_all(root.join("etc")).unwrap();
+    std::fs::copy(&busybox, root.join("bin/busybox")).unwrap();
+    let list = std::process::Command::new(&busybox)
+        .arg("--list")
+        .output()
+        .unwrap();
+    for applet in String::from_utf8_lossy(&list.stdout).lines() {
+        if applet != "busybox" {
+            std::os::unix::fs::symlink("busybox", root.join("bin").join(applet)).unwrap();
+        }
+    }
+    std::fs::write(
+        root.join("etc/os-release"),
+        format!("NAME=\"{IMAGE_NAME}\"\nID=gpuq-test\n"),
+    )
+    .unwrap();
+    root
+}
+
+/// Packs `rootfs` into an OCI image layout at `dir/layout`: one gzip layer,
+/// a config with the image's `Env`, a manifest and `index.json`.
+pub fn layout(dir: &Path, rootfs: &Path) -> PathBuf {
+    let out = dir.join("layout");
+    let blobs = out.join("blobs/sha256");
+    std::fs::create_dir_all(&blobs).unwrap();
+    let put = |bytes: &[u8]| {
+        let hex = hex::encode(Sha256::digest(bytes));
+        std::fs::write(blobs.join(&hex), bytes).unwrap();
+        serde_json::json!({"digest": format!("sha256:{hex}"), "size": bytes.len()})
+    };
+    let mut tar = tar::Builder::new(Vec::new());
+    tar.follow_symlinks(false);
+    tar.append_dir_all(".", rootfs).unwrap();
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    gz.write_all(&tar.into_inner().unwrap()).unwrap();
+    let mut layer = put(&gz.finish().unwrap());
+    layer["mediaType"] = "application/vnd.oci.image.layer.v1.tar+gzip".into();
+    let arch = match std::env::consts::ARCH {
+        "x86_64" => "amd64",
+        "aarch64" => "arm64",
+        other => other,
+    };
+    let config = serde_json::json!({"architecture": arch, "os": "linux",
+        "config": {"Env": ["PATH=/bin", "FROM_IMAGE=yes"]},
+        "rootfs": {"type": "layers", "diff_ids": []}});
+    let mut config = put(config.to_string().as_bytes());
+    config["mediaType"] = "application/vnd.oci.image.config.v1+json".into();
+    let manifest = serde_json::json!({"schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": config, "layers": [layer]});
+    let mut manifest = put(manifest.to_string().as_bytes());
+    manifest["mediaType"] = "application/vnd.oci.image.manifest.v1+json".into();
+    let index = serde_json::json!({"schemaVersion": 2, "manifests": [manifest]});
+    std::fs::write(out.join("index.json"), index.to_string()).unwrap();
+    std::fs::write(out.join("oci-layout"), r#"{"imageLayoutVersion":"1.0.0"}"#).unwrap();
+    out
+}
+
+/// A tar of everything under `dir` (`tar -C dir -cf out .`).
+pub fn tar_of(dir: &Path, out: &Path) {
+    let mut tar = tar::Builder::new(std::fs::File::create(out).unwrap());
+    tar.follow_symlinks(false);
+    tar.append_dir_all(".", dir).unwrap();
+    tar.finish().unwrap();
+}
+
+/// `layout` as an OCI archive (what `skopeo copy ... oci-archive:` writes).
+pub fn oci_archive(dir: &Path, layout: &Path) -> PathBuf {
+    let out = dir.join("image-oci.tar");
+    tar_of(layout, &out);
+    out
+}
+
+/// `rootfs` as a classic `docker save` archive: one plain layer tar, a
+/// config naming it by its diff_id, and manifest.json.
+pub fn docker_archive(dir: &Path, rootfs: &Path, name: &str) -> PathBuf {
+    let save = dir.join(format!("{name}-save"));
+    let layer_dir = save.join("0123abcd");
+    std::fs::create_dir_all(&layer_dir).unwrap();
+    let mut layer = tar::Builder::new(Vec::new());
+    layer.follow_symlinks(false);
+    layer.append_dir_all(".", rootfs).unwrap();
+    let layer = layer.into_inner().unwrap();
+    std::fs::write(layer_dir.join("layer.tar"), &layer).unwrap();
+    let diff_id = format!("sha256:{}", hex::encode(Sha256::digest(&layer)));
+    let config = serde_json::json!({"architecture": "amd64", "os": "linux",
+        "config": {"Env": ["PATH=/bin", "FROM_IMAGE=yes", "LANG=image", format!("TAG={name}")]},
+        "rootfs": {"type": "layers", "diff_ids": [diff_id]}})
+    .to_string();
+    let name = format!("{}.json", hex::encode(Sha256::digest(config.as_bytes())));
+    std::fs::write(save.join(&name), &config).unwrap();
+    let manifest = serde_json::json!([{"Config": name, "RepoTags": ["tiny:latest"],
+        "Layers": ["0123abcd/layer.tar"]}]);
+    std::fs::write(save.join("manifest.json"), manifest.to_string()).unwrap();
+    let out = dir.join(format!("{name}.tar"));
+    tar_of(&save, &out);
+    out
+}
+
+/// `rootfs` as a squashfs file (enroot's `.sqsh`), made with mksquashfs.
+pub fn squashfs(dir: &Path, rootfs: &Path) -> PathBuf {
+    let out = dir.join("image.sqsh");
+    let made = std::process::Command::new("mksquashfs")
+        .arg(rootfs)
+        .arg(&out)
+        .args(["-noappend", "-no-progress", "-quiet"])
+        .status()
+        .expect("mksquashfs is missing: install squashfs-tools, as .ci/run does");
+    assert!(made.success());
+    out
+}
+
+/// `KEY=VALUE` lines of a task's output.
+pub fn vars(text: &str) -> std::collections::BTreeMap<String, String> {
+    text.lines()
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+/// How many images the node unpacked (its cache's record).
+pub fn unpacks(agent: &Agent) -> usize {
+    std::fs::read_to_string(agent.dir.join("data/images/unpacks.log"))
+        .map(|t| t.lines().count())
+        .unwrap_or(0)
+}
+
+pub fn alive(pid: i32) -> bool {
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_ok()
+}
