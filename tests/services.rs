@@ -424,6 +424,53 @@ fn applying_a_file_creates_changes_only_what_differs_and_twice_changes_nothing()
     let out = c.server.cli(&["service", "apply", file.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(1));
     assert!(stderr(&out).contains("replica"), "{}", stderr(&out));
+
+    // A health check that can never pass is refused, and nothing is made.
+    for bad in [
+        vec!["--health-http", "healthz"],
+        vec!["--health-cmd", " "],
+        vec!["--health-http", "/h", "--health-interval", "0s"],
+    ] {
+        let mut args = vec!["service", "create", "sick"];
+        args.extend(bad.iter().copied());
+        args.extend(["--", "true"]);
+        let out = c.server.cli(&args);
+        assert_eq!(out.status.code(), Some(1), "{bad:?}: {}", stderr(&out));
+        assert!(
+            stderr(&out).contains("--health"),
+            "{bad:?}: {}",
+            stderr(&out)
+        );
+    }
+    assert!(!c.server.ok(&["service", "list"]).contains("sick"));
+    // More replicas than the cluster holds: accepted, and the ones that
+    // cannot run say why.
+    c.server.ok(&[
+        "service",
+        "create",
+        "big",
+        "--replicas",
+        "3",
+        "--gpus",
+        "4",
+        "--",
+        "sleep",
+        "300",
+    ]);
+    wait_for("the pending replicas' reasons", LONG, || {
+        let slots = show(&c, "big")["slots"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        slots.len() == 3
+            && slots.iter().all(|r| {
+                r["state"] != "PENDING"
+                    || r["reason"].as_str().is_some_and(|why| {
+                        why.contains("resources") || why.contains("higher-priority")
+                    })
+            })
+            && slots.iter().any(|r| r["state"] == "PENDING")
+    });
 }
 
 #[test]

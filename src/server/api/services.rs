@@ -139,7 +139,9 @@ impl Api {
             .filter(|svc| name.as_ref().is_none_or(|n| &svc.name == n))
             .map(|svc| {
                 let owner = caller.admin || caller.user == svc.user;
-                info(&s, svc, owner, &|job| self.hub.replica_health(job))
+                let reasons = self.pending_reasons();
+                let waits = |job| reasons.get(job).map(|(why, _)| why.to_string());
+                info(&s, svc, owner, &|job| self.hub.replica_health(job), &waits)
             })
             .collect();
         ApiResponse::Services { services }
@@ -148,11 +150,13 @@ impl Api {
 
 /// `health`: a job's last health verdict, if its service checks and one
 /// was made; a replica with a check is an endpoint only once healthy.
+/// `waits`: why a pending job waits, as the last pass said.
 fn info(
     s: &State,
     svc: &Service,
     owner: bool,
     health: &dyn Fn(JobId) -> Option<bool>,
+    waits: &dyn Fn(JobId) -> Option<String>,
 ) -> ServiceInfo {
     let command = if !owner {
         crate::model::REDACTED.to_string()
@@ -202,7 +206,10 @@ fn info(
                 endpoint,
                 healthy,
                 restarts: slot.restarts,
-                reason: job.and_then(|j| j.reason.clone()),
+                reason: job.and_then(|j| match j.state {
+                    JobState::Pending if j.reason.is_none() => waits(j.id),
+                    _ => j.reason.clone(),
+                }),
                 version: slot.version,
                 next: slot.next,
                 ports,
