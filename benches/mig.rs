@@ -9,9 +9,7 @@
 
 use std::time::{Duration, Instant};
 
-use gpuq::model::{
-    GpuInfo, GpuLink, JobId, MigSlice, NodeAllocation, NodeInventory, NumaNode, Placement,
-};
+use gpuq::model::{GpuInfo, JobId, MigSlice, NodeAllocation, NodeInventory, NumaNode, Placement};
 use gpuq::sched::{plan, ClusterView, NodeState, NodeView, PendingJob};
 
 const GPUS: u32 = 8;
@@ -41,19 +39,7 @@ fn partitioned(name: String) -> NodeInventory {
         .collect();
     NodeInventory {
         gpus,
-        gpu_links: (0..GPUS)
-            .map(|i| {
-                (0..GPUS)
-                    .map(|j| {
-                        if i == j {
-                            GpuLink::SelfLink
-                        } else {
-                            GpuLink::NvLink(18)
-                        }
-                    })
-                    .collect()
-            })
-            .collect(),
+        gpu_links: gpuq::model::nvswitch_links(GPUS as usize),
         numa: (0..2)
             .map(|n| NumaNode {
                 id: n,
@@ -166,21 +152,11 @@ fn main() {
     let whole: Vec<NodeView> = (0..1000u32)
         .map(|i| {
             let mut inv = partitioned(format!("node{i:04}"));
-            let n = inv.gpus.len() as u32;
             for (k, g) in inv.gpus.iter_mut().enumerate() {
                 g.index = k as u32;
                 g.mig = None;
             }
-            inv.gpu_links = (0..n)
-                .map(|a| {
-                    (0..n)
-                        .map(|b| match a == b {
-                            true => GpuLink::SelfLink,
-                            false => GpuLink::NvLink(18),
-                        })
-                        .collect()
-                })
-                .collect();
+            inv.gpu_links = gpuq::model::nvswitch_links(inv.gpus.len());
             NodeView::new(inv, NodeState::Up)
         })
         .collect();

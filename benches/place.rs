@@ -10,7 +10,7 @@
 
 use std::time::{Duration, Instant};
 
-use gpuq::model::{Allocation, GpuInfo, GpuLink, JobId, NodeAllocation, NodeInventory, NumaNode};
+use gpuq::model::{Allocation, GpuInfo, JobId, NodeAllocation, NodeInventory, NumaNode};
 use gpuq::sched::{plan, ClusterView, NodeState, NodeView, PendingJob, RunningJob};
 
 fn dgx(name: String, topology: String) -> NodeInventory {
@@ -28,19 +28,7 @@ fn dgx(name: String, topology: String) -> NodeInventory {
                 mig: None,
             })
             .collect(),
-        gpu_links: (0..8)
-            .map(|i| {
-                (0..8)
-                    .map(|j| {
-                        if i == j {
-                            GpuLink::SelfLink
-                        } else {
-                            GpuLink::NvLink(18)
-                        }
-                    })
-                    .collect()
-            })
-            .collect(),
+        gpu_links: gpuq::model::nvswitch_links(8),
         numa: (0..2)
             .map(|n| NumaNode {
                 id: n,

@@ -40,6 +40,24 @@ impl GpuLink {
     }
 }
 
+/// The link matrix of `n` GPUs all wired through NVSwitch, as on a DGX
+/// H100: `SelfLink` on the diagonal, NV18 everywhere else.
+pub fn nvswitch_links(n: usize) -> Vec<Vec<GpuLink>> {
+    (0..n)
+        .map(|i| {
+            (0..n)
+                .map(|j| {
+                    if i == j {
+                        GpuLink::SelfLink
+                    } else {
+                        GpuLink::NvLink(18)
+                    }
+                })
+                .collect()
+        })
+        .collect()
+}
+
 /// One GPU as the inventory backend found it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GpuInfo {

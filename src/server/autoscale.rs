@@ -85,17 +85,22 @@ pub async fn run(api: Arc<Api>, mut shutdown: watch::Receiver<bool>) {
             continue;
         }
         for change in decisions.changes {
-            let (group, nodes, resume) = match change {
-                PowerChange::Resume { group, nodes } => (group, nodes, true),
-                PowerChange::Suspend { nodes } => match decisions.groups_of.get(&nodes[0]) {
-                    Some(g) => (g.clone(), nodes, false),
-                    None => continue,
-                },
+            let (nodes, resume) = match change {
+                PowerChange::Resume { nodes, .. } => (nodes, true),
+                PowerChange::Suspend { nodes } => (nodes, false),
                 _ => continue,
             };
-            let Some(g) = api.state().policy.node_groups.get(&group).cloned() else {
-                continue;
+            // The group as the state has it now that the change is applied
+            // (each node's power record names it).
+            let g = {
+                let s = api.state();
+                let group = nodes
+                    .first()
+                    .and_then(|n| s.power.get(n))
+                    .map(|p| p.group.clone());
+                group.and_then(|g| s.policy.node_groups.get(&g).cloned())
             };
+            let Some(g) = g else { continue };
             tokio::spawn(call(api.clone(), g, nodes, resume));
         }
     }

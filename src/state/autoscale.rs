@@ -14,8 +14,6 @@ use crate::model::{JobId, JobState, Millis, NodeGroup, PowerChange, PowerState};
 #[derive(Default)]
 pub struct PowerDecisions {
     pub changes: Vec<PowerChange>,
-    /// The group of each node in a `Suspend`.
-    pub groups_of: BTreeMap<String, String>,
     /// Jobs that wait for nodes of a group now starting.
     pub starting_for: BTreeMap<JobId, String>,
 }
@@ -150,7 +148,6 @@ pub fn power_decisions(
                 );
                 for n in &stop {
                     idle_since.remove(n);
-                    out.groups_of.insert(n.clone(), g.name.clone());
                 }
                 out.changes.push(PowerChange::Suspend { nodes: stop });
             }

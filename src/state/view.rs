@@ -177,20 +177,7 @@ impl State {
                         mig: None,
                     })
                     .collect(),
-                gpu_links: gpus
-                    .iter()
-                    .map(|&i| {
-                        gpus.iter()
-                            .map(|&j| {
-                                if i == j {
-                                    crate::model::GpuLink::SelfLink
-                                } else {
-                                    crate::model::GpuLink::NvLink(18)
-                                }
-                            })
-                            .collect()
-                    })
-                    .collect(),
+                gpu_links: crate::model::nvswitch_links(gpus.len()),
                 numa: Vec::new(),
                 cpus: g.cpus,
                 memory_mb: g.memory_mb,

@@ -2,8 +2,8 @@
 //! apply, idempotent task events, COMPLETING until every rank ended.
 
 use crate::model::{
-    Allocation, GpuInfo, GpuLink, JobSpec, NodeAllocation, NodeInventory, NumaNode, Program,
-    RequeuePolicy, TaskEnd, TaskEvent, TaskEventKind, TaskKey,
+    Allocation, GpuInfo, JobSpec, NodeAllocation, NodeInventory, NumaNode, Program, RequeuePolicy,
+    TaskEnd, TaskEvent, TaskEventKind, TaskKey,
 };
 use crate::state::*;
 
@@ -23,19 +23,7 @@ pub(super) fn inventory(name: &str, gpus: u32) -> NodeInventory {
                 mig: None,
             })
             .collect(),
-        gpu_links: (0..gpus)
-            .map(|i| {
-                (0..gpus)
-                    .map(|j| {
-                        if i == j {
-                            GpuLink::SelfLink
-                        } else {
-                            GpuLink::NvLink(18)
-                        }
-                    })
-                    .collect()
-            })
-            .collect(),
+        gpu_links: crate::model::nvswitch_links(gpus as usize),
         numa: vec![NumaNode {
             id: 0,
             cpus: (0..64).collect(),
