@@ -59,21 +59,32 @@ async fn relay(mut leader: Box<dyn ByteStream>, req: StdioRequest, runner: Arc<d
         Ok(s) => s,
         Err(message) => {
             tracing::info!(%task, "interactive stream refused: {message}");
-            let _ = write_frame(&mut leader, &StdioMsg::Error { message }).await;
-            let _ = leader.shutdown().await;
-            return;
+            return refuse(leader, message).await;
         }
     };
     if write_frame(&mut shim, &req.seen).await.is_err() {
-        let message = format!("task {task} closed its streams");
-        let _ = write_frame(&mut leader, &StdioMsg::Error { message }).await;
-        let _ = leader.shutdown().await;
-        return;
+        return refuse(leader, format!("task {task} closed its streams")).await;
     }
     if let Err(e) = splice(&mut leader, &mut shim).await {
         tracing::debug!(%task, "interactive stream ended: {e}");
     }
 }
+
+/// Says why the stream is refused, then reads what the client still sends
+/// until it closes its side. Dropping the receiving half at once would
+/// stop the leader's copy toward this agent, and the leader would tear
+/// down the client's stream before the refusal reached it.
+async fn refuse(mut leader: Box<dyn ByteStream>, message: String) {
+    use tokio::io::AsyncReadExt;
+    let _ = write_frame(&mut leader, &StdioMsg::Error { message }).await;
+    let _ = leader.shutdown().await;
+    let mut sink = [0u8; 4096];
+    let drain = async { while matches!(leader.read(&mut sink).await, Ok(n) if n > 0) {} };
+    let _ = tokio::time::timeout(REFUSAL_LINGER, drain).await;
+}
+
+/// How long a refused stream waits for the client to close its side.
+const REFUSAL_LINGER: Duration = Duration::from_secs(10);
 
 /// Connects to the shim listening in `dir`, waiting up to `limit` for it
 /// to start listening; refused at once when the task has ended.
