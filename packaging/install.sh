@@ -759,9 +759,15 @@ example_agent_toml() {
 # one directory per image digest (each unpack is one line of
 # data_dir/images/unpacks.log); past cache_max_mb MiB, the least recently
 # used images no task runs in are removed (0: no cap; default 102400).
+# GPUs go into containers through the CDI spec files (JSON or YAML, as
+# `nvidia-ctk cdi generate` writes them) in cdi_spec_dirs: each task gets
+# its GPUs' device nodes, driver mounts, variables and hooks. With no spec
+# there, a task gets its GPUs' device nodes only (`gpuq nodes` shows
+# crun+cdi where specs were found at the agent's start).
 # [agent.containers]
 # runtime = "/usr/bin/crun"
 # cache_max_mb = 102400
+# cdi_spec_dirs = ["/etc/cdi", "/var/run/cdi"]
 GPUQ_EOF
 }
 

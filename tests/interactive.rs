@@ -6,35 +6,14 @@
 
 mod common;
 
-use std::io::Write;
 use std::os::unix::process::CommandExt;
 use std::path::Path;
-use std::process::{Output, Stdio};
+use std::process::Stdio;
 use std::time::Duration;
 
-use common::{cli, gpuq_command, stderr, Cluster};
+use common::{cli, cli_with_input, gpuq_command, stderr, stdout, Cluster};
 
 const LONG: Duration = Duration::from_secs(60);
-
-/// Runs `gpuq ARGS` against `socket` with `input` on its stdin.
-fn cli_with_input(socket: &Path, args: &[&str], input: &str) -> Output {
-    let mut child = gpuq_command()
-        .args(args)
-        .env("GPUQ_SOCKET", socket)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run gpuq");
-    let mut stdin = child.stdin.take().unwrap();
-    stdin.write_all(input.as_bytes()).unwrap();
-    drop(stdin);
-    child.wait_with_output().unwrap()
-}
-
-fn stdout(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
 
 /// A value `NAME=...` from lines of `env` output.
 fn var<'a>(env: &'a str, name: &str) -> Option<&'a str> {

@@ -15,6 +15,15 @@ pub struct Containers {
     /// may take; past it, the least recently used images no task runs in
     /// are removed after each unpack. 0: no cap.
     pub cache_max_mb: u64,
+    /// Where CDI spec files are (`*.json`, `*.yaml`): a task's GPUs get
+    /// their `containerEdits` (device nodes, driver mounts, environment,
+    /// hooks); with none, only their device nodes.
+    pub cdi_spec_dirs: Vec<std::path::PathBuf>,
+}
+
+/// The CDI spec directories when the config names none (the CDI spec's).
+pub fn default_cdi_spec_dirs() -> Vec<std::path::PathBuf> {
+    vec!["/etc/cdi".into(), "/var/run/cdi".into()]
 }
 
 /// The cache's cap when the config names none: 100 GiB.
@@ -25,6 +34,7 @@ impl Default for Containers {
         Containers {
             runtime: None,
             cache_max_mb: DEFAULT_CACHE_MAX_MB,
+            cdi_spec_dirs: default_cdi_spec_dirs(),
         }
     }
 }

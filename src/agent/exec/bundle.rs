@@ -122,6 +122,25 @@ pub(super) fn container_env(
     env.into_iter().map(|(k, v)| format!("{k}={v}")).collect()
 }
 
+/// Sets `NVIDIA_VISIBLE_DEVICES` as `CUDA_VISIBLE_DEVICES` is (a MIG
+/// instance's UUID, a whole GPU's index), whatever the image says (CUDA
+/// images set `all`): `void` for a task without GPUs.
+pub(super) fn nvidia_visible(env: &mut Vec<String>) {
+    const NAME: &str = "NVIDIA_VISIBLE_DEVICES";
+    let value = |name: &str| {
+        env.iter()
+            .find_map(|kv| kv.strip_prefix(name)?.strip_prefix('='))
+            .map(str::to_string)
+    };
+    let set = match value("CUDA_VISIBLE_DEVICES").filter(|v| !v.is_empty()) {
+        Some(cvd) => cvd,
+        None if value(NAME).is_some() => "void".to_string(),
+        None => return,
+    };
+    env.retain(|kv| kv.split_once('=').map_or(kv.as_str(), |(k, _)| k) != NAME);
+    env.push(format!("{NAME}={set}"));
+}
+
 /// One mount of `config.json`.
 fn mount(destination: &str, kind: &str, source: &str, options: &[&str]) -> Value {
     json!({"destination": destination, "type": kind, "source": source, "options": options})
@@ -420,5 +439,30 @@ mod tests {
             .iter()
             .all(|d| d.path != "/dev/nvidia4"));
         assert!(gpu_devices(&[], &driver, &dev).is_empty());
+    }
+
+    #[test]
+    fn nvidia_visible_devices_names_the_tasks_gpus_as_cuda_visible_devices_does() {
+        let env = |list: &[&str]| list.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        // A CUDA image's `all` gives way to the task's MIG instance.
+        let mut e = env(&["NVIDIA_VISIBLE_DEVICES=all", "CUDA_VISIBLE_DEVICES=MIG-a1"]);
+        nvidia_visible(&mut e);
+        assert_eq!(
+            e,
+            env(&[
+                "CUDA_VISIBLE_DEVICES=MIG-a1",
+                "NVIDIA_VISIBLE_DEVICES=MIG-a1"
+            ])
+        );
+        // No GPUs: none, where the image asked for all.
+        let mut e = env(&["NVIDIA_VISIBLE_DEVICES=all", "CUDA_VISIBLE_DEVICES="]);
+        nvidia_visible(&mut e);
+        assert_eq!(
+            e,
+            env(&["CUDA_VISIBLE_DEVICES=", "NVIDIA_VISIBLE_DEVICES=void"])
+        );
+        let mut e = env(&["A=1"]);
+        nvidia_visible(&mut e);
+        assert_eq!(e, env(&["A=1"]));
     }
 }

@@ -58,6 +58,8 @@ pub struct ContainerHost {
     pub cache_max_mb: u64,
     /// Whether the GPUs are real (their device nodes exist).
     pub real_gpus: bool,
+    /// `[agent.containers] cdi_spec_dirs`.
+    pub cdi_dirs: Vec<PathBuf>,
 }
 
 impl ContainerHost {
@@ -73,6 +75,7 @@ impl ContainerHost {
             cache: data_dir.join("images"),
             cache_max_mb: cfg.cache_max_mb,
             real_gpus: matches!(gpus, GpuConfig::Auto | GpuConfig::Nvml),
+            cdi_dirs: cfg.cdi_spec_dirs.clone(),
         }
     }
 
@@ -90,6 +93,7 @@ impl ContainerHost {
         c.runtime = find_runtime(self.runtime.as_deref(), &path)?;
         c.cache = self.cache.clone();
         c.cache_max_mb = self.cache_max_mb;
+        c.cdi_dirs = self.cdi_dirs.clone();
         if !self.real_gpus {
             c.gpus.clear();
         }
@@ -121,7 +125,7 @@ pub fn find_runtime(configured: Option<&str>, path: &str) -> Result<PathBuf, Str
 
 /// Whether `runtime` is crun (its `--cgroup-manager=disabled` keeps the
 /// container in the task's cgroup); anything else is driven as runc.
-fn is_crun(runtime: &Path) -> bool {
+pub(super) fn is_crun(runtime: &Path) -> bool {
     runtime
         .file_name()
         .is_some_and(|n| n.as_bytes().starts_with(b"crun"))
@@ -172,9 +176,32 @@ pub(super) struct Launch {
     pub argv: Vec<String>,
     pid_file: PathBuf,
     log_file: PathBuf,
-    pub(super) mounts: super::container_mounts::ChildMounts,
+    /// The mounts the child makes; none for an exec into a running
+    /// container (`container_exec`), which has its root already.
+    pub(super) mounts: Option<super::container_mounts::ChildMounts>,
     /// The hold on the image's cache entry while the task runs.
     _lease: Option<super::image_cache::Lease>,
+}
+
+impl Launch {
+    /// A process started in a running container: `argv` is the runtime's
+    /// `exec` command line, which stays in the foreground as the process's
+    /// parent (its exit is the process's) rather than detaching.
+    pub(super) fn exec(argv: Vec<String>, dir: &Path) -> Launch {
+        Launch {
+            argv,
+            pid_file: dir.join("container.pid"),
+            log_file: dir.join("runtime.log"),
+            mounts: None,
+            _lease: None,
+        }
+    }
+
+    /// Whether this runs a process in a running container (the runtime is
+    /// the task's process) rather than starting one (it detaches).
+    pub(super) fn is_exec(&self) -> bool {
+        self.mounts.is_none()
+    }
 }
 
 /// Prepares the task's container in the shim (as root): resolves the image
@@ -314,26 +341,38 @@ pub(super) fn prepare(
             )
         })
         .collect();
-    let devices = gpu_devices(
-        &c.gpus,
-        Path::new("/proc/driver/nvidia/gpus"),
-        Path::new("/dev"),
-    );
+    // The GPUs' CDI edits where the node has specs, else their device nodes.
+    let driver = Path::new("/proc/driver/nvidia/gpus");
+    let cdi = match c.devices.is_empty() {
+        true => None,
+        false => super::cdi::edits_for(&c.cdi_dirs, &super::cdi::names(c, driver))?,
+    };
+    let devices = match cdi {
+        Some(_) => Vec::new(),
+        None => gpu_devices(&c.gpus, driver, Path::new("/dev")),
+    };
     let crun = is_crun(&c.runtime);
     let process = Process {
         argv,
         read_only: c.spec.read_only,
-        env: container_env(&image.env, &spec.env, &identity.name, &c.spec.env),
+        env: {
+            let mut env = container_env(&image.env, &spec.env, &identity.name, &c.spec.env);
+            super::bundle::nvidia_visible(&mut env);
+            env
+        },
         cwd: c.spec.workdir.as_deref().unwrap_or(&workdir),
         identity,
     };
-    let config = oci_config(
+    let mut config = oci_config(
         &process,
         &rootfs,
         &staged,
         &devices,
         cgroup.as_deref().filter(|_| !crun),
     );
+    if let Some(edits) = &cdi {
+        edits.apply(&mut config)?;
+    }
     let config_file = bundle.join("config.json");
     let text = serde_json::to_vec_pretty(&config).map_err(|e| e.to_string())?;
     super::task::write_atomic(&config_file, &text, super::task::Durability::Crash)
@@ -370,7 +409,7 @@ pub(super) fn prepare(
         argv: runtime_argv,
         pid_file,
         log_file,
-        mounts,
+        mounts: Some(mounts),
         _lease: image.lease,
     })
 }

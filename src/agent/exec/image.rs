@@ -99,7 +99,8 @@ pub fn oci_arch() -> &'static str {
 pub fn resolve(image: &Path, cache: &Cache, open: Open<'_>) -> Result<Resolved, String> {
     let shown = image.display().to_string();
     if let Some(reference) = shown.strip_prefix(crate::model::REGISTRY_SCHEME) {
-        let layout = super::image_tools::pull(reference, &cache.dir)?;
+        // Held until the image is unpacked from the layout.
+        let (layout, _hold) = super::image_tools::pull(reference, &cache.dir)?;
         let plain = |p: &Path| File::open(p);
         let files = Dir {
             root: &layout,

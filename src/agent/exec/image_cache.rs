@@ -14,6 +14,13 @@
 //! eviction one to `<cache>/evictions.log`; `<key>/used` is touched at each
 //! start (its time orders the eviction) and `<key>/size` holds the bytes
 //! the entry takes on disk.
+//!
+//! Layouts pulled from registries (`<cache>/pulls/<name>`, see
+//! `image_tools::pull`) count toward the same cap and leave in the same
+//! least-recently-used order (`<name>.used`), under their own lock
+//! (`pulls/<name>.lock`: held exclusively by a pull, shared while a task
+//! unpacks from the layout), so a layout being pulled or read is never
+//! removed; a later pull of an evicted one fetches it whole again.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
@@ -25,6 +32,8 @@ use std::path::{Path, PathBuf};
 pub const UNPACK_LOG: &str = "unpacks.log";
 /// The record of evictions in the cache directory.
 pub const EVICTION_LOG: &str = "evictions.log";
+/// Where pulled layouts are, under the cache directory.
+pub const PULLS_DIR: &str = "pulls";
 
 /// The node's image cache and its cap.
 #[derive(Clone, Debug)]
@@ -195,15 +204,15 @@ impl Cache {
             if e.key == keep {
                 continue;
             }
-            let lock_path = self.dir.join(format!("{}.lock", e.key));
+            let lock_path = e.dir.with_extension("lock");
             let Ok(lock) = OpenOptions::new().write(true).open(&lock_path) else {
                 continue;
             };
             if flock(&lock, libc::LOCK_EX | libc::LOCK_NB).is_err() {
                 continue; // in use
             }
-            let entry = self.dir.join(&e.key);
-            let doomed = self.dir.join(format!("{}.evicting", e.key));
+            let entry = e.dir.clone();
+            let doomed = e.dir.with_extension("evicting");
             let _ = fs::remove_dir_all(&doomed);
             if let Err(err) = fs::rename(&entry, &doomed) {
                 tracing::warn!("cannot evict {}: {err}", entry.display());
@@ -222,34 +231,72 @@ impl Cache {
         }
     }
 
-    /// The finished entries, with their sizes and last use.
+    /// The finished entries, with their sizes and last use, and the
+    /// pulled layouts.
     fn entries(&self) -> Vec<Listed> {
+        let mut all = self.pulled();
         let Ok(dir) = fs::read_dir(&self.dir) else {
+            return all;
+        };
+        all.extend(dir.filter_map(Result::ok).filter_map(|d| {
+            let key = d.file_name().into_string().ok()?;
+            let path = d.path();
+            if key.contains('.') || !path.join("rootfs").is_dir() {
+                return None;
+            }
+            let size = fs::read_to_string(path.join("size"))
+                .ok()
+                .and_then(|t| t.trim().parse().ok())
+                .unwrap_or_else(|| disk_usage(&path.join("rootfs")));
+            let used = fs::metadata(path.join("used"))
+                .or_else(|_| fs::metadata(&path))
+                .and_then(|m| m.modified())
+                .unwrap_or(std::time::UNIX_EPOCH);
+            Some(Listed {
+                key,
+                dir: path,
+                size,
+                used,
+            })
+        }));
+        all
+    }
+
+    /// The pulled layouts (`pulls/<name>` with an `index.json`), last used
+    /// when their `<name>.used` was touched.
+    fn pulled(&self) -> Vec<Listed> {
+        let pulls = self.dir.join(PULLS_DIR);
+        let Ok(dir) = fs::read_dir(&pulls) else {
             return Vec::new();
         };
         dir.filter_map(Result::ok)
             .filter_map(|d| {
-                let key = d.file_name().into_string().ok()?;
+                let name = d.file_name().into_string().ok()?;
                 let path = d.path();
-                if key.contains('.') || !path.join("rootfs").is_dir() {
+                if name.contains('.') || !path.join("index.json").is_file() {
                     return None;
                 }
-                let size = fs::read_to_string(path.join("size"))
-                    .ok()
-                    .and_then(|t| t.trim().parse().ok())
-                    .unwrap_or_else(|| disk_usage(&path.join("rootfs")));
-                let used = fs::metadata(path.join("used"))
+                let used = fs::metadata(path.with_extension("used"))
                     .or_else(|_| fs::metadata(&path))
                     .and_then(|m| m.modified())
                     .unwrap_or(std::time::UNIX_EPOCH);
-                Some(Listed { key, size, used })
+                Some(Listed {
+                    key: format!("{PULLS_DIR}/{name}"),
+                    size: disk_usage(&path),
+                    dir: path,
+                    used,
+                })
             })
             .collect()
     }
 }
 
+/// An entry or a pulled layout, as eviction sees it.
 struct Listed {
+    /// The entry's key, or `pulls/<name>`.
     key: String,
+    /// Its directory (`<dir>.lock` is its lock).
+    dir: PathBuf,
     size: u64,
     used: std::time::SystemTime,
 }
@@ -342,5 +389,47 @@ mod tests {
             .map(|k| cache.dir.join(k).exists())
             .collect();
         assert_eq!(left, [false, true, true, true], "{left:?}");
+    }
+
+    #[test]
+    fn pulled_layouts_count_toward_the_cap_and_go_in_the_same_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = Cache {
+            dir: dir.path().join("c"),
+            max_bytes: 4 * 64 * 1024,
+        };
+        let mb = 64 * 1024;
+        let pulls = cache.dir.join(PULLS_DIR);
+        // Two layouts as `image_tools::pull` leaves them: one old and
+        // free, one being read (its lock held shared).
+        let layout = |name: &str| {
+            let l = pulls.join(name);
+            fs::create_dir_all(l.join("blobs")).unwrap();
+            fs::write(l.join("index.json"), "{}").unwrap();
+            fs::write(l.join("blobs/layer"), vec![1u8; mb]).unwrap();
+            File::create(pulls.join(format!("{name}.used"))).unwrap();
+            File::create(pulls.join(format!("{name}.lock"))).unwrap()
+        };
+        let _free = layout("p1");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let held = layout("p2");
+        flock(&held, libc::LOCK_SH).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let a = cache.entry("0a", "/a", fill(mb)).unwrap();
+        // Within the cap (about 3.2 of its 4 units): nothing goes.
+        assert!(pulls.join("p1").exists() && pulls.join("p2").exists());
+        drop(a.lease);
+        // Past it: the oldest pulled layout nobody holds goes first.
+        let _b = cache.entry("0b", "/b", fill(mb)).unwrap();
+        assert!(!pulls.join("p1").exists());
+        assert!(pulls.join("p2/blobs/layer").is_file());
+        let log = fs::read_to_string(cache.dir.join(EVICTION_LOG)).unwrap();
+        assert!(log.contains(" pulls/p1 "), "{log}");
+        // The held one stays while held; "0a" (older than "0b") goes.
+        let _c = cache.entry("0c", "/c", fill(mb)).unwrap();
+        assert!(pulls.join("p2").exists() && !cache.dir.join("0a").exists());
+        drop(held);
+        let _d = cache.entry("0d", "/d", fill(mb)).unwrap();
+        assert!(!pulls.join("p2").exists());
     }
 }

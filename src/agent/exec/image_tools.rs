@@ -158,8 +158,10 @@ fn content_digest(file: &File, cache: &Path) -> io::Result<String> {
     Ok(digest)
 }
 
-/// Pulls `docker://reference` into its layout under the cache; returns it.
-pub fn pull(reference: &str, cache: &Path) -> Result<PathBuf, String> {
+/// Pulls `docker://reference` into its layout under the cache; returns it
+/// with a shared hold on it (its lock), which keeps the cache's eviction
+/// off it while the caller unpacks it.
+pub fn pull(reference: &str, cache: &Path) -> Result<(PathBuf, File), String> {
     let shown = format!("{}{reference}", crate::model::REGISTRY_SCHEME);
     let Some(skopeo) = tool("skopeo") else {
         return Err(format!(
@@ -169,7 +171,7 @@ pub fn pull(reference: &str, cache: &Path) -> Result<PathBuf, String> {
             hostname()
         ));
     };
-    let pulls = cache.join("pulls");
+    let pulls = cache.join(super::image_cache::PULLS_DIR);
     fs::DirBuilder::new()
         .recursive(true)
         .mode(0o700)
@@ -194,7 +196,21 @@ pub fn pull(reference: &str, cache: &Path) -> Result<PathBuf, String> {
         .arg(format!("oci:{}:latest", layout.display()));
     run(cmd, "skopeo").map_err(|e| format!("cannot pull container image {shown}: {e}"))?;
     tracing::info!(image = %shown, ms = started.elapsed().as_millis() as u64, "image pulled");
-    Ok(layout)
+    // Its last use, for the cache's least-recently-used order.
+    let used = pulls.join(format!("{name}.used"));
+    let touched = File::create(&used).and_then(|f| f.set_modified(std::time::SystemTime::now()));
+    if let Err(e) = touched {
+        tracing::warn!("cannot mark {} used: {e}", used.display());
+    }
+    // SAFETY: as above; from exclusive to shared on the same descriptor.
+    if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_SH) } < 0 {
+        return Err(format!(
+            "cannot lock {}: {}",
+            lock_path.display(),
+            io::Error::last_os_error()
+        ));
+    }
+    Ok((layout, lock))
 }
 
 #[cfg(test)]

@@ -269,8 +269,8 @@ impl Prepared {
         if libc::setsid() < 0 {
             fail(Step::NewSession, 0);
         }
-        if let Some(c) = &self.container {
-            if let Err(code) = c.mounts.enter() {
+        if let Some(mounts) = self.container.as_ref().and_then(|c| c.mounts.as_ref()) {
+            if let Err(code) = mounts.enter() {
                 fail(Step::Container, code as usize);
             }
         }
@@ -403,8 +403,8 @@ impl Prepared {
                 format!("cannot set up stdout and stderr: {err}")
             }
             Step::Terminal => format!("cannot make the pty the controlling terminal: {err}"),
-            Step::Container => match &self.container {
-                Some(c) => c.mounts.describe(index, errno),
+            Step::Container => match self.container.as_ref().and_then(|c| c.mounts.as_ref()) {
+                Some(mounts) => mounts.describe(index, errno),
                 None => format!("cannot set up the container: {err}"),
             },
             Step::Privileges => format!("cannot return to root to start the OCI runtime: {err}"),

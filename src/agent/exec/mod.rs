@@ -15,8 +15,11 @@
 //! must reach its `script`, but nobody lists or reads the others' specs.
 
 mod bundle;
+pub mod cdi;
+mod cdi_yaml;
 mod cgroup;
 pub mod container;
+mod container_exec;
 mod container_mounts;
 pub mod context;
 pub mod env;
@@ -93,8 +96,6 @@ pub enum ExecError {
     },
     #[error("cannot start the shim {}: {source}", program.display())]
     SpawnShim { program: PathBuf, source: io::Error },
-    #[error("task {key} runs in a container, and gpuq exec into a container is not supported yet")]
-    InContainer { key: TaskKey },
 }
 
 fn io_err(action: &'static str, path: &Path) -> impl FnOnce(io::Error) -> ExecError {
@@ -228,9 +229,6 @@ impl Executor {
         let TaskObserved::Running { pid: Some(_), .. } = self.observe(key) else {
             return Err(ExecError::NotRunning { key });
         };
-        if target.container.is_some() {
-            return Err(ExecError::InContainer { key });
-        }
         let cgroup = read_json::<TaskPid>(&target_dir.join(PID_FILE))
             .ok()
             .flatten()

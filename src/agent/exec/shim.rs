@@ -274,8 +274,22 @@ fn run(dir: &Path, mode: &CgroupMode) -> (TaskOutcome, Option<Millis>) {
     };
     // A task in a container: its image made ready (unpacked once per node)
     // and its bundle written, before anything of the task runs.
-    let container = match &spec.container {
-        Some(c) => {
+    let mut exec_failure = None;
+    let container = match (&spec.container, &spec.beside) {
+        // Beside a task in a container: its runtime runs the command there.
+        (Some(c), Some(beside)) => {
+            let prepared = super::launch::task_argv(&spec, script.as_deref())
+                .and_then(|argv| super::container_exec::prepare_exec(dir, &spec, c, beside, &argv));
+            // Told to the exec's client once it has connected, below.
+            match prepared {
+                Ok(launch) => Some(launch),
+                Err(reason) => {
+                    exec_failure = Some(reason);
+                    None
+                }
+            }
+        }
+        (Some(c), None) => {
             let prepared = super::launch::task_argv(&spec, script.as_deref()).and_then(|argv| {
                 let rel = cgroup
                     .as_ref()
@@ -292,7 +306,7 @@ fn run(dir: &Path, mode: &CgroupMode) -> (TaskOutcome, Option<Millis>) {
                 }
             }
         }
-        None => None,
+        (None, _) => None,
     };
     // Preparing an image may take a while; a stop asked meanwhile wins.
     if let Some(reason) = container.as_ref().and_then(|_| stop_requested(dir)) {
@@ -313,6 +327,12 @@ fn run(dir: &Path, mode: &CgroupMode) -> (TaskOutcome, Option<Millis>) {
         if let Err(reason) = s.await_first_client(FIRST_CLIENT_LIMIT) {
             return launch_failed(reason);
         }
+    }
+    if let Some(reason) = exec_failure {
+        if let Some(s) = streams {
+            s.refuse(&never_ran(&reason));
+        }
+        return launch_failed(reason);
     }
     let pin_cpus =
         spec.beside.is_some() || !cgroup.as_ref().is_some_and(TaskCgroup::cpuset_applied);
@@ -353,6 +373,8 @@ fn run(dir: &Path, mode: &CgroupMode) -> (TaskOutcome, Option<Millis>) {
     // process, reparented to this subreaper, is the task from here on.
     let (child, report) = match prepared.container() {
         None => (child, Some(report)),
+        // The runtime's exec stays in the foreground: it is the process.
+        Some(c) if c.is_exec() => (child, Some(report)),
         Some(c) => {
             let started = c.await_runtime(child);
             match (report.failure(&prepared), started) {

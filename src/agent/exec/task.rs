@@ -138,6 +138,14 @@ pub struct TaskContainer {
     /// empty with simulated GPUs.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub gpus: Vec<u32>,
+    /// The task's GPUs as CUDA names them, for finding them in CDI specs:
+    /// a MIG instance's `MIG-` UUID, a whole GPU's index; kept with
+    /// simulated GPUs too.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub devices: Vec<String>,
+    /// `[agent.containers] cdi_spec_dirs`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cdi_dirs: Vec<PathBuf>,
 }
 
 /// The running task an exec'd process joins.
