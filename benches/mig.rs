@@ -33,6 +33,7 @@ fn partitioned(name: String) -> NodeInventory {
                     parent,
                     compute_slices: 1,
                     placement: (k % SLICES) as u8,
+                    slots: 0,
                 }),
             }
         })

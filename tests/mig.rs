@@ -11,19 +11,6 @@ use common::{stderr, Agent, AgentHw, Server};
 
 const LONG: Duration = Duration::from_secs(60);
 
-fn job(server: &Server, id: &str) -> serde_json::Value {
-    serde_json::from_str(&server.ok(&["show", id, "--json"])).unwrap()
-}
-
-fn wait_state(server: &Server, id: &str, state: &str) -> serde_json::Value {
-    let mut last = serde_json::Value::Null;
-    common::wait_for(&format!("job {id} {state}"), LONG, || {
-        last = job(server, id);
-        last["state"] == state
-    });
-    last
-}
-
 #[test]
 fn seven_slice_jobs_share_one_gpu_an_eighth_waits_and_a_whole_gpu_job_takes_the_whole_gpu() {
     let dir = tempfile::tempdir().unwrap();
@@ -73,11 +60,11 @@ fn seven_slice_jobs_share_one_gpu_an_eighth_waits_and_a_whole_gpu_job_takes_the_
     let eighth = submit(&["--gpus-per-node", "1g.10gb:1"]);
 
     for id in slices.iter().chain([&whole]) {
-        wait_state(&server, id, "RUNNING");
+        server.wait_job(id, "RUNNING", LONG);
     }
     let mut waiting = serde_json::Value::Null;
     common::wait_for("the eighth slice job's reason", LONG, || {
-        waiting = job(&server, &eighth);
+        waiting = server.job(&eighth);
         waiting["reason"].as_str().is_some_and(|r| !r.is_empty())
     });
     assert_eq!(waiting["state"], "PENDING", "{waiting}");
@@ -106,7 +93,7 @@ fn seven_slice_jobs_share_one_gpu_an_eighth_waits_and_a_whole_gpu_job_takes_the_
             visible.starts_with("MIG-") && !visible.contains(','),
             "job {id}: {visible}"
         );
-        let j = job(&server, id);
+        let j = server.job(id);
         assert_eq!(
             j["placement"][0]["gpus"][0]["uuid"],
             visible.as_str(),
@@ -122,7 +109,7 @@ fn seven_slice_jobs_share_one_gpu_an_eighth_waits_and_a_whole_gpu_job_takes_the_
 
     std::fs::write(&gate, "").unwrap();
     for id in slices.iter().chain([&whole, &eighth]) {
-        let j = wait_state(&server, id, "COMPLETED");
+        let j = server.wait_job(id, "COMPLETED", LONG);
         assert_eq!(j["exit_code"], 0, "{j}");
     }
 }
@@ -148,8 +135,13 @@ fn slice_requests_the_cluster_cannot_hold_are_refused_at_submit() {
         assert!(stderr(&o).contains(want), "{args:?}: {}", stderr(&o));
     };
     refused(
-        &["--gpus-per-node", "1g.5gb:1"],
-        "unknown MIG profile \"1g.5gb\"; known profiles: 1g.10gb, 1g.20gb, 2g.20gb, 3g.40gb, 4g.40gb, 7g.80gb",
+        &["--gpus-per-node", "1g.7gb:1"],
+        "unknown MIG profile \"1g.7gb\"; known profiles: 1g.10gb, 1g.20gb, 2g.20gb, 3g.40gb, 4g.40gb, 7g.80gb, 1g.18gb",
+    );
+    // Another model's profile is known, but no node has it.
+    refused(
+        &["--gpus", "1g.18gb:1"],
+        "no node has MIG slices of profile 1g.18gb; the cluster has: 3g.40gb",
     );
     refused(
         &["--gres", "gpu:1g.10gb:1"],
@@ -175,7 +167,7 @@ fn slice_requests_the_cluster_cannot_hold_are_refused_at_submit() {
         ])
         .trim()
         .to_string();
-    wait_state(&server, &id, "COMPLETED");
+    server.wait_job(&id, "COMPLETED", LONG);
 }
 
 /// `gpuq nodes --json`'s entry for `name`.
@@ -228,7 +220,7 @@ fn mig_set_waits_for_the_jobs_or_requeues_them_and_a_failure_leaves_the_node_dra
 
     // A whole-GPU job runs; the repartition waits for it.
     let whole = submit("1");
-    wait_state(&server, &whole, "RUNNING");
+    server.wait_job(&whole, "RUNNING", LONG);
     server.ok(&["node", "mig", "set", "n1", "--layout", "1g.10gb:7"]);
     let n = node_json(&server, "n1");
     assert_eq!(n["state"], "drained", "{n}");
@@ -237,18 +229,18 @@ fn mig_set_waits_for_the_jobs_or_requeues_them_and_a_failure_leaves_the_node_dra
         "{n}"
     );
     assert_eq!(profiles(&n), ["whole"]);
-    assert_eq!(job(&server, &whole)["state"], "RUNNING");
+    assert_eq!(server.job(&whole)["state"], "RUNNING");
 
     // Once it ended, the agent applies the layout and the node resumes.
     std::fs::write(&gate, "").unwrap();
-    wait_state(&server, &whole, "COMPLETED");
+    server.wait_job(&whole, "COMPLETED", LONG);
     common::wait_for("the node back up in 7 slices", LONG, || {
         let n = node_json(&server, "n1");
         n["state"] == "up" && profiles(&n) == vec!["1g.10gb".to_string(); 7]
     });
     std::fs::remove_file(&gate).unwrap();
     let slice = submit("1g.10gb:1");
-    wait_state(&server, &slice, "RUNNING");
+    server.wait_job(&slice, "RUNNING", LONG);
 
     // --now requeues what runs there; `none` gives the whole GPU back.
     server.ok(&["node", "mig", "set", "n1", "--layout", "none", "--now"]);
@@ -256,7 +248,7 @@ fn mig_set_waits_for_the_jobs_or_requeues_them_and_a_failure_leaves_the_node_dra
         let n = node_json(&server, "n1");
         n["state"] == "up" && profiles(&n) == ["whole"]
     });
-    let requeued = job(&server, &slice);
+    let requeued = server.job(&slice);
     assert_eq!(requeued["state"], "PENDING", "{requeued}");
     assert_eq!(requeued["restart_count"], 1, "{requeued}");
     server.ok(&["cancel", &slice]);
@@ -289,12 +281,17 @@ fn mig_set_waits_for_the_jobs_or_requeues_them_and_a_failure_leaves_the_node_dra
             "needs 5 compute slices and 10 memory slices; a GPU has 7 and 8",
         ),
         (
-            ["node", "mig", "set", "n1", "--layout", "2g.10gb:1"],
-            "unknown MIG profile \"2g.10gb\"",
+            ["node", "mig", "set", "n1", "--layout", "2g.15gb:1"],
+            "unknown MIG profile \"2g.15gb\"",
         ),
         (
             ["node", "mig", "set", "n9", "--layout", "1g.10gb:7"],
             "node n9 does not exist",
+        ),
+        (
+            ["node", "mig", "set", "n1", "--layout", "1g.18gb:7"],
+            "node n1's GPU 0 is a NVIDIA H100 80GB HBM3: the H100 80GB has no MIG profile \
+             1g.18gb; it supports 1g.10gb, 1g.20gb, 2g.20gb, 3g.40gb, 4g.40gb, 7g.80gb",
         ),
     ] {
         let o = server.cli(&args);

@@ -74,6 +74,11 @@ pub struct NodeGroupArgs {
     /// How long fitting jobs wait before nodes are asked for: 30s [default: 30s].
     #[arg(long, value_name = "D", value_parser = super::policy_change::parse_secs)]
     demand_time: Option<u64>,
+    /// The MIG layout of its nodes' GPUs (as `gpuq node mig set --layout`
+    /// takes it, e.g. 1g.10gb:7, or none for whole GPUs; "" for no layout):
+    /// a node that joins with other GPUs is repartitioned before it takes work.
+    #[arg(long, value_name = "LAYOUT")]
+    mig_layout: Option<String>,
 }
 
 fn parse_mem(s: &str) -> Result<u64, String> {
@@ -98,6 +103,7 @@ fn change(op: Op, a: NodeGroupArgs) -> PolicyChange {
             idle_secs: a.idle_time,
             resume_timeout_secs: a.resume_timeout,
             demand_secs: a.demand_time,
+            mig_layout: a.mig_layout,
         },
     }
 }
@@ -128,10 +134,14 @@ pub async fn run(cmd: NodeGroupCommand) -> Result<(), CliError> {
                     g.name.clone(),
                     format!("{}..{}", g.node_name(1), g.node_name(g.max)),
                     format!(
-                        "{} GPUs, {} CPUs, {}",
+                        "{} GPUs, {} CPUs, {}{}",
                         g.gpus,
                         g.cpus,
-                        crate::spec::memory::format_mem(g.memory_mb)
+                        crate::spec::memory::format_mem(g.memory_mb),
+                        g.mig_layout
+                            .as_ref()
+                            .map(|l| format!(", MIG {l}"))
+                            .unwrap_or_default()
                     ),
                     g.min.to_string(),
                     g.max.to_string(),

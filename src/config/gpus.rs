@@ -16,6 +16,7 @@ use serde::{Deserialize, Serialize};
 ///                   numa_nodes = 2, nvlink = "nvswitch", fault_file = "/tmp/faults" } }
 /// gpus = { fake = { count = 8, mig = "1g.10gb:7" } }           # every GPU in 7 slices
 /// gpus = { fake = { count = 2, mig_per_gpu = ["3g.40gb:2", ""] } } # GPU 0 only
+/// gpus = { fake = { count = 1, shared = 4 } }      # one GPU, 4 time-shared slots
 /// ```
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -53,6 +54,10 @@ pub struct FakeGpuConfig {
     /// the list too). Not together with `mig`.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub mig_per_gpu: Vec<String>,
+    /// Every whole GPU time-shared into this many slots (1 to 64; see
+    /// `model::share`), as `gpuq node share --slots` would.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shared: Option<u8>,
 }
 
 impl FakeGpuConfig {
@@ -93,6 +98,7 @@ impl Default for FakeGpuConfig {
             fault_file: None,
             mig: None,
             mig_per_gpu: Vec::new(),
+            shared: None,
         }
     }
 }

@@ -11,8 +11,11 @@
 //! numbered after the node's physical GPUs (8 GPUs: slices from 8), so an
 //! index never names two things.
 //!
-//! The profiles are those of an 80 GB H100/H200: a GPU has 7 compute slices
-//! and 8 memory slices, and a layout must fit both.
+//! A layout is first checked against 7 compute and 8 memory slices with
+//! the 80 GB H100 profiles' sizes (and names from every model); `gpuq node
+//! mig set` then checks it against the node's GPU model ([`MODELS`]): the
+//! H200 141GB, H100 94GB and 80GB, A100 80GB and 40GB, and A30 (4 compute
+//! and 4 memory slices) each have their own profiles.
 
 use serde::{Deserialize, Serialize};
 
@@ -33,11 +36,23 @@ pub struct MigSlice {
     /// The first compute slice it occupies (NVML's placement start).
     #[serde(default)]
     pub placement: u8,
+    /// A time-sliced slot (`model::share`, profile `shared`): the number of
+    /// slots its GPU is shared into; 0 for a MIG instance.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub slots: u8,
+}
+
+fn is_zero(n: &u8) -> bool {
+    *n == 0
 }
 
 impl MigSlice {
-    /// The share of its GPU it is, for accounting: compute slices / 7.
+    /// The share of its GPU it is, for accounting: compute slices / 7, or
+    /// 1 / slots for a time-sliced slot.
     pub fn fraction(&self) -> f64 {
+        if self.slots > 0 {
+            return 1.0 / f64::from(self.slots);
+        }
         f64::from(self.compute_slices) / f64::from(COMPUTE_SLICES)
     }
 }
@@ -52,7 +67,7 @@ pub struct MigProfile {
     pub memory_mb: u64,
 }
 
-/// The profiles of an 80 GB H100 or H200, smallest first.
+/// The profiles of an 80 GB H100 or A100, smallest first.
 pub const PROFILES: [MigProfile; 6] = [
     profile("1g.10gb", 1, 1, 9_856),
     profile("1g.20gb", 1, 2, 19_968),
@@ -61,6 +76,141 @@ pub const PROFILES: [MigProfile; 6] = [
     profile("4g.40gb", 4, 4, 40_192),
     profile("7g.80gb", 7, 8, 80_896),
 ];
+
+/// A GPU model that MIG can partition: its slices and its profiles, from
+/// NVIDIA's MIG user guide ("Supported MIG Profiles").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MigModel {
+    pub name: &'static str,
+    pub compute_slices: u8,
+    pub memory_slices: u8,
+    pub profiles: &'static [MigProfile],
+}
+
+/// The models `mig set` knows, matched by [`model_of`].
+pub const MODELS: [MigModel; 6] = [
+    mig_model("H200 141GB", 7, 8, &H200_141GB),
+    mig_model("H100 94GB", 7, 8, &H100_94GB),
+    mig_model("H100 80GB", 7, 8, &PROFILES),
+    mig_model("A100 80GB", 7, 8, &PROFILES),
+    mig_model("A100 40GB", 7, 8, &A100_40GB),
+    mig_model("A30 24GB", 4, 4, &A30_24GB),
+];
+
+/// H200 (SXM5 and NVL), 141 GB: 8 memory slices of about 17.6 GB.
+const H200_141GB: [MigProfile; 6] = [
+    profile("1g.18gb", 1, 1, 16_384),
+    profile("1g.35gb", 1, 2, 32_768),
+    profile("2g.35gb", 2, 2, 32_768),
+    profile("3g.71gb", 3, 4, 65_536),
+    profile("4g.71gb", 4, 4, 65_536),
+    profile("7g.141gb", 7, 8, 131_072),
+];
+
+/// H100 NVL (and SXM5) with 94 GB.
+const H100_94GB: [MigProfile; 6] = [
+    profile("1g.12gb", 1, 1, 11_008),
+    profile("1g.24gb", 1, 2, 22_016),
+    profile("2g.24gb", 2, 2, 22_016),
+    profile("3g.47gb", 3, 4, 44_032),
+    profile("4g.47gb", 4, 4, 44_032),
+    profile("7g.94gb", 7, 8, 88_064),
+];
+
+/// A100 with 40 GB: 8 memory slices of 5 GB, so `1g.10gb` is two of them.
+const A100_40GB: [MigProfile; 6] = [
+    profile("1g.5gb", 1, 1, 4_864),
+    profile("1g.10gb", 1, 2, 9_856),
+    profile("2g.10gb", 2, 2, 9_856),
+    profile("3g.20gb", 3, 4, 19_968),
+    profile("4g.20gb", 4, 4, 19_968),
+    profile("7g.40gb", 7, 8, 40_192),
+];
+
+/// A30, 24 GB: 4 compute and 4 memory slices.
+const A30_24GB: [MigProfile; 3] = [
+    profile("1g.6gb", 1, 1, 5_888),
+    profile("2g.12gb", 2, 2, 11_904),
+    profile("4g.24gb", 4, 4, 24_064),
+];
+
+const fn mig_model(
+    name: &'static str,
+    compute: u8,
+    memory: u8,
+    profiles: &'static [MigProfile],
+) -> MigModel {
+    MigModel {
+        name,
+        compute_slices: compute,
+        memory_slices: memory,
+        profiles,
+    }
+}
+
+/// The MIG model of a GPU by its marketing name (`NVIDIA H100 80GB HBM3`,
+/// `NVIDIA H100 NVL`, `NVIDIA A100-SXM4-40GB`, `NVIDIA A30`); `None`: a
+/// GPU MIG cannot partition (or one not known here).
+pub fn model_of(gpu_model: &str) -> Option<&'static MigModel> {
+    let m = gpu_model.to_ascii_uppercase();
+    let pick = |name: &str| MODELS.iter().find(|x| x.name == name);
+    if m.contains("H200") {
+        pick("H200 141GB")
+    } else if m.contains("H100") && (m.contains("NVL") || m.contains("94GB")) {
+        pick("H100 94GB")
+    } else if m.contains("H100") {
+        pick("H100 80GB")
+    } else if m.contains("A100") && m.contains("80GB") {
+        pick("A100 80GB")
+    } else if m.contains("A100") {
+        pick("A100 40GB")
+    } else if m.contains("A30") {
+        pick("A30 24GB")
+    } else {
+        None
+    }
+}
+
+impl MigModel {
+    /// Its profile names, comma-separated, for messages.
+    pub fn profile_names(&self) -> String {
+        self.profiles
+            .iter()
+            .map(|p| p.name)
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
+    /// Whether `layout` fits one GPU of this model: every profile is one
+    /// of its own, and their slices (its sizes) fit its compute and memory
+    /// slices. The error names the model and what it supports.
+    pub fn check(&self, layout: &MigLayout) -> Result<(), String> {
+        let (mut compute, mut memory) = (0u32, 0u32);
+        for p in &layout.0 {
+            let Some(own) = self.profiles.iter().find(|q| q.name == p.name) else {
+                return Err(format!(
+                    "the {} has no MIG profile {}; it supports {}",
+                    self.name,
+                    p.name,
+                    self.profile_names()
+                ));
+            };
+            compute += u32::from(own.compute_slices);
+            memory += u32::from(own.memory_slices);
+        }
+        if compute > u32::from(self.compute_slices) || memory > u32::from(self.memory_slices) {
+            return Err(format!(
+                "{} needs {compute} compute slices and {memory} memory slices of a {}, which \
+                 has {} and {}",
+                layout.to_text(),
+                self.name,
+                self.compute_slices,
+                self.memory_slices
+            ));
+        }
+        Ok(())
+    }
+}
 
 const fn profile(name: &'static str, compute: u8, memory: u8, mb: u64) -> MigProfile {
     MigProfile {
@@ -98,9 +248,32 @@ pub enum MigError {
     },
 }
 
+/// Every profile of every model, each name once (the first model's sizes
+/// for a name two models share, e.g. `1g.10gb`), 80 GB H100 ones first.
+fn all_profiles() -> impl Iterator<Item = &'static MigProfile> {
+    PROFILES.iter().chain(
+        MODELS
+            .iter()
+            .flat_map(|m| m.profiles.iter())
+            .enumerate()
+            .filter(|(i, p)| {
+                !PROFILES.iter().any(|q| q.name == p.name)
+                    && !MODELS
+                        .iter()
+                        .flat_map(|m| m.profiles.iter())
+                        .take(*i)
+                        .any(|q| q.name == p.name)
+            })
+            .map(|(_, p)| p),
+    )
+}
+
 /// The known profile names, comma-separated, for messages.
 pub fn known_profiles() -> String {
-    PROFILES.map(|p| p.name).join(", ")
+    all_profiles()
+        .map(|p| p.name)
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// Whether `word` has a MIG profile's shape (`<N>g.<M>gb`), known or not:
@@ -119,8 +292,7 @@ pub fn looks_like_profile(word: &str) -> bool {
 
 /// The profile named `name` (any case).
 pub fn find_profile(name: &str) -> Result<&'static MigProfile, MigError> {
-    PROFILES
-        .iter()
+    all_profiles()
         .find(|p| p.name.eq_ignore_ascii_case(name.trim()))
         .ok_or_else(|| MigError::UnknownProfile {
             input: name.to_string(),
@@ -254,13 +426,69 @@ mod tests {
         assert!(err.contains("10 memory slices"), "{err}");
         let err = MigLayout::parse("4g.40gb,4g.40gb").unwrap_err().to_string();
         assert!(err.contains("8 compute slices"), "{err}");
-        let err = MigLayout::parse("1g.5gb:7").unwrap_err().to_string();
+        let err = MigLayout::parse("1g.7gb:7").unwrap_err().to_string();
         assert!(
             err.contains("unknown MIG profile") && err.contains("1g.10gb"),
             "{err}"
         );
         assert!(MigLayout::parse("1g.10gb:x").is_err());
         assert!(MigLayout::parse("").is_err());
+    }
+
+    #[test]
+    fn each_gpu_model_holds_its_own_profiles_only() {
+        let model = |name: &str| model_of(name).map(|m| m.name);
+        assert_eq!(model("NVIDIA H200"), Some("H200 141GB"));
+        assert_eq!(model("NVIDIA H100 NVL"), Some("H100 94GB"));
+        assert_eq!(model("NVIDIA H100 80GB HBM3"), Some("H100 80GB"));
+        assert_eq!(model("NVIDIA A100-SXM4-80GB"), Some("A100 80GB"));
+        assert_eq!(model("NVIDIA A100-PCIE-40GB"), Some("A100 40GB"));
+        assert_eq!(model("NVIDIA A30"), Some("A30 24GB"));
+        assert_eq!(model("NVIDIA L40S"), None);
+        let fits = |gpu: &str, layout: &str| {
+            model_of(gpu)
+                .unwrap()
+                .check(&MigLayout::parse(layout).unwrap())
+        };
+        for (gpu, ok) in [
+            ("NVIDIA H200", "1g.18gb:7"),
+            ("NVIDIA H200", "3g.71gb:2"),
+            ("NVIDIA H200", "1g.35gb:4"),
+            ("NVIDIA H200", "7g.141gb"),
+            ("NVIDIA H200", "4g.71gb,2g.35gb,1g.18gb"),
+            ("NVIDIA H100 NVL", "2g.24gb:3"),
+            ("NVIDIA H100 NVL", "7g.94gb"),
+            ("NVIDIA A100-SXM4-40GB", "1g.5gb:7"),
+            ("NVIDIA A100-SXM4-40GB", "1g.10gb:4"),
+            ("NVIDIA A100-SXM4-40GB", "3g.20gb,2g.10gb,1g.5gb:2"),
+            ("NVIDIA A100-SXM4-80GB", "1g.10gb:7"),
+            ("NVIDIA A30", "1g.6gb:4"),
+            ("NVIDIA A30", "2g.12gb,1g.6gb:2"),
+            ("NVIDIA A30", "4g.24gb"),
+        ] {
+            assert_eq!(fits(gpu, ok), Ok(()), "{gpu} {ok}");
+        }
+        let err = fits("NVIDIA H200", "1g.10gb:7").unwrap_err();
+        assert_eq!(
+            err,
+            "the H200 141GB has no MIG profile 1g.10gb; it supports 1g.18gb, 1g.35gb, 2g.35gb, \
+             3g.71gb, 4g.71gb, 7g.141gb"
+        );
+        // 1g.10gb is two of an A100 40GB's 5 GB memory slices: 4 at most.
+        let err = fits("NVIDIA A100-SXM4-40GB", "1g.10gb:5").unwrap_err();
+        assert!(
+            err.contains("needs 5 compute slices and 10 memory slices of a A100 40GB"),
+            "{err}"
+        );
+        let err = fits("NVIDIA A30", "1g.6gb:5").unwrap_err();
+        assert!(err.contains("which has 4 and 4"), "{err}");
+        let err = fits("NVIDIA A30", "3g.40gb").unwrap_err();
+        assert!(err.contains("1g.6gb, 2g.12gb, 4g.24gb"), "{err}");
+        // Names of every model are known at submit, each once.
+        let known = known_profiles();
+        assert!(known.starts_with("1g.10gb, 1g.20gb, 2g.20gb, 3g.40gb, 4g.40gb, 7g.80gb, 1g.18gb"));
+        assert_eq!(known.matches("1g.10gb").count(), 1, "{known}");
+        assert!(find_profile("7G.141GB").is_ok() && find_profile("1g.6gb").is_ok());
     }
 
     #[test]

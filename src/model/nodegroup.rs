@@ -41,6 +41,11 @@ pub struct NodeGroup {
     /// Jobs that fit the shape must have waited this long before nodes are
     /// asked for (a short queue drains by itself).
     pub demand_secs: u64,
+    /// The MIG layout its nodes' GPUs must have (`--mig-layout`, as `gpuq
+    /// node mig set` takes it, `none` for whole GPUs): a node that joins
+    /// with other GPUs is repartitioned by the same path (`state::mig`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mig_layout: Option<String>,
 }
 
 /// How many digits a group's node numbers have.
@@ -141,6 +146,7 @@ mod tests {
             idle_secs: 600,
             resume_timeout_secs: 600,
             demand_secs: 30,
+            mig_layout: None,
         }
     }
 

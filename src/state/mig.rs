@@ -17,7 +17,11 @@ use crate::model::{MigLayout, Millis, NodeInventory};
 /// every GPU whole).
 pub fn has_layout(inv: &NodeInventory, target: Option<&MigLayout>) -> bool {
     let Some(layout) = target else {
-        return !inv.has_slices();
+        // Time-shared slots are whole GPUs as far as MIG goes.
+        return !inv
+            .gpus
+            .iter()
+            .any(|g| g.mig.as_ref().is_some_and(|m| m.slots == 0));
     };
     let mut want: Vec<&str> = layout.0.iter().map(|p| p.name).collect();
     want.sort_unstable();
@@ -51,18 +55,42 @@ impl State {
             .get_mut(node)
             .ok_or_else(|| Rejection::NoSuchNode(node.to_string()))?;
         let target = parse_target(layout).map_err(|e| Rejection::Mig(e.to_string()))?;
-        if target.is_some() {
+        if rec.gpu_shared.is_some()
+            || rec
+                .inventory
+                .gpus
+                .iter()
+                .any(|g| crate::model::share::slots_of(g).is_some())
+        {
+            return Err(Rejection::Mig(format!(
+                "node {node}'s GPUs are time-shared ({}); stop sharing first: `gpuq node share \
+                 {node} --off`",
+                rec.inventory.slice_summary()
+            )));
+        }
+        if let Some(layout) = &target {
             if rec.inventory.gpus.is_empty() {
                 return Err(Rejection::Mig(format!(
                     "node {node} has no GPUs to partition"
                 )));
             }
-            if let Some(g) = rec.inventory.gpus.iter().find(|g| !supports_mig(&g.model)) {
-                return Err(Rejection::Mig(format!(
-                    "node {node}'s GPU {} is a {}, which cannot hold these MIG profiles \
-                     (they are those of an 80 GB H100 or H200)",
-                    g.index, g.model
-                )));
+            for g in &rec.inventory.gpus {
+                let Some(model) = crate::model::mig::model_of(&g.model) else {
+                    return Err(Rejection::Mig(format!(
+                        "node {node}'s GPU {} is a {}, which cannot hold MIG instances (MIG \
+                         runs on H200, H100, A100 and A30 GPUs); time-share it with `gpuq node \
+                         share {node} --slots N` instead",
+                        g.physical_index(),
+                        g.model
+                    )));
+                };
+                if let Err(why) = model.check(layout) {
+                    return Err(Rejection::Mig(format!(
+                        "node {node}'s GPU {} is a {}: {why}",
+                        g.physical_index(),
+                        g.model
+                    )));
+                }
             }
         }
         let text = target
@@ -147,6 +175,48 @@ impl State {
         dirty.nodes.insert(node.to_string());
     }
 
+    /// A node of a group with a MIG layout (`gpuq admin nodegroup
+    /// --mig-layout`) registered: when its GPUs are not in that layout, it
+    /// is repartitioned as `gpuq node mig set` would (drained until its
+    /// agent reports the layout). A layout its GPUs cannot hold leaves it
+    /// drained, saying why. Only an up node is touched (not one an admin,
+    /// a health check or a fault drained).
+    pub(super) fn group_layout(&mut self, node: &str, now: Millis, dirty: &mut Dirty) {
+        let Some((group, layout)) = self
+            .policy
+            .node_groups
+            .values()
+            .find(|g| g.owns(node))
+            .and_then(|g| Some((g.name.clone(), g.mig_layout.clone()?)))
+        else {
+            return;
+        };
+        let Some(rec) = self.nodes.get(node) else {
+            return;
+        };
+        if rec.mig_target.is_some() || !matches!(rec.status, NodeStatus::Up) {
+            return;
+        }
+        let Ok(target) = parse_target(&layout) else {
+            return;
+        };
+        if has_layout(&rec.inventory, target.as_ref()) {
+            return;
+        }
+        if let Err(why) = self.set_mig(node, &layout, None, false, now, dirty) {
+            if let Some(rec) = self.nodes.get_mut(node) {
+                rec.status = NodeStatus::Drained {
+                    reason: format!(
+                        "node group {group}'s MIG layout {layout} cannot be applied: {why}"
+                    ),
+                    by: DrainSource::Mig,
+                    user: None,
+                    since: now,
+                };
+            }
+        }
+    }
+
     /// The layout the leader should hand `node`'s agent now: its target,
     /// once no job holds anything there (cheap: the leader asks on every
     /// applied entry, for every agent).
@@ -154,10 +224,4 @@ impl State {
         let target = self.nodes.get(node)?.mig_target.as_deref()?;
         self.index.jobs_on(node).next().is_none().then_some(target)
     }
-}
-
-/// Whether the profiles of [`crate::model::mig`] fit GPUs of `model`.
-fn supports_mig(model: &str) -> bool {
-    let m = model.to_ascii_uppercase();
-    m.contains("H100") || m.contains("H200")
 }

@@ -49,6 +49,8 @@ pub struct FakeGpus {
     /// The MIG layout of each GPU (`None`: whole), from the config or
     /// `set_mig`.
     mig: Mutex<Vec<Option<crate::model::MigLayout>>>,
+    /// Slots every whole GPU is time-shared into (`shared` in the config).
+    shared: Option<u8>,
 }
 
 impl FakeGpus {
@@ -68,6 +70,7 @@ impl FakeGpus {
             ledger: FaultLedger::default(),
             load: Mutex::default(),
             mig: Mutex::new(mig),
+            shared: cfg.shared,
         })
     }
 
@@ -146,10 +149,15 @@ impl GpuBackend for FakeGpus {
         let mut gpus = self.gpus.clone();
         self.ledger.apply(&mut gpus);
         let mig = self.mig.lock().unwrap_or_else(|e| e.into_inner());
-        if mig.iter().any(Option::is_some) {
-            return Ok(super::mig::expand(&gpus, &mig));
-        }
-        Ok(gpus)
+        let gpus = if mig.iter().any(Option::is_some) {
+            super::mig::expand(&gpus, &mig)
+        } else {
+            gpus
+        };
+        Ok(match self.shared {
+            Some(n) => crate::model::share::expand(&gpus, n),
+            None => gpus,
+        })
     }
 
     fn links(&self) -> Result<Vec<Vec<GpuLink>>, GpuError> {
@@ -275,6 +283,20 @@ fn validate(cfg: &FakeGpuConfig) -> Result<(), GpuError> {
     }
     if cfg.model.trim().is_empty() {
         return bad("model must not be empty".to_string());
+    }
+    if let Some(n) = cfg.shared {
+        if !(1..=crate::model::share::MAX_SLOTS).contains(&n) {
+            return bad(format!(
+                "shared = {n} must be 1 to {}",
+                crate::model::share::MAX_SLOTS
+            ));
+        }
+        if cfg.mig.is_some() || !cfg.mig_per_gpu.is_empty() {
+            return bad(
+                "shared and mig are both set: a MIG-partitioned GPU is not time-shared; use one"
+                    .into(),
+            );
+        }
     }
     Ok(())
 }

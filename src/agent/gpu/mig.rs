@@ -25,6 +25,7 @@ pub fn expand(gpus: &[GpuInfo], layouts: &[Option<MigLayout>]) -> Vec<GpuInfo> {
                         parent: g.index,
                         compute_slices: profile.compute_slices,
                         placement: at,
+                        slots: 0,
                     };
                     slices.push(slice_entry(
                         g,

@@ -103,6 +103,7 @@ pub fn instances(
             parent: parent.index,
             compute_slices,
             placement: 0,
+            slots: 0,
         };
         out.push(super::mig::slice_entry(
             parent,

@@ -28,6 +28,7 @@ fn mig(mut b: NodeBuilder, layouts: &[Option<&str>]) -> NodeBuilder {
                             parent: g.index,
                             compute_slices: p.compute_slices,
                             placement: at,
+                            slots: 0,
                         }),
                         ..g.clone()
                     });

@@ -35,6 +35,7 @@ fn partitioned(name: &str, n: u32, layout: &str) -> Vec<GpuInfo> {
                     parent: g.index,
                     compute_slices: p.compute_slices,
                     placement: at,
+                    slots: 0,
                 }),
                 ..g.clone()
             });
@@ -118,7 +119,12 @@ fn layouts_no_gpu_of_the_node_can_hold_are_refused_whole() {
     let before = s.nodes["n1"].clone();
     for (layout, want) in [
         ("4g.40gb:2", "needs 8 compute slices"),
-        ("1g.5gb:7", "unknown MIG profile"),
+        ("1g.7gb:7", "unknown MIG profile"),
+        (
+            "1g.5gb:7",
+            "node n1's GPU 0 is a H100: the H100 80GB has no MIG profile 1g.5gb; it supports \
+             1g.10gb, 1g.20gb",
+        ),
     ] {
         match set(&mut s, &mut d, "n1", layout) {
             CommandResult::Rejected(Rejection::Mig(why)) => assert!(why.contains(want), "{why}"),
@@ -140,4 +146,119 @@ fn layouts_no_gpu_of_the_node_can_hold_are_refused_whole() {
         set(&mut s, &mut d, "n9", "1g.10gb:7"),
         CommandResult::Rejected(Rejection::NoSuchNode("n9".into()))
     );
+}
+
+fn register(s: &mut State, d: &mut Dirty, inventory: crate::model::NodeInventory) {
+    let r = s.apply(
+        &Command::RegisterNode {
+            inventory,
+            addr: "10.2.0.1:7421".into(),
+            preflight: false,
+            now: 20,
+            cert_sha256: String::new(),
+        },
+        d,
+    );
+    assert_eq!(r, CommandResult::NodeRegistered);
+}
+
+fn group(s: &mut State, d: &mut Dirty, op: Op, layout: &str) -> CommandResult {
+    use crate::model::policy_change::NodeGroupPatch;
+    s.apply(
+        &Command::Policy {
+            change: PolicyChange::NodeGroup {
+                op,
+                name: "burst".into(),
+                patch: NodeGroupPatch {
+                    gpus: Some(2),
+                    cpus: Some(64),
+                    memory_mb: Some(512 * 1024),
+                    max: Some(4),
+                    resume_command: Some("/bin/true".into()),
+                    mig_layout: Some(layout.into()),
+                    ..Default::default()
+                },
+            },
+            by: "root".into(),
+            now: 1,
+        },
+        d,
+    )
+}
+
+#[test]
+fn a_group_node_that_joins_with_other_gpus_is_repartitioned_to_the_groups_layout() {
+    let (mut s, mut d) = cluster();
+    match group(&mut s, &mut d, Op::Add, "1g.10gb:8") {
+        CommandResult::Rejected(why) => assert!(
+            why.to_string()
+                .contains("--mig-layout 1g.10gb:8: MIG layout \"1g.10gb:8\" does not fit one GPU"),
+            "{why}"
+        ),
+        other => panic!("{other:?}"),
+    }
+    assert!(s.policy.node_groups.is_empty());
+    assert!(matches!(
+        group(&mut s, &mut d, Op::Add, "1g.10gb:7"),
+        CommandResult::PolicyUpdated { .. }
+    ));
+    // `modify` changes the layout ("" takes it away).
+    for (layout, want) in [
+        ("", None),
+        ("none", Some("none")),
+        ("1g.10gb:7", Some("1g.10gb:7")),
+    ] {
+        let r = group(&mut s, &mut d, Op::Modify, layout);
+        assert!(matches!(r, CommandResult::PolicyUpdated { .. }), "{r:?}");
+        assert_eq!(s.policy.node_groups["burst"].mig_layout.as_deref(), want);
+    }
+
+    // Whole GPUs join: drained for the repartition, handed to the agent.
+    register(&mut s, &mut d, inventory("burst-001", 2));
+    assert!(matches!(
+        &s.nodes["burst-001"].status,
+        NodeStatus::Drained { by: DrainSource::Mig, reason, .. }
+            if reason == "MIG repartition to 1g.10gb:7: waiting for its jobs to end"
+    ));
+    assert_eq!(s.mig_to_apply("burst-001"), Some("1g.10gb:7"));
+    // The agent reports the layout: the node takes work.
+    s.apply(
+        &Command::GpuHealth {
+            node: "burst-001".into(),
+            gpus: partitioned("burst-001", 2, "1g.10gb:7"),
+            now: 21,
+        },
+        &mut d,
+    );
+    assert_eq!(s.nodes["burst-001"].status, NodeStatus::Up);
+    assert_eq!(s.nodes["burst-001"].mig_target, None);
+    // Joining again in the layout changes nothing.
+    let in_layout = crate::model::NodeInventory {
+        gpus: partitioned("burst-001", 2, "1g.10gb:7"),
+        ..inventory("burst-001", 2)
+    };
+    register(&mut s, &mut d, in_layout);
+    assert_eq!(s.nodes["burst-001"].status, NodeStatus::Up);
+    assert_eq!(s.mig_to_apply("burst-001"), None);
+
+    // GPUs that cannot hold it: drained, saying why; nothing handed over.
+    let mut l40s = inventory("burst-002", 2);
+    for g in &mut l40s.gpus {
+        g.model = "NVIDIA L40S".into();
+    }
+    register(&mut s, &mut d, l40s);
+    match &s.nodes["burst-002"].status {
+        NodeStatus::Drained { reason, .. } => assert!(
+            reason.starts_with(
+                "node group burst's MIG layout 1g.10gb:7 cannot be applied: node burst-002's \
+                 GPU 0 is a NVIDIA L40S, which cannot hold MIG instances"
+            ),
+            "{reason}"
+        ),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(s.mig_to_apply("burst-002"), None);
+    // Nodes outside the group are left alone.
+    register(&mut s, &mut d, inventory("n1", 8));
+    assert_eq!(s.nodes["n1"].status, NodeStatus::Up);
 }
