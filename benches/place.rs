@@ -323,6 +323,7 @@ fn queue_100k(base: &ClusterView, passes: usize) {
             .into(),
             completing: false,
             preempted_for: None,
+            elastic: None,
         })
         .collect();
     let pending: Vec<PendingJob> = (1..=100_000u64)

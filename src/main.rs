@@ -158,6 +158,10 @@ struct DevArgs {
     /// compute and 8 memory slices per GPU).
     #[arg(long, value_name = "LAYOUT", value_parser = parse_mig_layout)]
     mig: Option<gpuq::model::MigLayout>,
+    /// Time-share every simulated GPU into N slots (1 to 64): jobs ask for a
+    /// slot with --gpus shared:1 (see `gpuq node share`).
+    #[arg(long, value_name = "N")]
+    shared: Option<u32>,
     /// The server's HTTP port (metrics, API, web page) on loopback; port 0
     /// takes any free one. The nodes' agents serve theirs on free ports.
     #[arg(long, env = "GPUQ_HTTP_LISTEN", default_value = "127.0.0.1:7480")]
@@ -389,6 +393,7 @@ async fn daemon(cmd: Cmd) -> anyhow::Result<()> {
                 fresh: a.fresh,
                 nvml: a.gpus == "nvml",
                 mig: a.mig,
+                shared: a.shared,
                 links: gpuq::compat::COMMANDS.map(String::from).to_vec(),
                 http: a.http,
                 burst: a.burst,

@@ -10,14 +10,10 @@ use common::{cli_env, Server, SimAgents};
 
 const LONG: Duration = Duration::from_secs(60);
 
-fn job(server: &Server, id: &str) -> serde_json::Value {
-    serde_json::from_str(&server.ok(&["show", id, "--json"])).unwrap()
-}
-
 fn wait_final(server: &Server, id: &str) -> serde_json::Value {
     let start = std::time::Instant::now();
     loop {
-        let j = job(server, id);
+        let j = server.job(id);
         let state = j["state"].as_str().unwrap_or_default().to_string();
         if !["PENDING", "RUNNING", "COMPLETING"].contains(&state.as_str()) {
             return j;
@@ -117,7 +113,7 @@ fn twenty_simulated_nodes_register_and_run_a_sixteen_node_gang() {
         &["--nodes", "4", "--gpus-per-node", "8", "--", "train"],
     );
     common::wait_for("the long job's ranks to start", LONG, || {
-        job(&server, &long)["run"]["started"]
+        server.job(&long)["run"]["started"]
             .as_array()
             .is_some_and(|s| s.len() == 4)
     });

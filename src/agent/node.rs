@@ -86,6 +86,22 @@ pub async fn start_compute(
                     inventory.features.push(f);
                 }
             }
+            // GPUs go in through CDI where the node has specs.
+            let specs = super::exec::cdi::spec_files(&cfg.containers.cdi_spec_dirs);
+            let cdi = crate::model::OCI_CDI_FEATURE.to_string();
+            match specs.is_empty() {
+                true => tracing::info!(
+                    dirs = ?cfg.containers.cdi_spec_dirs,
+                    "no CDI spec files: GPUs in containers get their device nodes only \
+                     (no driver libraries)"
+                ),
+                false => {
+                    tracing::info!(specs = ?specs, "CDI specs found: GPUs in containers get their edits");
+                    if !inventory.features.contains(&cdi) {
+                        inventory.features.push(cdi);
+                    }
+                }
+            }
             // Registry references need a pull tool as well.
             let pull = crate::model::OCI_PULL_FEATURE.to_string();
             match super::exec::container::find_tool("skopeo", &path) {

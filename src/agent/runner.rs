@@ -193,6 +193,16 @@ pub fn task_spec(
                 cache: PathBuf::new(),
                 cache_max_mb: 0,
                 gpus: gpus.clone(),
+                devices: gpus
+                    .iter()
+                    .map(|g| {
+                        let at = t.gpus.iter().position(|x| x == g);
+                        at.and_then(|at| t.gpu_devices.get(at))
+                            .cloned()
+                            .unwrap_or_else(|| g.to_string())
+                    })
+                    .collect(),
+                cdi_dirs: Vec::new(),
             }),
     }
 }
@@ -200,13 +210,16 @@ pub fn task_spec(
 /// Points `CUDA_VISIBLE_DEVICES` at the task's MIG instances: CUDA selects
 /// an instance only by its `MIG-` UUID, never by an index.
 fn mig_visible_devices(env: &mut [(String, String)], t: &DesiredTask, gpus: &[u32]) {
-    let names: Vec<&str> = gpus
-        .iter()
-        .filter_map(|g| {
-            let at = t.gpus.iter().position(|x| x == g)?;
-            t.gpu_devices.get(at).map(String::as_str)
-        })
-        .collect();
+    let mut names: Vec<&str> = Vec::new();
+    for name in gpus.iter().filter_map(|g| {
+        let at = t.gpus.iter().position(|x| x == g)?;
+        t.gpu_devices.get(at).map(String::as_str)
+    }) {
+        // Two slots of one time-shared GPU name the GPU once.
+        if !names.contains(&name) {
+            names.push(name);
+        }
+    }
     for (k, v) in env.iter_mut() {
         if k == "CUDA_VISIBLE_DEVICES" {
             *v = names.join(",");

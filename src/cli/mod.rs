@@ -300,6 +300,19 @@ pub enum NodeCommand {
         #[command(subcommand)]
         cmd: MigCommand,
     },
+    /// Share every whole GPU of NAME between up to N jobs at once
+    /// (time-slicing, admins): jobs ask for a slot with --gpus shared:1 or
+    /// --gres gpu:shared:1 and are told GPUQ_GPU_SHARED=N. Refused while
+    /// jobs hold GPUs on NAME (drain it first) and on MIG-partitioned GPUs.
+    Share {
+        name: String,
+        /// Slots per GPU, 1 to 64.
+        #[arg(long, required_unless_present = "off", conflicts_with = "off")]
+        slots: Option<u32>,
+        /// Stop sharing: whole GPUs again.
+        #[arg(long)]
+        off: bool,
+    },
 }
 
 // `gpuq node mig ...`
@@ -490,6 +503,14 @@ async fn run_command(cmd: ClientCommand) -> Result<(), CliError> {
                         now,
                     },
                     "Repartitioning (drained until the layout is applied; see `gpuq nodes`)",
+                ),
+                NodeCommand::Share { name, slots, .. } => (
+                    ApiRequest::NodeShare { node: name, slots },
+                    if slots.is_some() {
+                        "Shared the GPUs of"
+                    } else {
+                        "Stopped sharing the GPUs of"
+                    },
                 ),
             };
             match call(req).await? {

@@ -133,3 +133,23 @@ pub fn preemption_lines(j: &crate::model::Job) -> String {
         })
         .collect()
 }
+
+/// `gpuq show` lines for each size change of an elastic job.
+pub fn resize_lines(j: &crate::model::Job) -> String {
+    j.resizes
+        .iter()
+        .map(|r| {
+            format!(
+                "{:>16}: {} -> {} nodes ({} -> {} GPUs) at {}, attempt {}: {}\n",
+                "Resized",
+                r.from_nodes,
+                r.to_nodes,
+                r.from_gpus,
+                r.to_gpus,
+                super::table::fmt_time(r.at),
+                r.attempt,
+                r.why
+            )
+        })
+        .collect()
+}

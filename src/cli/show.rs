@@ -71,7 +71,13 @@ pub fn text(j: &Job, placement: &[RankPlacement]) -> String {
     }
     kv("Program", program);
     kv("WorkDir", s.workdir.clone());
-    kv("Nodes", s.nodes.to_string());
+    kv(
+        "Nodes",
+        match s.placement.elastic {
+            Some(r) => format!("{} (elastic {r})", s.nodes),
+            None => s.nodes.to_string(),
+        },
+    );
     kv("TasksPerNode", s.ntasks_per_node.to_string());
     kv("GpusPerNode", s.gpus_per_node.to_string());
     if let Some(total) = s.total_gpus {
@@ -87,7 +93,11 @@ pub fn text(j: &Job, placement: &[RankPlacement]) -> String {
     if let Some(profile) = &p.gpu_slice {
         kv(
             "GpuSlice",
-            format!("{profile} (MIG instances, not whole GPUs)"),
+            if crate::model::share::is_shared(profile) {
+                "shared (slots of time-shared GPUs, not whole GPUs)".to_string()
+            } else {
+                format!("{profile} (MIG instances, not whole GPUs)")
+            },
         );
     }
     if !p.features.is_empty() {
@@ -139,6 +149,7 @@ pub fn text(j: &Job, placement: &[RankPlacement]) -> String {
         kv("ExitCode", c.to_string());
     }
     out.push_str(&super::report::preemption_lines(j));
+    out.push_str(&super::report::resize_lines(j));
     if !placement.is_empty() {
         let attempt = j.run.as_ref().map_or(0, |r| r.attempt);
         out.push_str(&format!("\nPlacement (attempt {attempt}):\n"));

@@ -159,7 +159,7 @@ mod tests {
         let a = parse_args(&["-N".into(), "2".into(), "bash".into(), "-l".into()])
             .unwrap()
             .unwrap();
-        assert_eq!(a.alloc.job.nodes, Some(2));
+        assert_eq!(a.alloc.job.nodes, Some(crate::model::NodeRange::fixed(2)));
         assert_eq!(a.alloc.job.script_or_command, ["bash", "-l"]);
     }
 }

@@ -201,7 +201,13 @@ pub fn translate(args: &SbatchArgs) -> Result<SubmitArgs, String> {
         job.output = Some(DEFAULT_OUTPUT.into());
     }
     if let Some(n) = args.ntasks {
-        match (job.nodes, job.ntasks_per_node) {
+        if let Some(r) = job.nodes.filter(|r| r.min < r.max) {
+            return Err(format!(
+                "-n {n} with an elastic -N {r}: the task count changes with the node count; \
+                 give --ntasks-per-node instead of -n"
+            ));
+        }
+        match (job.nodes.map(|r| r.min), job.ntasks_per_node) {
             (nodes, Some(per)) => {
                 let nodes = nodes.unwrap_or_else(|| n.div_ceil(per));
                 if u64::from(nodes) * u64::from(per) != u64::from(n) {
@@ -211,7 +217,7 @@ pub fn translate(args: &SbatchArgs) -> Result<SubmitArgs, String> {
                         u64::from(nodes) * u64::from(per)
                     ));
                 }
-                job.nodes = Some(nodes);
+                job.nodes = Some(crate::model::NodeRange::fixed(nodes));
             }
             (Some(nodes), None) => {
                 if n % nodes != 0 {
@@ -254,7 +260,7 @@ fn gpus_per_node(job: &SubmitArgs) -> Result<u32, String> {
     if let Some(g) = job.gpus() {
         return Ok(g.count);
     }
-    match (&job.total_gpus, job.nodes) {
+    match (&job.total_gpus, job.nodes.map(|r| r.min)) {
         (Some(total), Some(n)) if n > 0 => Ok(total.count / n),
         (Some(_), _) => Err(
             "with -G/--gpus, gpuq knows the GPUs per node only with -N; give -N or --gpus-per-node"

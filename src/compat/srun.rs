@@ -160,7 +160,7 @@ fn shape(
         ),
         None => None,
     };
-    let count = match (job.nodes, &named) {
+    let count = match (job.nodes.map(|r| r.min), &named) {
         (Some(n), Some(w)) if n as usize != w.len() => {
             return Err(format!(
                 "-N {n} does not match the {} node(s) named by -w; give one of them",
@@ -257,7 +257,7 @@ async fn run_in_new_allocation(cli: &SrunArgs, cwd: &Path) -> Result<ExitCode, C
     // -n 3 on -N 2 runs 2 and 1 tasks, on an allocation of 2 per node.
     let mut alloc = cli.alloc.clone();
     if let (Some(n), None) = (alloc.ntasks, alloc.job.ntasks_per_node) {
-        let nodes = alloc.job.nodes.unwrap_or(1).max(1);
+        let nodes = alloc.job.nodes.map_or(1, |r| r.min).max(1);
         alloc.ntasks = None;
         alloc.job.ntasks_per_node = Some(n.div_ceil(nodes));
     }
@@ -266,7 +266,7 @@ async fn run_in_new_allocation(cli: &SrunArgs, cwd: &Path) -> Result<ExitCode, C
     // anything is queued.
     let planned: Vec<String> = match &cli.alloc.job.nodelist {
         Some(list) => list.0.clone(),
-        None => (0..alloc.job.nodes.unwrap_or(1))
+        None => (0..alloc.job.nodes.map_or(1, |r| r.min))
             .map(|i| format!("node {i}"))
             .collect(),
     };

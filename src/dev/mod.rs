@@ -32,6 +32,8 @@ pub struct DevOptions {
     pub nvml: bool,
     /// `--mig LAYOUT`: every fake GPU partitioned into these MIG slices.
     pub mig: Option<crate::model::MigLayout>,
+    /// `--shared N`: every fake GPU time-shared into N slots.
+    pub shared: Option<u32>,
     /// Names of links to this binary to make in `dir/bin` (the Slurm
     /// commands, which the binary speaks when started under those names).
     pub links: Vec<String>,
@@ -67,6 +69,17 @@ pub async fn start(
     if opts.nvml && opts.mig.is_some() {
         anyhow::bail!(
             "--mig partitions simulated GPUs; with --gpus nvml, partition the real ones with nvidia-smi"
+        );
+    }
+    let shared = opts
+        .shared
+        .map(crate::model::share::check_slots)
+        .transpose()
+        .map_err(|e| anyhow::anyhow!(e.replace("--slots", "--shared")))?;
+    if shared.is_some() && (opts.nvml || opts.mig.is_some()) {
+        anyhow::bail!(
+            "--shared shares simulated whole GPUs: not with --mig or --gpus nvml (share real GPUs \
+             with `gpuq node share NODE --slots N`)"
         );
     }
     if opts.nvml && opts.nodes != 1 {
@@ -182,6 +195,7 @@ pub async fn start(
                     count: opts.gpus_per_node,
                     fault_file: Some(data_dir.join("faults")),
                     mig: opts.mig.clone(),
+                    shared,
                     ..Default::default()
                 })
             },
@@ -281,6 +295,9 @@ pub async fn run(opts: DevOptions) -> anyhow::Result<()> {
         opts.mig
             .as_ref()
             .map(|l| format!(" (MIG {})", l.to_text()))
+            .or(opts
+                .shared
+                .map(|n| format!(" (each shared into {n} slots)")))
             .unwrap_or_default(),
         opts.dir.display()
     );

@@ -313,12 +313,25 @@ impl AcctRecord {
 }
 
 /// `gpus` × elapsed in hours; a MIG slice counts as its share of a GPU
-/// (compute slices / 7).
+/// (compute slices / 7), a slot of a time-shared GPU as 1 / its slots.
 fn gpu_hours(job: &Job, gpus: u32, elapsed_ms: u64) -> f64 {
-    let hours = f64::from(gpus) * elapsed_ms as f64 / 3_600_000.0;
+    if let Some(milli) = job.run.as_ref().and_then(|r| r.charged_milli_gpus) {
+        return milli as f64 / 1000.0 * elapsed_ms as f64 / 3_600_000.0;
+    }
+    let gpu_ms = match (job.start_time, job.resizes.is_empty()) {
+        // An elastic job's sizes, each over its own span.
+        (Some(start), false) => {
+            super::elastic::gpu_ms(start, start + elapsed_ms, u64::from(gpus), &job.resizes) as f64
+        }
+        _ => f64::from(gpus) * elapsed_ms as f64,
+    };
+    let hours = gpu_ms / 3_600_000.0;
     match job.spec.placement.gpu_slice.as_deref() {
         None => hours,
-        slice => hours * super::mig::sevenths(slice) as f64 / 7.0,
+        slice => {
+            let (part, whole) = super::mig::share(slice);
+            hours * part as f64 / whole as f64
+        }
     }
 }
 

@@ -14,6 +14,10 @@ pub const OCI_FEATURE: &str = "oci";
 /// whose image is a registry reference (`docker://...`) asks for it.
 pub const OCI_PULL_FEATURE: &str = "oci-pull";
 
+/// The node feature an agent adds when it finds CDI spec files: its
+/// containers get their GPUs' driver files, not device nodes only.
+pub const OCI_CDI_FEATURE: &str = "oci-cdi";
+
 /// The prefix of the feature naming a node's OCI runtime (`oci-crun`).
 pub const RUNTIME_FEATURE_PREFIX: &str = "oci-";
 
@@ -25,24 +29,28 @@ pub fn runtime_feature(runtime: &std::path::Path) -> Option<String> {
         && name
             .bytes()
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_');
-    (plain && name != "pull").then(|| format!("{RUNTIME_FEATURE_PREFIX}{name}"))
+    (plain && name != "pull" && name != "cdi").then(|| format!("{RUNTIME_FEATURE_PREFIX}{name}"))
 }
 
 /// What a node offers for containers, from its features, as `gpuq nodes`
-/// shows it: `crun`, `runc+pull`, or `-` for none.
+/// shows it: `crun`, `runc+pull`, `crun+cdi+pull`, or `-` for none.
 pub fn containers_summary(features: &[String]) -> String {
     if !features.iter().any(|f| f == OCI_FEATURE) {
         return "-".into();
     }
-    let runtime = features
+    let has = |name: &str| features.iter().any(|f| f == name);
+    let mut summary = features
         .iter()
-        .filter(|f| f.as_str() != OCI_PULL_FEATURE)
+        .filter(|f| f.as_str() != OCI_PULL_FEATURE && f.as_str() != OCI_CDI_FEATURE)
         .find_map(|f| f.strip_prefix(RUNTIME_FEATURE_PREFIX))
-        .unwrap_or("oci");
-    match features.iter().any(|f| f == OCI_PULL_FEATURE) {
-        true => format!("{runtime}+pull"),
-        false => runtime.to_string(),
+        .unwrap_or("oci")
+        .to_string();
+    for (feature, word) in [(OCI_CDI_FEATURE, "+cdi"), (OCI_PULL_FEATURE, "+pull")] {
+        if has(feature) {
+            summary.push_str(word);
+        }
     }
+    summary
 }
 
 #[cfg(test)]
@@ -60,6 +68,12 @@ mod tests {
         assert_eq!(s(&["ib", "oci", "oci-crun"]), "crun");
         assert_eq!(s(&["oci-runc", "oci-pull", "oci"]), "runc+pull");
         assert_eq!(s(&["oci"]), "oci");
+        assert_eq!(
+            s(&["oci-pull", "oci-cdi", "oci", "oci-crun"]),
+            "crun+cdi+pull"
+        );
+        assert_eq!(s(&["oci-cdi", "oci", "oci-crun"]), "crun+cdi");
+        assert_eq!(f("/x/cdi"), None);
         assert_eq!(s(&["ib"]), "-");
     }
 }

@@ -173,6 +173,10 @@ pub struct Placement {
     /// instances of this profile, never whole GPUs; `None`: whole GPUs only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpu_slice: Option<String>,
+    /// `--nodes MIN-MAX`: an elastic job, run on any count in the range
+    /// (`JobSpec::nodes` is the count of its current or last attempt).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub elastic: Option<super::NodeRange>,
 }
 
 impl Placement {
@@ -283,6 +287,21 @@ impl JobSpec {
                 );
             }
             step.check(self.nodes)?;
+        }
+        if let Some(r) = self.placement.elastic {
+            if r.min == 0 || r.min >= r.max || !r.holds(self.nodes) {
+                return Err(format!(
+                    "--nodes {r} is no elastic range for a job on {} nodes; give MIN-MAX with \
+                     1 <= MIN < MAX",
+                    self.nodes
+                ));
+            }
+            if matches!(self.launch, super::Launch::Allocation) {
+                return Err(format!(
+                    "--nodes {r}: an allocation (srun, salloc) keeps the nodes it was given; \
+                     elastic node ranges are for batch jobs (gpuq submit, sbatch)"
+                ));
+            }
         }
         if self.ntasks_per_node == 0 {
             return Err("ntasks-per-node must be at least 1".into());
@@ -486,6 +505,9 @@ pub struct Job {
     /// in by the leader when answering, never by apply.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpu_use: Option<super::GpuUse>,
+    /// An elastic job's size changes, oldest first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub resizes: Vec<super::ResizeRecord>,
 }
 
 /// What stands in for a script's body that only its owner may read.
@@ -522,6 +544,7 @@ impl Job {
             expected_start: None,
             reason_code: None,
             gpu_use: None,
+            resizes: Vec::new(),
         }
     }
 

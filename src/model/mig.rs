@@ -19,7 +19,7 @@
 
 use serde::{Deserialize, Serialize};
 
-/// Compute slices of a whole GPU (what accounting divides by).
+/// Compute slices of a whole GPU of most models (an A30 has 4).
 pub const COMPUTE_SLICES: u8 = 7;
 /// Memory slices of a whole GPU.
 pub const MEMORY_SLICES: u8 = 8;
@@ -47,13 +47,15 @@ fn is_zero(n: &u8) -> bool {
 }
 
 impl MigSlice {
-    /// The share of its GPU it is, for accounting: compute slices / 7, or
-    /// 1 / slots for a time-sliced slot.
+    /// The share of its GPU it is, for accounting: its profile's [`share`]
+    /// (compute slices / 7 on most models), or 1 / slots for a time-sliced
+    /// slot.
     pub fn fraction(&self) -> f64 {
         if self.slots > 0 {
             return 1.0 / f64::from(self.slots);
         }
-        f64::from(self.compute_slices) / f64::from(COMPUTE_SLICES)
+        let (part, whole) = share(Some(&self.profile));
+        part as f64 / whole as f64
     }
 }
 
@@ -221,13 +223,30 @@ const fn profile(name: &'static str, compute: u8, memory: u8, mb: u64) -> MigPro
     }
 }
 
-/// How many sevenths of a GPU one GPU entry of a job asking for `slice` is:
-/// 7 for a whole GPU (or an unknown profile), a slice's compute slices.
-/// Accounting and fair-share charge a slice's time by this share.
-pub fn sevenths(slice: Option<&str>) -> u64 {
-    slice
-        .and_then(|p| find_profile(p).ok())
-        .map_or(u64::from(COMPUTE_SLICES), |p| u64::from(p.compute_slices))
+/// The share of a GPU one GPU entry of a job asking for `slice` is, as
+/// (compute slices, compute slices of the GPU model the profile is of):
+/// (7, 7) for a whole GPU or an unknown profile, (1, 7) for a `1g.10gb`,
+/// (1, 4) for an A30's `1g.6gb`. Accounting and fair share charge a
+/// slice's time by this share.
+pub fn share(slice: Option<&str>) -> (u64, u64) {
+    let whole = (u64::from(COMPUTE_SLICES), u64::from(COMPUTE_SLICES));
+    let Some(name) = slice.map(str::trim) else {
+        return whole;
+    };
+    MODELS
+        .iter()
+        .find_map(|m| {
+            let p = m
+                .profiles
+                .iter()
+                .find(|p| p.name.eq_ignore_ascii_case(name))?;
+            Some((u64::from(p.compute_slices), u64::from(m.compute_slices)))
+        })
+        .or_else(|| {
+            let p = find_profile(name).ok()?;
+            Some((u64::from(p.compute_slices), u64::from(COMPUTE_SLICES)))
+        })
+        .unwrap_or(whole)
 }
 
 /// Why a profile or a layout was refused.
@@ -433,6 +452,18 @@ mod tests {
         );
         assert!(MigLayout::parse("1g.10gb:x").is_err());
         assert!(MigLayout::parse("").is_err());
+    }
+
+    #[test]
+    fn a_slice_is_charged_its_share_of_its_own_models_gpu() {
+        assert_eq!(share(None), (7, 7));
+        assert_eq!(share(Some("1g.10gb")), (1, 7));
+        assert_eq!(share(Some("3G.40GB")), (3, 7));
+        assert_eq!(share(Some("1g.18gb")), (1, 7));
+        // An A30 has 4 compute slices: its smallest slice is a quarter.
+        assert_eq!(share(Some("1g.6gb")), (1, 4));
+        assert_eq!(share(Some("2g.12gb")), (2, 4));
+        assert_eq!(share(Some("no-such")), (7, 7));
     }
 
     #[test]

@@ -5,6 +5,7 @@
 pub mod acct;
 mod bulk_submit;
 mod container;
+pub mod elastic;
 mod gpu_use;
 pub mod hostlist;
 mod job;
@@ -18,16 +19,19 @@ mod queue;
 pub mod reservation;
 mod run;
 mod service;
+pub mod share;
 mod step;
 mod task;
 mod token;
 mod update;
 
 pub use bulk_submit::BatchEntryError;
+pub use container::OCI_CDI_FEATURE;
 pub use container::{
     containers_summary, runtime_feature, ContainerMount, ContainerSpec, OCI_FEATURE,
     OCI_PULL_FEATURE, REGISTRY_SCHEME,
 };
+pub use elastic::{NodeRange, Resize, ResizeRecord};
 pub use gpu_use::GpuUse;
 pub use hostlist::{expand_hostlist, HostlistError};
 pub use job::*;

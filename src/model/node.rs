@@ -169,11 +169,15 @@ impl NodeInventory {
     }
 
     /// What a table shows of the node's GPUs' partitioning: `56x 1g.10gb`,
-    /// `7x 1g.10gb, 2x 3g.40gb`; empty when no GPU is partitioned.
+    /// `7x 1g.10gb, 2x 3g.40gb`, shared GPUs as `8x shared/4` (GPUs x
+    /// slots); empty when no GPU is partitioned or shared.
     pub fn slice_summary(&self) -> String {
+        let shared = super::share::summary(&self.gpus);
         self.slice_counts()
             .iter()
+            .filter(|(p, _)| *p != super::share::SHARED)
             .map(|(p, n)| format!("{n}x {p}"))
+            .chain((!shared.is_empty()).then_some(shared))
             .collect::<Vec<_>>()
             .join(", ")
     }

@@ -179,6 +179,9 @@ pub struct NodeGroupPatch {
     pub resume_timeout_secs: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub demand_secs: Option<u64>,
+    /// The group's MIG layout; `""`: none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mig_layout: Option<String>,
 }
 
 /// One admin change of the policy.

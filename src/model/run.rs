@@ -60,6 +60,16 @@ pub struct JobRun {
     /// the jobs on rank 0's node as `master_port` is: its `PORT_<NAME>`.
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub named_ports: std::collections::BTreeMap<String, u16>,
+    /// An elastic job's size change under way: its ranks are stopping, and
+    /// `allocation` holds the nodes of both sizes until they have.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resize: Option<super::Resize>,
+    /// What the run's GPUs count as in accounting and fair share, in
+    /// thousandths of a GPU, where that is not its GPU count: a slot of a
+    /// GPU time-shared N ways is 1/N of one (`model::share`). Fixed when
+    /// the run starts, so a later `gpuq node share` does not rewrite it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub charged_milli_gpus: Option<u64>,
 }
 
 impl JobRun {

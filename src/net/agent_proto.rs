@@ -257,4 +257,8 @@ pub struct TaskFacts {
     /// --pty`); absent (files) from leaders before interactive work.
     #[serde(default, skip_serializing_if = "crate::model::TaskIo::is_files")]
     pub io: crate::model::TaskIo,
+    /// An elastic job's node range (`--nodes MIN-MAX`): torchrun's
+    /// `PET_NNODES=MIN:MAX` and a rendezvous on rank 0.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub elastic: Option<crate::model::NodeRange>,
 }

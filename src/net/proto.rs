@@ -234,6 +234,10 @@ pub enum ApiRequest {
         #[serde(default)]
         now: bool,
     },
+    /// Share every whole GPU of `node` into `slots` time-sliced slots
+    /// (`None`: stop sharing), admins only; refused while jobs hold GPUs
+    /// there.
+    NodeShare { node: String, slots: Option<u32> },
 }
 
 /// How far back a `Utilisation` request may look, in hours (30 days).

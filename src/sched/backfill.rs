@@ -61,6 +61,10 @@ pub struct BackfillConfig {
     /// pass's decisions: shown, never held. 0: none (replays, which show
     /// nothing, skip the cost).
     pub estimates: usize,
+    /// A running elastic job grows only after this long at its size (since
+    /// it started or last changed size), so nodes freed one after another
+    /// restart its ranks once, not once per node.
+    pub elastic_settle_secs: u64,
 }
 
 /// The order backfill tries the jobs in once the pass has made its `depth`
@@ -96,6 +100,7 @@ impl Default for BackfillConfig {
             default_time_limit_secs: 24 * 3600,
             order: BackfillOrder::default(),
             estimates: 10,
+            elastic_settle_secs: 10,
         }
     }
 }

@@ -201,8 +201,13 @@ fn of_kind<'a>(
     {
         sliced.sort_unstable();
         sliced.dedup();
+        let how = if sliced == [crate::model::share::SHARED] {
+            "time-shared"
+        } else {
+            "partitioned into MIG slices"
+        };
         return Err(format!(
-            "asks for whole GPUs; every GPU of the {}nodes is partitioned into MIG slices \
+            "asks for whole GPUs; every GPU of the {}nodes is {how} \
              ({}); ask for a slice instead, e.g. --gpus-per-node {}:1",
             if job.placement.restricts_nodes() {
                 "matching "
@@ -443,7 +448,11 @@ pub fn check_allocation_by<'n>(
         .map_err(|why| format!("job {} {why}", job.id))?;
     let shape = match job.total_gpus {
         None => {
-            if alloc.nodes.len() != job.nodes as usize {
+            let sized = match job.placement.elastic {
+                Some(r) => r.holds(alloc.nodes.len() as u32),
+                None => alloc.nodes.len() == job.nodes as usize,
+            };
+            if !sized {
                 return Err(format!(
                     "job {} asks for {}; the allocation has {}",
                     job.id,
@@ -508,7 +517,7 @@ pub fn check_allocation_by<'n>(
                     info.slice_profile()
                         .map_or("a whole GPU".to_string(), |p| format!("a {p} MIG slice")),
                     job.id,
-                    slice.map_or("whole GPUs".to_string(), |p| format!("{p} MIG slices")),
+                    slice.map_or("whole GPUs".to_string(), crate::model::share::noun),
                 ));
             }
             if node.used.gpus.contains(&g) {

@@ -35,6 +35,9 @@ pub(super) fn mismatch(name: &str, inventory: &NodeInventory, p: &Placement) -> 
     }
     if let Some(profile) = &p.gpu_slice {
         if inventory.gpus_of(Some(profile)).next().is_none() {
+            if crate::model::share::is_shared(profile) {
+                return Some("has no shared GPUs".into());
+            }
             return Some(format!("has no MIG slices of profile {profile}"));
         }
     }
@@ -97,6 +100,12 @@ pub(super) fn none_matches(
                 .collect();
             have.sort_unstable();
             have.dedup();
+            if crate::model::share::is_shared(profile) {
+                return format!(
+                    "{no_node} has shared GPUs (ask for whole GPUs or MIG slices, or an admin \
+                     shares some with `gpuq node share NODE --slots N`)"
+                );
+            }
             return if have.is_empty() {
                 format!(
                     "{no_node} has MIG slices of profile {profile}; no GPU of {} is \

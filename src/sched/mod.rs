@@ -53,6 +53,7 @@ mod backfill;
 mod check;
 mod constraints;
 mod cpus;
+mod elastic;
 pub mod fairshare;
 mod gpus;
 mod gpuset;
@@ -77,9 +78,10 @@ use crate::model::Millis;
 pub use backfill::{BackfillConfig, BackfillOrder};
 pub use check::{check_allocation, check_allocation_by, feasible};
 pub use cpus::pick_cpus;
+pub use elastic::Growth;
 pub use gpus::pick_gpus;
 pub use plan::{PendingReason, PendingReasons, Plan, Preemption, Reservation};
-pub use policy::{ActiveJob, PolicyView};
+pub use policy::{ActiveJob, ElasticRun, PolicyView};
 pub use queue::order as queue_order;
 pub use view::{
     cpu_layout, ArrayThrottle, Capacity, ClusterView, NodeState, NodeView, PendingJob, RunningJob,

@@ -33,6 +33,7 @@ use super::backfill::{
     clear_of_holds, end_of, place_during, Ahead, HeldFor, Hold, Releases, Timeline,
 };
 use super::check::{self, Candidate, Resolved, Scope};
+use super::elastic;
 use super::plan::Reservation;
 use super::preempt;
 use super::queue::{gate, Queue};
@@ -202,6 +203,22 @@ pub(super) fn run<'v>(
                     allowed,
                     packing,
                 );
+                // An elastic job that starts at its minimum starts on as
+                // many nodes of its range as it can.
+                let placed = match placed {
+                    Ok(at_min) if job.placement.elastic.is_some() => Ok(elastic::place_largest(
+                        &mut pool,
+                        &holds,
+                        (now, end),
+                        job,
+                        resolved,
+                        allowed,
+                        packing,
+                        |g| !q.capped || quotas.gate(job, g).is_ok(),
+                    )
+                    .unwrap_or(at_min)),
+                    other => other,
+                };
                 placed.map_err(|reason| {
                     // Would it fit but for the reservations?
                     let taken_by_holds =
@@ -236,7 +253,7 @@ pub(super) fn run<'v>(
         match attempt {
             Ok(alloc) => {
                 pool.charge(&alloc);
-                quotas.charge(job, gpus);
+                quotas.charge(job, alloc.gpus());
                 if let Some(t) = job.array_throttle {
                     if let Some(s) = slots.get_mut(&t.array) {
                         *s = s.saturating_sub(1);
@@ -267,16 +284,25 @@ pub(super) fn run<'v>(
                     &preemptors,
                 )
                 .filter(|(p, at)| {
-                    let victims: Vec<&Allocation> = view
+                    // What each victim frees: all it holds, or what a
+                    // shrinking elastic job gives back.
+                    let freed: Vec<Allocation> = view
                         .policy
                         .running
                         .iter()
-                        .filter(|r| match p {
-                            Some(p) => p.victims.contains(&r.id),
-                            None => r.preempted_for == Some(job.id),
+                        .filter_map(|r| {
+                            let kept = match p {
+                                Some(p) if p.victims.contains(&r.id) => None,
+                                Some(p) => Some(p.shrinks.iter().find(|k| k.job == r.id)?),
+                                None if r.preempted_for == Some(job.id) => {
+                                    r.elastic.as_ref().and_then(|e| e.resizing_to.as_deref())
+                                }
+                                None => return None,
+                            };
+                            Some(elastic::given_back(&r.allocation, kept))
                         })
-                        .map(|r| &*r.allocation)
                         .collect();
+                    let victims: Vec<&Allocation> = freed.iter().collect();
                     clear_of_holds(&pool, &victims, &holds, job, now, end, at)
                 });
                 if let Some((preemption, reserved)) = preempting {
@@ -405,6 +431,21 @@ pub(super) fn run<'v>(
             }
         }
     }
+    // Last, below every pending job: elastic jobs grow into what is left,
+    // clear of every reservation, unless the pass fell back to strict
+    // priority (a blocked job's start is unknown).
+    if !barrier {
+        let settle = cfg.elastic_settle_secs;
+        out.growths = elastic::grow(
+            &view.policy.running,
+            settle,
+            &mut pool,
+            parts,
+            &holds,
+            now,
+            packing,
+        );
+    }
     out
 }
 
@@ -441,6 +482,10 @@ fn preempt_for(
         let mut freed = pool.clone();
         for r in &stopping {
             freed.release(&r.allocation);
+            // A shrinking elastic job frees only what it gives back.
+            if let Some(kept) = r.elastic.as_ref().and_then(|e| e.resizing_to.as_ref()) {
+                freed.charge(kept);
+            }
         }
         let at = freed.place(job, resolved, allowed, packing).ok()?;
         return Some((None, at));
@@ -453,6 +498,30 @@ fn preempt_for(
         return None;
     }
     *tries -= 1;
+    // Elastic jobs give back their nodes above their minimum first.
+    let shrinkable: Vec<ActiveJob> = cands
+        .iter()
+        .filter_map(|r| elastic::shrinkable(r))
+        .collect();
+    if !shrinkable.is_empty() {
+        let offered: Vec<&ActiveJob> = shrinkable.iter().collect();
+        if let Some((ids, at)) = preempt::find(pool, job, resolved, allowed, packing, &offered, now)
+        {
+            let mut why = Vec::new();
+            let mut shrinks = Vec::new();
+            for r in cands.iter().filter(|r| ids.contains(&r.id)) {
+                shrinks.push(elastic::kept_after(r, &at));
+                why.push(preempt::why(&view.policy, job, r));
+            }
+            let p = Preemption {
+                job: job.id,
+                victims: Vec::new(),
+                why,
+                shrinks,
+            };
+            return Some((Some(p), at));
+        }
+    }
     let (victims, at) = preempt::find(pool, job, resolved, allowed, packing, &cands, now)?;
     let why = victims
         .iter()
@@ -464,6 +533,7 @@ fn preempt_for(
             job: job.id,
             victims,
             why,
+            shrinks: Vec::new(),
         }),
         at,
     ))

@@ -23,6 +23,9 @@ pub struct Plan {
     /// Running jobs to stop so that pending ones fit (`Command::Preempt`).
     #[serde(default)]
     pub preemptions: Vec<Preemption>,
+    /// Running elastic jobs to grow into free nodes (`Command::Resize`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub growths: Vec<super::elastic::Growth>,
 }
 
 /// Where and when a blocked job is expected to start (backfill).
@@ -47,6 +50,10 @@ pub struct Preemption {
     /// Why, per victim (a QoS preemption or a quota reclaim).
     #[serde(default)]
     pub why: Vec<String>,
+    /// Elastic jobs that shrink instead: the nodes each keeps, in rank
+    /// order (each gives back the rest).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub shrinks: Vec<Allocation>,
 }
 
 /// What the leader keeps of a pass for `gpuq queue` and `gpuq show`: why

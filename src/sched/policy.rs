@@ -50,6 +50,27 @@ pub struct ActiveJob {
     /// It is stopping because it was preempted for this job.
     #[serde(default)]
     pub preempted_for: Option<JobId>,
+    /// An elastic job's range and shape (`--nodes MIN-MAX`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub elastic: Option<Box<ElasticRun>>,
+}
+
+/// A running elastic job as a pass sees it (on its [`ActiveJob`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ElasticRun {
+    /// Its spec's shape and placement, at MIN nodes.
+    pub shape: super::view::PendingJob,
+    pub range: crate::model::NodeRange,
+    /// When its time limit ends; `None`: unlimited.
+    pub end: Option<Millis>,
+    /// When it started at its current size (its start, or its last
+    /// resize).
+    #[serde(default)]
+    pub since: Millis,
+    /// A size change under way: the nodes it keeps (the rest of its
+    /// allocation is freed once its ranks have stopped).
+    #[serde(default)]
+    pub resizing_to: Option<std::sync::Arc<Allocation>>,
 }
 
 /// The account name a job is charged to (empty: the built-in).

@@ -356,7 +356,8 @@ impl PendingJob {
         PendingJob {
             id: JobId(0),
             user: CompactString::default(),
-            nodes: spec.nodes,
+            // An elastic job waits (and is reserved for) at its minimum.
+            nodes: spec.placement.elastic.map_or(spec.nodes, |r| r.min),
             ntasks_per_node: spec.ntasks_per_node,
             gpus_per_node: spec.gpus_per_node,
             cpus_per_task: spec.cpus_per_task,

@@ -280,8 +280,8 @@ impl Api {
                 job.reason = Some(match (reason, &job.spec.placement.gpu_slice) {
                     // A slice job waits for instances of its profile, not GPUs.
                     (crate::sched::PendingReason::Resources, Some(profile)) => format!(
-                        "waiting for resources: not enough free {profile} MIG slices, CPUs or \
-                         memory now"
+                        "waiting for resources: not enough free {}, CPUs or memory now",
+                        crate::model::share::noun(profile)
                     ),
                     _ => reason.to_string(),
                 });
@@ -345,6 +345,7 @@ impl Api {
                 | ApiRequest::Logs { .. }
                 | ApiRequest::NodeDrain { .. }
                 | ApiRequest::NodeMig { .. }
+                | ApiRequest::NodeShare { .. }
                 | ApiRequest::NodeResume { .. }
                 | ApiRequest::NodeReplace { .. }
                 | ApiRequest::RemoveServer { .. }
@@ -568,6 +569,12 @@ impl Api {
                     return forbidden("repartitioning a node's GPUs");
                 }
                 self.set_mig(node, layout, caller.user, now).await
+            }
+            ApiRequest::NodeShare { node, slots } => {
+                if !caller.admin {
+                    return forbidden("sharing a node's GPUs");
+                }
+                self.set_share(node, slots).await
             }
             ApiRequest::NodeResume { node } => {
                 if !caller.admin {

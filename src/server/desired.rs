@@ -21,8 +21,10 @@ pub fn stopping_tasks(state: &State, node: &str) -> Vec<TaskKey> {
             continue;
         };
         let node_rank = node_rank as u32;
-        let ending = job.state == JobState::Completing;
-        if ending {
+        // Ending, or stopping every rank for an elastic resize.
+        let ending = job.state == JobState::Completing || run.resize.is_some();
+        // A node an elastic job is growing into has none of its ranks yet.
+        if ending && node_rank < job.spec.nodes {
             let per_node = job.spec.ntasks_per_node.max(1);
             for local_rank in job.spec.launch.local_ranks(node_rank, per_node) {
                 let rank = node_rank * per_node + local_rank;
@@ -75,6 +77,7 @@ pub fn desired_tasks(state: &State, node: &str) -> Vec<DesiredTask> {
         let per_node = job.spec.ntasks_per_node.max(1);
         let job_nodes = run.node_names();
         let devices = gpu_devices(state, node, na);
+        let shared = shared_slots(state, node, na);
         let facts = TaskFacts {
             ntasks: job.spec.total_tasks() as u32,
             first_rank: node_rank * per_node,
@@ -90,6 +93,7 @@ pub fn desired_tasks(state: &State, node: &str) -> Vec<DesiredTask> {
             submit_host: job.spec.submit_host.clone().unwrap_or_default(),
             array_span: job.array.and_then(|a| a.span),
             io: Default::default(),
+            elastic: job.spec.placement.elastic,
         };
         for local_rank in job.spec.launch.local_ranks(node_rank, per_node) {
             let rank = node_rank * per_node + local_rank;
@@ -98,6 +102,7 @@ pub fn desired_tasks(state: &State, node: &str) -> Vec<DesiredTask> {
             }
             let mut task = base_task(job, run, na, TaskKey::of_job(job.id, run.attempt, rank));
             task.gpu_devices = devices.clone();
+            push_shared(&mut task.env, shared);
             task.node_rank = node_rank;
             task.local_rank = local_rank;
             task.ntasks_per_node = per_node;
@@ -143,6 +148,7 @@ pub fn desired_tasks(state: &State, node: &str) -> Vec<DesiredTask> {
                 task.program = step.spec.program.clone();
                 task.workdir = step.spec.workdir.clone();
                 task.env = step.spec.env.clone();
+                push_shared(&mut task.env, shared);
                 task.output = step.spec.output.clone();
                 task.error = step.spec.error.clone();
                 task.time_limit_secs = step.time_limit_secs;
@@ -209,7 +215,7 @@ fn base_task(job: &Job, run: &JobRun, na: &NodeAllocation, key: TaskKey) -> Desi
         cpus: na.cpus.clone(),
         cpu_count: na.cpu_count,
         memory_mb: na.memory_mb,
-        time_limit_secs: job.spec.time_limit_secs,
+        time_limit_secs: time_left(job),
         master_addr: run.master_addr.clone(),
         master_port: run.master_port,
         signal: job.spec.signal,
@@ -220,6 +226,18 @@ fn base_task(job: &Job, run: &JobRun, na: &NodeAllocation, key: TaskKey) -> Desi
         container: job.spec.container.clone(),
         gpu_devices: Vec::new(),
     }
+}
+
+/// The job's time limit for its tasks: an elastic job restarted at a new
+/// size has only what was left of it when the resize began (the limit
+/// counts from the job's start, not the attempt's).
+fn time_left(job: &Job) -> Option<u64> {
+    let limit = job.spec.time_limit_secs?;
+    let used_ms = match (job.start_time, job.resizes.last()) {
+        (Some(start), Some(r)) if r.at >= start => r.at - start,
+        _ => 0,
+    };
+    Some(limit.saturating_sub(used_ms / 1000).max(1))
 }
 
 /// [`DesiredTask::gpu_devices`] for `na` on `node`: empty unless some of
@@ -239,10 +257,30 @@ fn gpu_devices(state: &State, node: &str, na: &NodeAllocation) -> Vec<String> {
     na.gpus
         .iter()
         .map(|&i| match entry(i) {
+            // A time-shared GPU's slot: CUDA sees the GPU itself.
+            Some(g) if crate::model::share::slots_of(g).is_some() => g.physical_index().to_string(),
             Some(g) if g.mig.is_some() => g.uuid.clone(),
             _ => i.to_string(),
         })
         .collect()
+}
+
+/// The slot count of the time-shared GPUs `na` holds slots of on `node`
+/// (the largest, should they differ), `None` when it holds none.
+fn shared_slots(state: &State, node: &str, na: &NodeAllocation) -> Option<u8> {
+    let inv = &state.nodes.get(node)?.inventory;
+    na.gpus
+        .iter()
+        .filter_map(|&i| inv.gpus.iter().find(|g| g.index == i))
+        .filter_map(crate::model::share::slots_of)
+        .max()
+}
+
+/// Tells a task on a time-shared GPU that it shares (`GPUQ_GPU_SHARED=N`).
+fn push_shared(env: &mut Vec<(String, String)>, slots: Option<u8>) {
+    if let Some(n) = slots {
+        env.push((crate::model::share::SHARED_ENV.to_string(), n.to_string()));
+    }
 }
 
 /// A task's environment from its spec; a service replica's also says which
@@ -260,4 +298,36 @@ fn replica_env(job: &crate::model::Job, run: &JobRun) -> Vec<(String, String)> {
         }
     }
     env
+}
+
+#[cfg(test)]
+mod tests {
+    use super::time_left;
+    use crate::model::{Job, JobId, JobSpec, ResizeRecord};
+
+    #[test]
+    fn a_resized_job_gets_what_was_left_of_its_limit() {
+        let spec: JobSpec = serde_json::from_value(serde_json::json!({
+            "name": "j", "nodes": 2, "ntasks_per_node": 1, "gpus_per_node": 0,
+            "cpus_per_task": 1, "mem_per_node_mb": null, "time_limit_secs": 600,
+            "account": null, "partition": null, "output": null, "error": null,
+            "workdir": "/tmp", "env": [], "program": {"Command": {"argv": ["true"]}}
+        }))
+        .unwrap();
+        let mut job = Job::pending(JobId(1), "alice", spec, 0);
+        job.start_time = Some(1_000);
+        assert_eq!(time_left(&job), Some(600));
+        job.resizes.push(ResizeRecord {
+            at: 241_000,
+            attempt: 1,
+            from_nodes: 2,
+            to_nodes: 4,
+            from_gpus: 0,
+            to_gpus: 0,
+            why: String::new(),
+        });
+        assert_eq!(time_left(&job), Some(360));
+        job.spec.time_limit_secs = None;
+        assert_eq!(time_left(&job), None);
+    }
 }

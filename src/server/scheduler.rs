@@ -44,7 +44,7 @@ pub async fn run(api: Arc<Api>, mut shutdown: watch::Receiver<bool>) {
             let state = api.state();
             // Most applied entries (task events, heartbeats of progress) leave
             // nothing pending: skip the pass.
-            if !state.has_pending() {
+            if !state.has_work() {
                 drop(state);
                 api.set_pending_reasons(Default::default());
                 continue;
@@ -72,6 +72,19 @@ pub async fn run(api: Arc<Api>, mut shutdown: watch::Receiver<bool>) {
                 }
                 Ok(other) => tracing::warn!("unexpected preempt result {other:?}"),
                 Err(e) => tracing::debug!("preemption not committed: {e:?}"),
+            }
+        }
+        if !plan.growths.is_empty() {
+            let cmd = Command::Resize {
+                growths: std::mem::take(&mut plan.growths),
+                now: now_ms(),
+            };
+            match api.write(cmd).await {
+                Ok(CommandResult::Resized { grown, skipped }) => {
+                    tracing::info!(?grown, ?skipped, "elastic jobs grew");
+                }
+                Ok(other) => tracing::warn!("unexpected resize result {other:?}"),
+                Err(e) => tracing::debug!("growth not committed: {e:?}"),
             }
         }
         if plan.allocations.is_empty() {

@@ -59,10 +59,10 @@ pub struct SubmitArgs {
     #[arg(short = 'J', long, value_name = "NAME")]
     pub job_name: Option<String>,
 
-    /// Number of nodes, started together (all or none) [default: 1]
-    #[arg(short = 'N', long, value_name = "N", allow_negative_numbers = true,
-          value_parser = value_parser!(u32).range(1..))]
-    pub nodes: Option<u32>,
+    /// Number of nodes, started together (all or none) [default: 1]; MIN-MAX (or MIN:MAX) runs an elastic job: it starts on as many as are free, grows into idle nodes and shrinks to MIN instead of being preempted, restarting its ranks at each size
+    #[arg(short = 'N', long, value_name = "N|MIN-MAX", allow_negative_numbers = true,
+          value_parser = placement::parse_nodes)]
+    pub nodes: Option<crate::model::NodeRange>,
 
     /// Tasks (processes) per node [default: 1]
     #[arg(long, value_name = "N", allow_negative_numbers = true,

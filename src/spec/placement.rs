@@ -23,6 +23,27 @@ pub fn parse_hostlist(input: &str) -> Result<HostList, String> {
         .map_err(|e| e.to_string())
 }
 
+/// Parses `--nodes`: a count `N`, or an elastic range `MIN-MAX` (`MIN:MAX`
+/// as torchrun's `--nnodes`). A count is the range `N-N`.
+pub fn parse_nodes(input: &str) -> Result<crate::model::NodeRange, String> {
+    let t = input.trim();
+    if let Ok(n) = t.parse::<i64>() {
+        return match u32::try_from(n) {
+            Ok(n) if n >= 1 => Ok(crate::model::NodeRange::fixed(n)),
+            _ => Err(format!(
+                "{n} is not in 1..={}: give a node count, or a range MIN-MAX such as 2-4",
+                u32::MAX
+            )),
+        };
+    }
+    if let Some(r) = crate::model::NodeRange::parse(t)? {
+        return Ok(r);
+    }
+    Err(format!(
+        "invalid digit in {input:?}: give a node count, or a range MIN-MAX such as 2-4"
+    ))
+}
+
 /// Parses `--constraint`: features joined by `,` or `&`, all required.
 /// Slurm's OR forms (`|`, `[...]`, counts with `*`) are refused by name.
 pub fn parse_constraint(input: &str) -> Result<Features, String> {
@@ -94,11 +115,19 @@ pub(super) fn resolve(
     merged: &SubmitArgs,
 ) -> Result<(u32, u32, Option<u32>, Placement), SpecError> {
     let invalid = |s: String| Err(SpecError::Invalid(s));
-    let mut nodes = merged.nodes.unwrap_or(1);
+    let elastic = merged.nodes.filter(|r| r.min < r.max);
+    let mut nodes = merged.nodes.map_or(1, |r| r.min);
     let mut gpus_per_node = merged.gpus().map_or(0, |g| g.count);
     let mut total_gpus = None;
     if let Some(total) = &merged.total_gpus {
-        match merged.nodes {
+        if let Some(r) = elastic {
+            return invalid(format!(
+                "--gpus {} with --nodes {r}: an elastic job's GPUs are per node; use \
+                 --gpus-per-node with --nodes {r}",
+                total.count
+            ));
+        }
+        match merged.nodes.map(|r| r.min) {
             // Told the node count: the shape is fixed here.
             Some(n) if total.count % n != 0 => {
                 return invalid(format!(
@@ -122,6 +151,10 @@ pub(super) fn resolve(
         .and_then(|g| g.gpu_type.clone());
     // `1g.10gb:2` names a MIG profile, not a GPU type.
     let (gpu_slice, typed) = match typed {
+        // `shared:1` asks for a slot of a time-sliced GPU (`model::share`).
+        Some(t) if crate::model::share::is_shared(&t) => {
+            (Some(crate::model::share::SHARED.to_string()), None)
+        }
         Some(t) if crate::model::mig::looks_like_profile(&t) => {
             let p = crate::model::mig::find_profile(&t)
                 .map_err(|e| SpecError::Invalid(format!("GPU request {t}: {e}")))?;
@@ -129,6 +162,20 @@ pub(super) fn resolve(
         }
         other => (None, other),
     };
+    let slices = |p: &str| {
+        if crate::model::share::is_shared(p) {
+            "shared GPU slots".to_string()
+        } else {
+            format!("MIG slices of {p}")
+        }
+    };
+    if let (Some(r), Some(p)) = (elastic, &gpu_slice) {
+        return invalid(format!(
+            "--nodes {r} with {}: an elastic job takes whole GPUs; ask for whole GPUs \
+             (--gpus-per-node N), or give a fixed --nodes",
+            slices(p)
+        ));
+    }
     let gpu_type = match (&merged.gpu_type, typed) {
         (Some(a), Some(b)) if !a.eq_ignore_ascii_case(&b) => {
             return invalid(format!(
@@ -140,7 +187,8 @@ pub(super) fn resolve(
     };
     if let (Some(p), 0) = (&gpu_slice, gpus_per_node) {
         return invalid(format!(
-            "the GPU request asks for 0 MIG slices of {p}; ask for at least 1, e.g. {p}:1"
+            "the GPU request asks for 0 {}; ask for at least 1, e.g. {p}:1",
+            slices(p)
         ));
     }
     if let Some(t) = &gpu_type {
@@ -174,6 +222,7 @@ pub(super) fn resolve(
         topology: merged.topology,
         reservation: merged.reservation.clone(),
         gpu_slice,
+        elastic,
     };
     Ok((nodes, gpus_per_node, total_gpus, placement))
 }

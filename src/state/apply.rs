@@ -194,6 +194,7 @@ impl State {
                 now,
             } => self.service_apply(by, *admin, name, spec, settings, *now, dirty),
             Command::Power { changes, now } => Ok(self.apply_power(changes, *now, dirty)),
+            Command::Resize { growths, now } => Ok(self.apply_resize(growths, *now, dirty)),
             Command::ServiceReplicaReady {
                 name,
                 index,
@@ -297,6 +298,7 @@ impl State {
                 now,
             } => self.set_mig(node, layout, user.as_deref(), *requeue_now, *now, dirty),
             Command::MigFailed { node, error, now } => self.mig_failed(node, error, *now, dirty),
+            Command::SetShare { node, slots, .. } => self.set_share(node, *slots, dirty),
             Command::TokenUsed { id, .. } => {
                 let t = self
                     .tokens

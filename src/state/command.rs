@@ -280,6 +280,18 @@ pub enum Command {
         error: String,
         now: Millis,
     },
+    /// `gpuq node share`: share every whole GPU of `node` into `slots`
+    /// time-sliced slots (`None`: stop sharing). See `state::share`.
+    SetShare {
+        node: String,
+        slots: Option<u8>,
+        now: Millis,
+    },
+    /// A pass's growths of running elastic jobs (`sched::elastic`).
+    Resize {
+        growths: Vec<crate::sched::Growth>,
+        now: Millis,
+    },
 }
 
 /// What applying a command answered. Returned to the proposer after commit.
@@ -366,6 +378,11 @@ pub enum CommandResult {
     /// The group nodes whose power state a `Power` changed.
     PowerChanged {
         nodes: Vec<String>,
+    },
+    /// The elastic jobs a `Resize` grew, and those it skipped with why.
+    Resized {
+        grown: Vec<JobId>,
+        skipped: Vec<(JobId, String)>,
     },
 }
 

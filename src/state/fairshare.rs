@@ -20,11 +20,17 @@ impl State {
         };
         let gpus: u64 = run.allocation.gpus();
         // A MIG slice is charged as its share of a GPU (compute slices / 7).
-        let sevenths = crate::model::mig::sevenths(job.spec.placement.gpu_slice.as_deref());
-        let gpu_ms = gpus
-            .saturating_mul(now.saturating_sub(start))
-            .saturating_mul(sevenths)
-            / 7;
+        let (part, whole) = crate::model::mig::share(job.spec.placement.gpu_slice.as_deref());
+        // An elastic job is charged each of its sizes over its own span.
+        let held_ms = crate::model::elastic::gpu_ms(start, now, gpus, &job.resizes);
+        let mut gpu_ms = u64::try_from(held_ms)
+            .unwrap_or(u64::MAX)
+            .saturating_mul(part)
+            / whole;
+        // A slot of a time-shared GPU is charged 1 / its slots.
+        if let Some(milli) = run.charged_milli_gpus {
+            gpu_ms = now.saturating_sub(start).saturating_mul(milli) / 1000;
+        }
         let account = job
             .spec
             .account

@@ -9,6 +9,7 @@ mod autoscale;
 pub mod codec;
 mod command;
 mod deps;
+mod elastic;
 mod fairshare;
 pub mod history;
 mod index;
@@ -23,6 +24,7 @@ mod reservations;
 mod runs;
 mod service_roll;
 mod services;
+mod share;
 mod steps;
 pub mod store;
 mod store_error;
@@ -169,6 +171,11 @@ pub struct NodeRecord {
     /// (`gpuq node mig set`; see `mig`); the node stays drained meanwhile.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mig_target: Option<String>,
+    /// The slots an admin shares each whole GPU of the node into (`gpuq
+    /// node share`; see `share`): the inventory holds the slots, and every
+    /// report of the node's GPUs is shared the same way.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_shared: Option<u8>,
 }
 
 /// The whole replicated state, held in memory and persisted by `store`.
@@ -259,6 +266,23 @@ impl State {
     /// Whether some job is PENDING.
     pub fn has_pending(&self) -> bool {
         !self.index.pending.is_empty()
+    }
+
+    /// Whether a pass has work: a job is PENDING, or a running elastic job
+    /// could grow.
+    pub fn has_work(&self) -> bool {
+        self.has_pending()
+            || self.index.holding().any(|id| {
+                self.jobs.get(&id).is_some_and(|j| {
+                    let run = j.run.as_ref();
+                    j.state == JobState::Running
+                        && run.is_some_and(|r| r.resize.is_none() && r.preempted_for.is_none())
+                        && j.spec
+                            .placement
+                            .elastic
+                            .is_some_and(|e| j.spec.nodes < e.max)
+                })
+            })
     }
 
     /// Number of jobs in each state.

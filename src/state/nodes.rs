@@ -50,19 +50,24 @@ impl State {
             dirty.meta = true;
         }
         let mig_target = self.nodes.get(&name).and_then(|n| n.mig_target.clone());
+        let gpu_shared = self.nodes.get(&name).and_then(|n| n.gpu_shared);
+        let mut inventory = inventory.clone();
+        inventory.gpus = super::share::shared_view(gpu_shared, &inventory.gpus);
         self.nodes.insert(
             name.clone(),
             NodeRecord {
-                inventory: inventory.clone(),
+                inventory,
                 addr: addr.to_string(),
                 status,
                 registered_at: now,
                 cert_sha256,
                 replace_allowed: false,
                 mig_target,
+                gpu_shared,
             },
         );
         self.mig_reached(&name, dirty);
+        self.group_layout(&name, now, dirty);
         dirty.nodes.insert(name);
         Ok(CommandResult::NodeRegistered)
     }
@@ -202,6 +207,7 @@ impl State {
         let Some(rec) = self.nodes.get_mut(node) else {
             return CommandResult::Rejected(Rejection::NoSuchNode(node.to_string()));
         };
+        let gpus = &super::share::shared_view(rec.gpu_shared, gpus);
         let newly_bad: Vec<&crate::model::GpuInfo> = gpus
             .iter()
             .filter(|g| !g.healthy)

@@ -423,6 +423,26 @@ pub(super) fn active_job(j: &crate::model::Job) -> Option<ActiveJob> {
         start_time: j.start_time.unwrap_or(0),
         allocation: run.allocation.clone(),
         completing: j.state == JobState::Completing,
-        preempted_for: run.preempted_for,
+        // A shrinking elastic job stops its ranks for its preemptor too.
+        preempted_for: (run.preempted_for).or(run.resize.as_ref().and_then(|r| r.for_job)),
+        elastic: j.spec.placement.elastic.map(|range| {
+            Box::new(crate::sched::ElasticRun {
+                shape: crate::sched::PendingJob {
+                    id: j.id,
+                    user: j.user.as_str().into(),
+                    ..crate::sched::PendingJob::of_spec(&j.spec)
+                },
+                range,
+                end: (j.spec.time_limit_secs).map(|s| {
+                    j.start_time
+                        .unwrap_or(0)
+                        .saturating_add(s.saturating_mul(1000))
+                }),
+                since: (j.resizes.last().map(|r| r.at))
+                    .max(j.start_time)
+                    .unwrap_or(0),
+                resizing_to: run.resize.as_ref().map(|r| r.to.clone()),
+            })
+        }),
     })
 }

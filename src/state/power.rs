@@ -83,6 +83,7 @@ impl State {
                 idle_secs: 600,
                 resume_timeout_secs: 600,
                 demand_secs: 30,
+                mig_layout: None,
             },
         };
         if !adding {
@@ -98,6 +99,16 @@ impl State {
         set(&mut g.demand_secs, p.demand_secs);
         if let Some(f) = &p.features {
             g.features = f.clone();
+        }
+        if let Some(l) = &p.mig_layout {
+            g.mig_layout = match l.trim() {
+                "" => None,
+                text => Some(
+                    crate::model::mig::parse_target(text)
+                        .map_err(|e| refuse(format!("--mig-layout {text}: {e}; or `none`")))?
+                        .map_or(crate::model::mig::NO_MIG.to_string(), |l| l.to_text()),
+                ),
+            };
         }
         if let Some(c) = &p.suspend_command {
             g.suspend_command = (!c.trim().is_empty()).then(|| c.clone());

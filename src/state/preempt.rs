@@ -32,12 +32,24 @@ impl State {
                         && j.run.as_ref().is_some_and(|r| r.preempted_for.is_none())
                 })
             });
-            if !ok_for || !victims_ok || p.victims.is_empty() {
+            let shrinks_ok = p.shrinks.iter().all(|kept| self.may_shrink_to(kept));
+            if !ok_for
+                || !victims_ok
+                || !shrinks_ok
+                || (p.victims.is_empty() && p.shrinks.is_empty())
+            {
                 skipped.push(p.job);
                 continue;
             }
-            for (i, v) in p.victims.iter().enumerate() {
+            for (i, kept) in p.shrinks.iter().enumerate() {
                 let why = p.why.get(i).cloned().unwrap_or_default();
+                let why = format!("gave nodes back to job {} ({why})", p.job);
+                self.begin_resize(kept.job, kept.clone(), Some(p.job), why, now, dirty);
+                stopped.push(kept.job);
+            }
+            let why_of_victims = &p.why[p.shrinks.len().min(p.why.len())..];
+            for (i, v) in p.victims.iter().enumerate() {
+                let why = why_of_victims.get(i).cloned().unwrap_or_default();
                 let mode = self
                     .jobs
                     .get(v)
@@ -71,5 +83,22 @@ impl State {
             }
         }
         CommandResult::Preempted { stopped, skipped }
+    }
+
+    /// Whether the elastic job of `kept` may shrink to it: running at a
+    /// steady size, and `kept` is some of its nodes, at least its minimum.
+    fn may_shrink_to(&self, kept: &crate::model::Allocation) -> bool {
+        let Some(job) = self.jobs.get(&kept.job) else {
+            return false;
+        };
+        let (Some(range), Some(run)) = (job.spec.placement.elastic, job.run.as_ref()) else {
+            return false;
+        };
+        job.state == JobState::Running
+            && run.resize.is_none()
+            && run.preempted_for.is_none()
+            && kept.nodes.len() as u32 >= range.min
+            && kept.nodes.len() < run.allocation.nodes.len()
+            && kept.nodes.iter().all(|k| run.allocation.nodes.contains(k))
     }
 }

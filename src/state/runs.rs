@@ -163,8 +163,21 @@ impl State {
                     job.spec.nodes = alloc.nodes.len() as u32;
                     job.spec.gpus_per_node = first.gpus.len() as u32;
                 }
+                // So does an elastic job, at the size the pass started it.
+                if job.spec.placement.elastic.is_some() {
+                    job.spec.nodes = alloc.nodes.len() as u32;
+                }
+                let charged_milli_gpus = job
+                    .spec
+                    .placement
+                    .gpu_slice
+                    .as_deref()
+                    .is_some_and(crate::model::share::is_shared)
+                    .then(|| super::share::milli_gpus(&self.nodes, alloc));
                 job.run = Some(JobRun {
-                    attempt: job.restart_count,
+                    // Every attempt has its own number: requeues and
+                    // elastic resizes both start one.
+                    attempt: job.restart_count + job.resizes.len() as u32,
                     allocation: alloc.clone().into(),
                     master_addr,
                     master_port,
@@ -178,6 +191,8 @@ impl State {
                     renewed_at: None,
                     gpu_use: BTreeMap::new(),
                     named_ports,
+                    resize: None,
+                    charged_milli_gpus,
                     // An allocation asked for with its first step (`srun`
                     // outside one) starts that step with the job.
                     steps: job
@@ -262,6 +277,10 @@ impl State {
         if !run.all_ended(job.spec.launched_tasks()) {
             return;
         }
+        if run.resize.is_some() && job.state == JobState::Running {
+            self.finish_resize(id, now, dirty);
+            return;
+        }
         if run.requeue {
             if self.transition(id, JobState::Pending, now, dirty) {
                 if let Some(job) = self.jobs.get_mut(&id) {
@@ -338,7 +357,11 @@ impl State {
                     applied += 1;
                     dirty.jobs.insert(ev.key.job);
                     let state = job.state;
-                    if state == JobState::Running && *end != TaskEnd::Completed {
+                    // Ranks stopped for an elastic resize end as asked.
+                    let resizing = run.resize.is_some();
+                    if resizing {
+                        self.finish_if_all_ended(ev.key.job, now, dirty);
+                    } else if state == JobState::Running && *end != TaskEnd::Completed {
                         job.exit_code = Some(end.exit_code());
                         let reason =
                             format!("rank {} on node {node} {}", ev.key.rank, end.describe());

@@ -302,6 +302,12 @@ impl State {
                 "a service cannot be an array: --replicas N runs N copies; drop --array".into(),
             ));
         }
+        if let Some(r) = spec.placement.elastic {
+            return Err(Rejection::Service(format!(
+                "a service's replicas have a fixed size: --nodes {r} is for elastic batch jobs; \
+                 give --nodes N and scale with --replicas"
+            )));
+        }
         if !spec.queue.dependency.is_empty() || spec.queue.hold {
             return Err(Rejection::Service(
                 "a service's replicas start at once: drop --dependency and --hold".into(),

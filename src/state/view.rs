@@ -259,7 +259,8 @@ impl State {
         self.jobs_on(node)
             .filter(|j| j.state == JobState::Running)
             .filter_map(|j| {
-                let run = j.run.as_ref()?;
+                // An elastic job changing size runs nothing until it has.
+                let run = j.run.as_ref().filter(|r| r.resize.is_none())?;
                 let rank = run.allocation.nodes.iter().position(|n| n.node == node)?;
                 Some((j, rank as u32))
             })

@@ -362,6 +362,21 @@ impl Server {
         );
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
+
+    /// `gpuq show ID --json`.
+    pub fn job(&self, id: &str) -> serde_json::Value {
+        serde_json::from_str(&self.ok(&["show", id, "--json"])).unwrap()
+    }
+
+    /// Waits up to `timeout` until job `id` is in `state`; returns it.
+    pub fn wait_job(&self, id: &str, state: &str, timeout: Duration) -> serde_json::Value {
+        let mut last = serde_json::Value::Null;
+        wait_for(&format!("job {id} {state}"), timeout, || {
+            last = self.job(id);
+            last["state"] == state
+        });
+        last
+    }
 }
 
 impl Drop for Server {
@@ -494,6 +509,27 @@ pub fn cli_env(socket: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
 /// Stderr of an output as a string.
 pub fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+pub fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// Runs `gpuq ARGS` against `socket` with `input` on its stdin.
+pub fn cli_with_input(socket: &Path, args: &[&str], input: &str) -> Output {
+    use std::io::Write;
+    let mut child = gpuq_command()
+        .args(args)
+        .env("GPUQ_SOCKET", socket)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run gpuq");
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(input.as_bytes()).unwrap();
+    drop(stdin);
+    child.wait_with_output().unwrap()
 }
 
 /// A local test user (created once, as root), for tests that switch users.
@@ -846,7 +882,7 @@ impl Cluster {
 
     /// `gpuq show ID --json`.
     pub fn job(&self, id: &str) -> serde_json::Value {
-        serde_json::from_str(&self.server.ok(&["show", id, "--json"])).unwrap()
+        self.server.job(id)
     }
 
     /// Waits until job `id` is in `state`; panics with the job and logs if not.

@@ -542,7 +542,29 @@ pub fn commands() -> Vec<Command> {
                 job: JobId(4),
                 victims: vec![JobId(1)],
                 why: vec!["qos".into()],
+                shrinks: Vec::new(),
             }],
+            now: now + 7,
+        },
+        Command::Resize {
+            growths: vec![gpuq::sched::Growth {
+                job: JobId(1),
+                added: Allocation {
+                    job: JobId(1),
+                    nodes: vec![NodeAllocation {
+                        node: "n2".into(),
+                        gpus: vec![0, 1, 2, 3],
+                        cpus: vec![0, 1],
+                        cpu_count: 2,
+                        memory_mb: 1024,
+                    }],
+                },
+            }],
+            now: now + 7,
+        },
+        Command::SetShare {
+            node: "n2".into(),
+            slots: Some(4),
             now: now + 7,
         },
         Command::Archive { before: now + 8 },

@@ -151,6 +151,22 @@ pub fn task_env(job_env: &[(String, String)], ctx: &TaskContext<'_>) -> Vec<(Str
     ];
     if let Some(facts) = ctx.facts {
         contract.extend(super::slurm_env::slurm_env(ctx, facts, rank));
+        if let Some(r) = facts.elastic {
+            // torchrun elastic: the range, and a c10d rendezvous on rank 0
+            // (every size change restarts the ranks at the new size).
+            let rdzv = format!("{}:{}", ctx.master_addr, ctx.master_port);
+            for (k, v) in [
+                ("PET_NNODES", format!("{}:{}", r.min, r.max)),
+                ("PET_RDZV_BACKEND", "c10d".to_string()),
+                ("PET_RDZV_ENDPOINT", rdzv),
+                ("PET_RDZV_ID", ctx.job.to_string()),
+                ("GPUQ_NODES_MIN", r.min.to_string()),
+                ("GPUQ_NODES_MAX", r.max.to_string()),
+            ] {
+                contract.retain(|(name, _)| *name != k);
+                contract.push((k, v));
+            }
+        }
     }
     // An array task's ids; a job submitted from inside an array task must
     // not inherit them, so they are dropped from the job's env either way

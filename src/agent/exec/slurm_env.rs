@@ -163,6 +163,7 @@ mod tests {
             submit_host: "login1".into(),
             array_span: Some((10, 0, 9)),
             io: Default::default(),
+            elastic: None,
         };
         let ctx = TaskContext {
             job: JobId(40),

@@ -102,7 +102,10 @@ fn ntasks_becomes_tasks_per_node() {
     let a = t(&["-n", "4"]).unwrap();
     assert_eq!((a.nodes, a.ntasks_per_node), (None, Some(4)));
     let a = t(&["-n", "8", "--ntasks-per-node", "4"]).unwrap();
-    assert_eq!((a.nodes, a.ntasks_per_node), (Some(2), Some(4)));
+    assert_eq!(
+        (a.nodes, a.ntasks_per_node),
+        (Some(crate::model::NodeRange::fixed(2)), Some(4))
+    );
     let e = t(&["-n", "5", "-N", "2"]).unwrap_err();
     assert!(e.contains("-n 5") && e.contains("-N 2"), "{e}");
     let e = t(&["-n", "6", "-N", "2", "--ntasks-per-node", "4"]).unwrap_err();
@@ -249,4 +252,18 @@ fn gres_with_a_mig_profile_asks_for_slices() {
     assert_eq!(spec.gpus_per_node, 2);
     let err = spec_of("#!/bin/sh\ntrue\n", &["--gpus-per-node=9g.90gb:1"]).unwrap_err();
     assert!(err.contains("unknown MIG profile"), "{err}");
+}
+
+#[test]
+fn a_node_range_makes_an_elastic_job() {
+    let s = spec_of(
+        "#!/bin/sh\n#SBATCH -N 2-4\n#SBATCH --gpus-per-node=8\ntrain\n",
+        &[],
+    )
+    .unwrap();
+    let range = crate::model::NodeRange { min: 2, max: 4 };
+    assert_eq!((s.nodes, s.placement.elastic), (2, Some(range)));
+    // torchrun's spelling, and a flag over the directive.
+    let s = spec_of("#!/bin/sh\n#SBATCH --nodes=2:4\ntrain\n", &["-N", "3"]).unwrap();
+    assert_eq!((s.nodes, s.placement.elastic), (3, None));
 }

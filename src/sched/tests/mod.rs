@@ -8,6 +8,7 @@ mod backfill_sim;
 mod checks;
 mod constraints;
 mod delay;
+mod elastic;
 mod fragmentation;
 mod mig;
 mod packing;
@@ -258,6 +259,13 @@ impl JobBuilder {
         self.job.nodes = n;
         self
     }
+    /// `--nodes MIN-MAX`: an elastic job, waiting at MIN.
+    pub fn elastic(mut self, min: u32, max: u32) -> Self {
+        self.job.nodes = min;
+        self.job.placement.elastic = Some(crate::model::NodeRange { min, max });
+        self
+    }
+
     pub fn gpus(mut self, n: u32) -> Self {
         self.job.gpus_per_node = n;
         self

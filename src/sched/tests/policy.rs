@@ -39,6 +39,7 @@ fn running(
         allocation: alloc.into(),
         completing: false,
         preempted_for: None,
+        elastic: None,
     });
     s
 }
@@ -545,6 +546,7 @@ fn preemption_behind_a_reservation_delays_it_not() {
                 allocation: alloc.into(),
                 completing: false,
                 preempted_for: None,
+                elastic: None,
             });
         }
         s

@@ -1,5 +1,6 @@
 //! An admin's node requests that change the state: drain and resume, and
-//! MIG repartitioning (`gpuq node mig set`, see `state::mig`).
+//! MIG repartitioning (`gpuq node mig set`, see `state::mig`), and GPU
+//! time-sharing (`gpuq node share`, see `state::share`).
 
 use crate::clock::now_ms;
 use crate::net::proto::{ApiResponse, ErrorKind};
@@ -46,6 +47,20 @@ impl Api {
             layout,
             user: Some(user),
             requeue_now,
+            now: now_ms(),
+        };
+        self.node_command(node, cmd).await
+    }
+
+    /// Shares every whole GPU of `node` into `slots` (`None`: stops).
+    pub(super) async fn set_share(&self, node: String, slots: Option<u32>) -> ApiResponse {
+        let slots = match slots.map(crate::model::share::check_slots).transpose() {
+            Ok(s) => s,
+            Err(why) => return ApiResponse::error(ErrorKind::BadInput, why),
+        };
+        let cmd = Command::SetShare {
+            node: node.clone(),
+            slots,
             now: now_ms(),
         };
         self.node_command(node, cmd).await

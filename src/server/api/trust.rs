@@ -107,6 +107,7 @@ fn request_name(req: &ApiRequest) -> &'static str {
         ApiRequest::NodeDrain { .. } => "node-drain",
         ApiRequest::NodeResume { .. } => "node-resume",
         ApiRequest::NodeMig { .. } => "node-mig",
+        ApiRequest::NodeShare { .. } => "node-share",
         ApiRequest::NodeReplace { .. } => "node-replace",
         ApiRequest::Logs { .. } => "logs",
         ApiRequest::TokenCreate { .. } => "token-create",

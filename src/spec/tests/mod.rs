@@ -99,7 +99,7 @@ fn every_flag_short_and_long() {
         "job.sh",
     ]);
     assert_eq!(a.job_name.as_deref(), Some("train"));
-    assert_eq!(a.nodes, Some(4));
+    assert_eq!(a.nodes, Some(crate::model::NodeRange::fixed(4)));
     assert_eq!(a.ntasks_per_node, Some(8));
     assert_eq!(
         a.gpus(),
@@ -135,7 +135,7 @@ fn every_flag_short_and_long() {
         "--gres=gpu:2",
         "x.sh",
     ]);
-    assert_eq!(long.nodes, Some(2));
+    assert_eq!(long.nodes, Some(crate::model::NodeRange::fixed(2)));
     assert_eq!(long.time, Some(TimeLimit(None)));
     assert_eq!(long.gpus().map(|g| g.count), Some(2));
 }
@@ -185,7 +185,7 @@ fn conflicting_flags_are_refused() {
 #[test]
 fn the_command_takes_everything_after_it() {
     let a = args(&["-N", "2", "--", "python", "train.py", "--lr", "3"]);
-    assert_eq!(a.nodes, Some(2));
+    assert_eq!(a.nodes, Some(crate::model::NodeRange::fixed(2)));
     assert_eq!(a.script_or_command, ["python", "train.py", "--lr", "3"]);
     let a = args(&["python", "train.py", "--nodes", "3", "-N", "4"]);
     assert_eq!(a.nodes, None, "options after the command belong to it");
@@ -304,7 +304,7 @@ fn bad_directives_name_the_line_and_the_problem() {
     for (body, needle) in [
         (
             "#GPUQ --nodes 0\n",
-            "line 2: invalid value '0' for '--nodes <N>': 0 is not in 1..",
+            "line 2: invalid value '0' for '--nodes <N|MIN-MAX>': 0 is not in 1..",
         ),
         ("#GPUQ --time 25:99\n", "line 2: invalid value '25:99'"),
         ("#GPUQ -o out-%Q.log\n", "unknown escape %Q"),
@@ -319,7 +319,7 @@ fn bad_directives_name_the_line_and_the_problem() {
         ),
         (
             "#GPUQ --nodes\n",
-            "line 2: a value is required for '--nodes <N>'",
+            "line 2: a value is required for '--nodes <N|MIN-MAX>'",
         ),
         ("#GPUQ --help\n", "line 2: unknown directive --help"),
     ] {

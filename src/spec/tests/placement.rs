@@ -46,6 +46,7 @@ fn placement_flags_reach_the_spec() {
             topology: Some(TopologyRequirement::Leaf),
             reservation: None,
             gpu_slice: None,
+            elastic: None,
         }
     );
     assert_eq!((s.nodes, s.gpus_per_node, s.total_gpus), (2, 8, None));

@@ -6,6 +6,7 @@
 //! `queue`, `restart` and `policy`.
 
 mod alloc;
+mod elastic;
 mod history;
 mod mig;
 mod policy;
@@ -16,6 +17,7 @@ mod reservations;
 mod restart;
 mod run;
 mod services;
+mod share;
 mod steps;
 mod update;
 
