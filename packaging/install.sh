@@ -764,10 +764,18 @@ example_agent_toml() {
 # its GPUs' device nodes, driver mounts, variables and hooks. With no spec
 # there, a task gets its GPUs' device nodes only (`gpuq nodes` shows
 # crun+cdi where specs were found at the agent's start).
+# docker:// images are pulled with pull_tool (skopeo from PATH by default;
+# "" pulls none). insecure_registries are reached over plain HTTP or
+# unverified TLS (HOST or HOST:PORT as the image reference names them);
+# registry_auth_file holds the pull credentials, as `podman login` or
+# `docker login` writes them (default: the tool's own, root's).
 # [agent.containers]
 # runtime = "/usr/bin/crun"
 # cache_max_mb = 102400
 # cdi_spec_dirs = ["/etc/cdi", "/var/run/cdi"]
+# pull_tool = "skopeo"
+# insecure_registries = ["registry.lan:5000"]
+# registry_auth_file = "/etc/gpuq/registry-auth.json"
 GPUQ_EOF
 }
 

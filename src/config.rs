@@ -455,6 +455,7 @@ impl AgentConfig {
         check_path("agent.data_dir", &self.data_dir)?;
         check_path("agent.socket", &self.socket)?;
         check_group("agent.admin_group", &self.admin_group)?;
+        self.containers.validate()?;
         if !self.http_listen.ip().is_loopback() {
             return Err(ConfigError::Invalid {
                 key: "agent.http_listen".into(),

@@ -94,7 +94,7 @@ fn cdi_gives_a_container_its_own_gpus_and_mig_jobs_see_their_instances() {
     write_spec(&n1, &(0..4).map(|i| i.to_string()).collect::<Vec<_>>());
     let extra = |node: &Path| {
         format!(
-            "[agent.containers]\ncdi_spec_dirs = [\"{}\"]\n",
+            "[agent.containers]\ncdi_spec_dirs = [\"{}\"]\npull_tool = \"\"\n",
             node.join("cdi").display()
         )
     };

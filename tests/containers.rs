@@ -11,8 +11,22 @@ mod images;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
-use common::{cli_as, ensure_user, require_root, shared_tempdir, stderr, Agent, Cluster};
+use common::{cli_as, ensure_user, require_root, shared_tempdir, stderr, Agent, Cluster, Server};
 use images::{alive, layout, read, rootfs, vars, IMAGE_NAME, LONG};
+
+/// The CONTAINERS cell of a node with `runtime` and the default pull
+/// tool: `+pull` where this machine has skopeo (CI installs it for
+/// tests/container_registry.rs).
+fn shown(runtime: &str) -> String {
+    let skopeo = std::env::var("PATH")
+        .unwrap_or_default()
+        .split(':')
+        .any(|d| Path::new(d).join("skopeo").is_file());
+    match skopeo {
+        true => format!("{runtime}+pull"),
+        false => runtime.to_string(),
+    }
+}
 
 #[test]
 fn a_job_in_an_image_sees_its_files_as_the_user_and_writes_where_a_bare_job_would() {
@@ -30,13 +44,13 @@ fn a_job_in_an_image_sees_its_files_as_the_user_and_writes_where_a_bare_job_woul
         nodes.to_string().contains("\"oci\"") && nodes.to_string().contains("\"oci-crun\""),
         "no node has the oci feature: {nodes}"
     );
-    // `gpuq nodes` names the runtime (and no pull tool: no skopeo here).
+    // `gpuq nodes` names the runtime, and the pull tool where it is found.
     let table = c.server.ok(&["nodes"]);
     let header = table.lines().next().unwrap();
     let at = header.find("CONTAINERS").expect(&table);
     let row = table.lines().nth(1).unwrap();
     let cell = row[at..].split_whitespace().next();
-    assert_eq!(cell, Some("crun"), "{table}");
+    assert_eq!(cell, Some(shown("crun").as_str()), "{table}");
     let alice = ensure_user("gpuqt-alice");
     let work = dir.path().join("alice");
     std::fs::create_dir_all(&work).unwrap();
@@ -367,7 +381,11 @@ fn what_only_the_node_can_know_fails_the_job_with_the_reason() {
 #[test]
 fn bad_container_flags_are_refused_at_submit_naming_the_flag() {
     let dir = tempfile::tempdir().unwrap();
-    let c = Cluster::start(dir.path(), 1, 8);
+    // A node that pulls nothing, whatever this machine has installed.
+    let server = Server::bootstrap(&dir.path().join("server"));
+    let token = server.ok(&["token", "create"]).trim().to_string();
+    let no_pull = "[agent.containers]\npull_tool = \"\"\n";
+    let _agent = Agent::start_with(&server, &dir.path().join("n1"), "n1", 8, &token, no_pull);
     let cases: [(&[&str], &[&str]); 9] = [
         (
             &["--container-image", "images/tiny"],
@@ -431,7 +449,7 @@ fn bad_container_flags_are_refused_at_submit_naming_the_flag() {
             if front[0] == "submit" {
                 args.extend_from_slice(&["--", "true"]);
             }
-            let out = c.server.cli(&args);
+            let out = server.cli(&args);
             let err = stderr(&out);
             assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
             for word in words {
@@ -440,7 +458,7 @@ fn bad_container_flags_are_refused_at_submit_naming_the_flag() {
         }
     }
     let queue: serde_json::Value =
-        serde_json::from_str(&c.server.ok(&["queue", "--all", "--json"])).unwrap();
+        serde_json::from_str(&server.ok(&["queue", "--all", "--json"])).unwrap();
     assert!(queue.as_array().unwrap().is_empty(), "{queue}");
 }
 
@@ -563,7 +581,7 @@ fn runc_runs_the_job_where_a_node_names_it_and_cancel_stops_its_tree() {
         "n2",
         8,
         &token,
-        &format!("[agent.containers]\nruntime = \"{runc}\"\n"),
+        &format!("[agent.containers]\nruntime = \"{runc}\"\npull_tool = \"\"\n"),
     );
     common::wait_for("n2 registered", LONG, || {
         c.server
@@ -579,7 +597,7 @@ fn runc_runs_the_job_where_a_node_names_it_and_cancel_stops_its_tree() {
     };
     assert_eq!(
         (cell("n1 "), cell("n2 ")),
-        ("crun".into(), "runc".into()),
+        (shown("crun"), "runc".into()),
         "{table}"
     );
     let alice = ensure_user("gpuqt-alice");

@@ -104,13 +104,16 @@ pub async fn start_compute(
             }
             // Registry references need a pull tool as well.
             let pull = crate::model::OCI_PULL_FEATURE.to_string();
-            match super::exec::container::find_tool("skopeo", &path) {
-                Some(skopeo) if !inventory.features.contains(&pull) => {
-                    tracing::info!(skopeo = %skopeo.display(), "images may be pulled here");
+            match super::exec::container::Pull::new(&cfg.containers, &path).tool {
+                Some(tool) if !inventory.features.contains(&pull) => {
+                    tracing::info!(tool = %tool.display(), "images may be pulled here");
                     inventory.features.push(pull);
                 }
                 Some(_) => {}
-                None => tracing::info!("no skopeo: docker:// images are not pulled here"),
+                None => tracing::info!(
+                    "no pull tool ([agent.containers] pull_tool): docker:// images are not \
+                     pulled here"
+                ),
             }
         }
         Err(why) => tracing::info!("no container jobs here: {why}"),

@@ -203,6 +203,7 @@ pub fn task_spec(
                     })
                     .collect(),
                 cdi_dirs: Vec::new(),
+                pull: Default::default(),
             }),
     }
 }

@@ -19,6 +19,55 @@ pub struct Containers {
     /// their `containerEdits` (device nodes, driver mounts, environment,
     /// hooks); with none, only their device nodes.
     pub cdi_spec_dirs: Vec<std::path::PathBuf>,
+    /// The tool that pulls `docker://` images: a name looked up in PATH or
+    /// an absolute path; "" for none (registry images are then refused at
+    /// submit where no node can pull). Default: skopeo.
+    pub pull_tool: String,
+    /// Registries (`HOST` or `HOST:PORT`, as in an image reference) pulled
+    /// from over plain HTTP or TLS that is not verified, as podman's
+    /// `insecure = true`: a registry on a private network without a
+    /// certificate the nodes trust.
+    pub insecure_registries: Vec<String>,
+    /// The credentials for pulls: a file as `podman login` or `docker
+    /// login` writes it (`{"auths": {"HOST": {"auth": base64(user:pass)}}}`),
+    /// readable by root only. Default: the pull tool's own (root's).
+    pub registry_auth_file: Option<std::path::PathBuf>,
+}
+
+/// The pull tool when the config names none.
+pub const DEFAULT_PULL_TOOL: &str = "skopeo";
+
+impl Containers {
+    /// Checks what the types cannot: each insecure registry is a bare
+    /// `HOST` or `HOST:PORT`.
+    pub(super) fn validate(&self) -> Result<(), super::ConfigError> {
+        for (i, r) in self.insecure_registries.iter().enumerate() {
+            let host = r.rsplit_once(':').map_or(r.as_str(), |(h, port)| {
+                if port.parse::<u16>().is_ok() {
+                    h
+                } else {
+                    ""
+                }
+            });
+            let ok = !host.is_empty()
+                && host
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_'));
+            if !ok {
+                return Err(super::ConfigError::Invalid {
+                    key: format!("agent.containers.insecure_registries[{i}]"),
+                    problem: format!(
+                        "{r:?} is not a registry as an image reference names it: give HOST or \
+                         HOST:PORT, e.g. \"registry.lan:5000\", with no scheme or path"
+                    ),
+                });
+            }
+        }
+        if let Some(f) = &self.registry_auth_file {
+            super::checks::check_path("agent.containers.registry_auth_file", f)?;
+        }
+        Ok(())
+    }
 }
 
 /// The CDI spec directories when the config names none (the CDI spec's).
@@ -35,6 +84,9 @@ impl Default for Containers {
             runtime: None,
             cache_max_mb: DEFAULT_CACHE_MAX_MB,
             cdi_spec_dirs: default_cdi_spec_dirs(),
+            pull_tool: DEFAULT_PULL_TOOL.to_string(),
+            insecure_registries: Vec::new(),
+            registry_auth_file: None,
         }
     }
 }

@@ -42,6 +42,7 @@ use nix::unistd::Pid;
 
 use super::bundle::{container_env, gpu_devices, oci_config, Process};
 pub use super::image_tools::find_tool;
+pub use super::task::Pull;
 use super::task::{hostname, Identity, TaskContainer, TaskSpec};
 
 /// How long the runtime may take to start the container.
@@ -60,6 +61,8 @@ pub struct ContainerHost {
     pub real_gpus: bool,
     /// `[agent.containers] cdi_spec_dirs`.
     pub cdi_dirs: Vec<PathBuf>,
+    /// How registry images are pulled here.
+    pub pull: Pull,
 }
 
 impl ContainerHost {
@@ -76,6 +79,7 @@ impl ContainerHost {
             cache_max_mb: cfg.cache_max_mb,
             real_gpus: matches!(gpus, GpuConfig::Auto | GpuConfig::Nvml),
             cdi_dirs: cfg.cdi_spec_dirs.clone(),
+            pull: Pull::new(cfg, &std::env::var("PATH").unwrap_or_default()),
         }
     }
 
@@ -94,6 +98,7 @@ impl ContainerHost {
         c.cache = self.cache.clone();
         c.cache_max_mb = self.cache_max_mb;
         c.cdi_dirs = self.cdi_dirs.clone();
+        c.pull = self.pull.clone();
         if !self.real_gpus {
             c.gpus.clear();
         }
@@ -246,7 +251,7 @@ pub(super) fn prepare(
         dir: c.cache.clone(),
         max_bytes: c.cache_max_mb.saturating_mul(1 << 20),
     };
-    let image = super::image::resolve(Path::new(&c.spec.image), &cache, &open_as_user)?;
+    let image = super::image::resolve(Path::new(&c.spec.image), &cache, &c.pull, &open_as_user)?;
     if image.unpacked {
         tracing::info!(image = %c.spec.image, "image unpacked for this task");
     }

@@ -96,11 +96,16 @@ pub fn oci_arch() -> &'static str {
 /// Resolves `image` for a task: an image is unpacked into `cache` unless
 /// it is there already; a root filesystem directory is used as it is.
 /// Errors are sentences naming the image and what to do.
-pub fn resolve(image: &Path, cache: &Cache, open: Open<'_>) -> Result<Resolved, String> {
+pub fn resolve(
+    image: &Path,
+    cache: &Cache,
+    pull: &super::task::Pull,
+    open: Open<'_>,
+) -> Result<Resolved, String> {
     let shown = image.display().to_string();
     if let Some(reference) = shown.strip_prefix(crate::model::REGISTRY_SCHEME) {
         // Held until the image is unpacked from the layout.
-        let (layout, _hold) = super::image_tools::pull(reference, &cache.dir)?;
+        let (layout, _hold) = super::image_tools::pull(reference, &cache.dir, pull)?;
         let plain = |p: &Path| File::open(p);
         let files = Dir {
             root: &layout,
@@ -409,7 +414,7 @@ pub(super) mod tests {
             &["PATH=/bin", "A=1"],
         );
         let cache = test_cache(dir.path());
-        let first = resolve(&layout, &cache, &plain_open).unwrap();
+        let first = resolve(&layout, &cache, &Default::default(), &plain_open).unwrap();
         assert!(first.unpacked && !first.users);
         assert_eq!(first.env, ["PATH=/bin", "A=1"]);
         let hex = digest.strip_prefix("sha256:").unwrap();
@@ -418,7 +423,7 @@ pub(super) mod tests {
             fs::read_to_string(first.rootfs.join("etc/os-release")).unwrap(),
             "NAME=tiny\n"
         );
-        let again = resolve(&layout, &cache, &plain_open).unwrap();
+        let again = resolve(&layout, &cache, &Default::default(), &plain_open).unwrap();
         assert!(!again.unpacked);
         assert_eq!(again.rootfs, first.rootfs);
         let log = fs::read_to_string(cache.dir.join(UNPACK_LOG)).unwrap();
@@ -440,7 +445,7 @@ pub(super) mod tests {
             }
         }
         let cache = test_cache(dir.path());
-        let err = resolve(&layout, &cache, &plain_open).unwrap_err();
+        let err = resolve(&layout, &cache, &Default::default(), &plain_open).unwrap_err();
         assert!(err.contains("damaged"), "{err}");
         let left: Vec<_> = fs::read_dir(&cache.dir)
             .unwrap()
@@ -456,25 +461,25 @@ pub(super) mod tests {
         let cache = test_cache(dir.path());
         let rootfs = dir.path().join("rootfs");
         fs::create_dir_all(rootfs.join("bin")).unwrap();
-        let r = resolve(&rootfs, &cache, &plain_open).unwrap();
+        let r = resolve(&rootfs, &cache, &Default::default(), &plain_open).unwrap();
         assert_eq!(
             (r.rootfs.as_path(), r.users, r.unpacked),
             (rootfs.as_path(), true, false)
         );
 
         let missing = dir.path().join("nope");
-        let err = resolve(&missing, &cache, &plain_open).unwrap_err();
+        let err = resolve(&missing, &cache, &Default::default(), &plain_open).unwrap_err();
         assert!(
             err.contains("does not exist") && err.contains("nope"),
             "{err}"
         );
         let empty = dir.path().join("empty");
         fs::create_dir(&empty).unwrap();
-        let err = resolve(&empty, &cache, &plain_open).unwrap_err();
+        let err = resolve(&empty, &cache, &Default::default(), &plain_open).unwrap_err();
         assert!(err.contains("is not an image"), "{err}");
         let file = dir.path().join("image.tar");
         fs::write(&file, "x").unwrap();
-        let err = resolve(&file, &cache, &plain_open).unwrap_err();
+        let err = resolve(&file, &cache, &Default::default(), &plain_open).unwrap_err();
         assert!(
             err.contains("neither a squashfs image nor a readable tar archive"),
             "{err}"

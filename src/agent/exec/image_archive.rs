@@ -279,7 +279,7 @@ mod tests {
         let archive = dir.path().join("image.tar");
         tar_of(&layout, &archive);
         let cache = test_cache(dir.path());
-        let r = resolve(&archive, &cache, &plain_open).unwrap();
+        let r = resolve(&archive, &cache, &Default::default(), &plain_open).unwrap();
         assert!(r.unpacked && !r.users);
         assert_eq!(r.env, ["A=1"]);
         assert_eq!(
@@ -287,7 +287,7 @@ mod tests {
             "NAME=arc\n"
         );
         // The same image as a directory: the same cache entry.
-        let again = resolve(&layout, &cache, &plain_open).unwrap();
+        let again = resolve(&layout, &cache, &Default::default(), &plain_open).unwrap();
         assert!(!again.unpacked);
         assert_eq!(again.rootfs, r.rootfs);
         assert!(r
@@ -330,14 +330,18 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let archive = docker_save(dir.path(), &[("hello.txt", "hi\n")], &["B=2"]);
         let cache = test_cache(dir.path());
-        let r = resolve(&archive, &cache, &plain_open).unwrap();
+        let r = resolve(&archive, &cache, &Default::default(), &plain_open).unwrap();
         assert!(r.unpacked);
         assert_eq!(r.env, ["B=2"]);
         assert_eq!(
             fs::read_to_string(r.rootfs.join("hello.txt")).unwrap(),
             "hi\n"
         );
-        assert!(!resolve(&archive, &cache, &plain_open).unwrap().unpacked);
+        assert!(
+            !resolve(&archive, &cache, &Default::default(), &plain_open)
+                .unwrap()
+                .unpacked
+        );
     }
 
     #[test]
@@ -352,7 +356,7 @@ mod tests {
         let bad = dir.path().join("damaged.tar");
         fs::write(&bad, &damaged).unwrap();
         let cache = test_cache(dir.path());
-        let err = resolve(&bad, &cache, &plain_open).unwrap_err();
+        let err = resolve(&bad, &cache, &Default::default(), &plain_open).unwrap_err();
         assert!(
             err.contains("damaged.tar") && err.contains("is damaged"),
             "{err}"
@@ -360,7 +364,7 @@ mod tests {
         // Cut in the middle of a header: no readable archive.
         let cut = dir.path().join("cut.tar");
         fs::write(&cut, &bytes[..bytes.len().min(700)]).unwrap();
-        let err = resolve(&cut, &cache, &plain_open).unwrap_err();
+        let err = resolve(&cut, &cache, &Default::default(), &plain_open).unwrap_err();
         assert!(err.contains("cut.tar"), "{err}");
         let left: Vec<String> = fs::read_dir(&cache.dir)
             .map(|d| {

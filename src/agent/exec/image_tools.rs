@@ -29,7 +29,7 @@ use sha2::{Digest, Sha256};
 
 use super::image_cache::Cache;
 use super::image_files::Resolved;
-use super::task::hostname;
+use super::task::{hostname, Pull};
 
 /// Where tools are looked up when the agent's PATH has none.
 const FALLBACK_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
@@ -158,16 +158,53 @@ fn content_digest(file: &File, cache: &Path) -> io::Result<String> {
     Ok(digest)
 }
 
+impl Pull {
+    /// The node's settings, the tool looked up in `path`.
+    pub fn new(cfg: &crate::config::Containers, path: &str) -> Pull {
+        Pull {
+            tool: (!cfg.pull_tool.is_empty())
+                .then(|| find_tool(&cfg.pull_tool, path))
+                .flatten(),
+            insecure: cfg.insecure_registries.clone(),
+            auth_file: cfg.registry_auth_file.clone(),
+        }
+    }
+
+    /// The arguments of `skopeo copy` for pulling `reference` into
+    /// `layout`.
+    fn copy_args(&self, reference: &str, layout: &Path) -> Vec<String> {
+        let mut args = vec!["copy".to_string(), "--quiet".to_string()];
+        if self.insecure.iter().any(|r| r == registry_of(reference)) {
+            args.push("--src-tls-verify=false".into());
+        }
+        if let Some(f) = &self.auth_file {
+            args.push(format!("--src-authfile={}", f.display()));
+        }
+        args.push(format!("{}{reference}", crate::model::REGISTRY_SCHEME));
+        args.push(format!("oci:{}:latest", layout.display()));
+        args
+    }
+}
+
+/// The registry an image reference names, as docker reads it: its first
+/// part when that has a `.` or a `:` or is `localhost`, else Docker Hub.
+pub fn registry_of(reference: &str) -> &str {
+    match reference.split_once('/') {
+        Some((first, _)) if first.contains(['.', ':']) || first == "localhost" => first,
+        _ => "docker.io",
+    }
+}
+
 /// Pulls `docker://reference` into its layout under the cache; returns it
 /// with a shared hold on it (its lock), which keeps the cache's eviction
 /// off it while the caller unpacks it.
-pub fn pull(reference: &str, cache: &Path) -> Result<(PathBuf, File), String> {
+pub fn pull(reference: &str, cache: &Path, how: &Pull) -> Result<(PathBuf, File), String> {
     let shown = format!("{}{reference}", crate::model::REGISTRY_SCHEME);
-    let Some(skopeo) = tool("skopeo") else {
+    let Some(skopeo) = &how.tool else {
         return Err(format!(
-            "container image {shown} is a registry reference, and node {} has no skopeo to \
-             pull it: install skopeo there, or copy the image where the nodes can read it \
-             and give that path",
+            "container image {shown} is a registry reference, and node {} has no pull tool \
+             (skopeo, [agent.containers] pull_tool) to pull it: install skopeo there, or copy \
+             the image where the nodes can read it and give that path",
             hostname()
         ));
     };
@@ -191,9 +228,8 @@ pub fn pull(reference: &str, cache: &Path) -> Result<(PathBuf, File), String> {
         ));
     }
     let started = std::time::Instant::now();
-    let mut cmd = Command::new(&skopeo);
-    cmd.args(["copy", "--quiet", &shown])
-        .arg(format!("oci:{}:latest", layout.display()));
+    let mut cmd = Command::new(skopeo);
+    cmd.args(how.copy_args(reference, &layout));
     run(cmd, "skopeo").map_err(|e| format!("cannot pull container image {shown}: {e}"))?;
     tracing::info!(image = %shown, ms = started.elapsed().as_millis() as u64, "image pulled");
     // Its last use, for the cache's least-recently-used order.
@@ -216,6 +252,35 @@ pub fn pull(reference: &str, cache: &Path) -> Result<(PathBuf, File), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn registries_are_read_as_docker_reads_them_and_the_settings_reach_skopeo() {
+        assert_eq!(registry_of("ubuntu:22.04"), "docker.io");
+        assert_eq!(registry_of("library/ubuntu"), "docker.io");
+        assert_eq!(registry_of("nvcr.io/nvidia/pytorch:24.01-py3"), "nvcr.io");
+        assert_eq!(registry_of("127.0.0.1:5000/t/busybox:1"), "127.0.0.1:5000");
+        assert_eq!(registry_of("localhost/t"), "localhost");
+        let how = Pull {
+            tool: Some("/usr/bin/skopeo".into()),
+            insecure: vec!["registry.lan:5000".into()],
+            auth_file: Some("/etc/gpuq/auth.json".into()),
+        };
+        let layout = Path::new("/c/pulls/x");
+        assert_eq!(
+            how.copy_args("registry.lan:5000/a/b:1", layout),
+            [
+                "copy",
+                "--quiet",
+                "--src-tls-verify=false",
+                "--src-authfile=/etc/gpuq/auth.json",
+                "docker://registry.lan:5000/a/b:1",
+                "oci:/c/pulls/x:latest"
+            ]
+        );
+        // Another port of the same host is another registry: verified.
+        let args = how.copy_args("registry.lan/a/b:1", layout);
+        assert!(!args.iter().any(|a| a.contains("tls-verify")), "{args:?}");
+    }
 
     #[test]
     fn a_files_digest_is_remembered_per_version() {

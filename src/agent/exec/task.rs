@@ -146,6 +146,24 @@ pub struct TaskContainer {
     /// `[agent.containers] cdi_spec_dirs`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub cdi_dirs: Vec<PathBuf>,
+    /// How the node pulls registry images.
+    #[serde(default)]
+    pub pull: Pull,
+}
+
+/// How a node pulls registry images (`[agent.containers]`), as the agent
+/// found it; handed to each container task's shim (`image_tools::pull`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Pull {
+    /// The pull tool (skopeo); `None`: this node pulls nothing.
+    #[serde(default)]
+    pub tool: Option<PathBuf>,
+    /// Registries reached over plain HTTP or unverified TLS.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub insecure: Vec<String>,
+    /// The credentials file; `None`: the tool's own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auth_file: Option<PathBuf>,
 }
 
 /// The running task an exec'd process joins.

@@ -111,6 +111,7 @@ fn full_agent() -> AgentConfig {
         dcgm_job_map_dir: Some("/run/dcgm-job-map".into()),
         containers: Containers {
             runtime: Some("/usr/bin/crun".into()),
+            registry_auth_file: Some("/etc/gpuq/registry-auth.json".into()),
             ..Default::default()
         },
         ..AgentConfig::default()
@@ -489,6 +490,22 @@ fn names_paths_and_servers_are_validated() {
         "{msg}"
     );
     assert!(agent("[agent]\nsocket = \"\"\n").is_err());
+    for bad in ["https://reg.lan", "reg.lan/path", "reg.lan:http", ""] {
+        let msg = agent(&format!(
+            "[agent.containers]\ninsecure_registries = [\"reg:5000\", \"{bad}\"]\n"
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(
+            msg.starts_with(&format!(
+                "agent.containers.insecure_registries[1] \"{bad}\" is not a registry"
+            )) && msg.contains("HOST:PORT"),
+            "{msg}"
+        );
+    }
+    let ok =
+        agent("[agent.containers]\ninsecure_registries = [\"localhost\", \"10.0.0.5:5000\"]\n");
+    assert_eq!(ok.unwrap().containers.insecure_registries.len(), 2);
 }
 
 #[test]
