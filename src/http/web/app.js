@@ -123,7 +123,10 @@ async function home() {
   $("nodes").replaceChildren(...nodes.nodes.map((n) => {
     const gpus = n.inventory.gpus.map((g) => {
       const j = holder[n.name + "/" + g.index];
-      const what = "GPU " + g.index + (g.mig ? " (MIG " + g.mig.profile + " of GPU " + g.mig.parent + ")" : "");
+      const slice = !g.mig ? "" : g.mig.slots
+        ? " (slot " + (g.mig.placement + 1) + " of " + g.mig.slots + " of shared GPU " + g.mig.parent + ")"
+        : " (MIG " + g.mig.profile + " of GPU " + g.mig.parent + ")";
+      const what = "GPU " + g.index + slice;
       const attrs = { class: "gpu" + (g.mig ? " slice" : "") + (g.healthy ? "" : " unhealthy") + (j ? " busy" : ""), title: what + (j ? ": job " + j.id + " (" + j.user + ")" : g.healthy ? ": free" : ": " + (g.fault || "unhealthy")) };
       if (j) { attrs.style = "background:" + colour(j.id); attrs["data-job"] = j.id; attrs.href = "#/job/" + j.id; }
       return el(j ? "a" : "span", attrs, j ? j.id : g.index);
