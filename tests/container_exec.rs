@@ -123,6 +123,11 @@ fn exec_runs_in_the_jobs_container_as_its_user_and_returns_its_status() {
     // its session and Ctrl-C reaches what it runs) has the client's size.
     t.send("echo size-$(stty size | tr ' ' x)\n");
     t.expect("size-30x100", LONG);
+    // A resize reaches it too (the shim passes it on to the runtime's).
+    t.resize(40, 120);
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    t.send("echo size-$(stty size | tr ' ' x)\n");
+    t.expect("size-40x120", LONG);
     // Ctrl-C reaches the command in the container; the shell lives on.
     t.send("sleep 600\n");
     std::thread::sleep(std::time::Duration::from_millis(300));

@@ -330,7 +330,9 @@ fn srun_pty_bash_is_a_shell_on_a_terminal_of_the_node() {
     std::thread::sleep(Duration::from_millis(300));
     t.send("\x1a");
     t.expect("Stopped", LONG);
-    t.send("kill -9 %1; wait; echo killed-$((6*7))\n");
+    // `wait` alone may still see the job stopped (bash reaps it on its next
+    // SIGCHLD), and then `exit` refuses with "There are stopped jobs".
+    t.send("kill -9 %1; while [ -n \"$(jobs -p)\" ]; do sleep 0.1; done; echo killed-$((6*7))\n");
     t.expect("killed-42", LONG);
     t.send("exit 3\n");
     assert_eq!(t.wait(LONG).code(), Some(3), "{}", t.screen());

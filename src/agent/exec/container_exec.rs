@@ -25,6 +25,9 @@ use super::task::{Beside, TaskContainer, TaskSpec};
 
 /// The process file the exec hands the runtime, in the exec's directory.
 const PROCESS_FILE: &str = "process.json";
+/// Where the runtime writes the pid of an exec on a terminal, in the
+/// exec's directory.
+pub(super) const EXEC_PID_FILE: &str = "exec.pid";
 
 /// Prepares the runtime's `exec` of `argv` in the container of the task
 /// `beside` names (the exec's `spec` is that task's, with the exec's
@@ -70,12 +73,12 @@ pub(super) fn prepare_exec(
     if super::container::is_crun(&c.runtime) {
         runtime_argv.push("--cgroup-manager=disabled".into());
     }
-    runtime_argv.extend([
-        "exec".into(),
-        "--process".into(),
-        show(&file),
-        format!("gpuq-{}", spec.key),
-    ]);
+    runtime_argv.extend(["exec".into(), "--process".into(), show(&file)]);
+    if tty {
+        // Where the shim finds the command, to pass resizes to its terminal.
+        runtime_argv.extend(["--pid-file".into(), show(&dir.join(EXEC_PID_FILE))]);
+    }
+    runtime_argv.push(format!("gpuq-{}", spec.key));
     Ok(Launch::exec(runtime_argv, dir))
 }
 
@@ -84,9 +87,9 @@ pub(super) fn prepare_exec(
 /// makes a terminal of its own in the container and relays it to the
 /// exec's (as crun does for an exec in the foreground), so the
 /// command leads a session there: job control works and Ctrl-C reaches it.
-/// The runtime takes the size of the exec's terminal when it starts; crun
-/// passes later resizes on to it no further. On pipes, the pipes pass
-/// through.
+/// The runtime takes the size of the exec's terminal when it starts; later
+/// resizes reach it from the shim (`Streams::follow_terminal`), since crun
+/// passes none on. On pipes, the pipes pass through.
 fn exec_process(task: &Value, argv: &[String], tty: bool, term: Option<String>) -> Value {
     let mut p = match task {
         Value::Object(_) => task.clone(),

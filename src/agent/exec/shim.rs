@@ -323,6 +323,13 @@ fn run(dir: &Path, mode: &CgroupMode) -> (TaskOutcome, Option<Millis>) {
         },
         false => None,
     };
+    // An exec on a terminal in a container: the runtime's own terminal
+    // there follows the client's size.
+    if let (Some(s), Some(_), Some(_), crate::model::TaskIo::Pty) =
+        (streams.as_mut(), &spec.container, &spec.beside, spec.io)
+    {
+        s.follow_terminal(dir.join(super::container_exec::EXEC_PID_FILE));
+    }
     if let (Some(s), Some(_)) = (streams.as_mut(), &spec.beside) {
         if let Err(reason) = s.await_first_client(FIRST_CLIENT_LIMIT) {
             return launch_failed(reason);

@@ -25,7 +25,7 @@ use std::io::{self, Write};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::{FileExt, OpenOptionsExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -67,6 +67,9 @@ pub(super) struct Streams {
     files: [Option<OutFile>; 2],
     child: Option<ChildEnds>,
     first: Option<UnixStream>,
+    /// A file holding the pid of a process whose own terminal (a runtime's
+    /// in a container) follows this one's window size.
+    inner: Option<PathBuf>,
 }
 
 /// An output file and how much is in it.
@@ -191,7 +194,15 @@ impl Streams {
             files: [Some(stdout), stderr],
             child: Some(child),
             first: None,
+            inner: None,
         })
+    }
+
+    /// Resizes also go to the terminal of the process whose pid `pid_file`
+    /// holds, once it is written: the one a container runtime made for an
+    /// exec (its process's stdin), which the runtime itself never resizes.
+    pub fn follow_terminal(&mut self, pid_file: PathBuf) {
+        self.inner = Some(pid_file);
     }
 
     /// The ends the task's process gets.
@@ -253,6 +264,7 @@ impl Streams {
             }),
             input: Mutex::new(Some(self.input)),
             master: self.master,
+            inner: self.inner,
             group,
             draining: (Mutex::new(self.outputs.len()), Condvar::new()),
             joined: Condvar::new(),
@@ -323,6 +335,8 @@ struct Shared {
     /// The task's stdin (or terminal), until a client ends it.
     input: Mutex<Option<File>>,
     master: Option<OwnedFd>,
+    /// See [`Streams::follow_terminal`].
+    inner: Option<PathBuf>,
     group: i32,
     /// Output streams still open, and a signal when one closes.
     draining: (Mutex<usize>, Condvar),
@@ -416,6 +430,19 @@ impl Shared {
         // SAFETY: TIOCSWINSZ reads a winsize from a valid pointer; the
         // kernel then sends SIGWINCH to the terminal's foreground group.
         unsafe { libc::ioctl(master.as_raw_fd(), libc::TIOCSWINSZ, &size) };
+        let inner = self.inner.as_ref().and_then(|f| {
+            let pid: u32 = std::fs::read_to_string(f).ok()?.trim().parse().ok()?;
+            std::fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_NOCTTY | libc::O_NONBLOCK | libc::O_CLOEXEC)
+                .open(format!("/proc/{pid}/fd/0"))
+                .ok()
+        });
+        if let Some(tty) = inner {
+            // SAFETY: as above, on the inner terminal; a file that is not
+            // a terminal refuses the ioctl, which changes nothing.
+            unsafe { libc::ioctl(tty.as_raw_fd(), libc::TIOCSWINSZ, &size) };
+        }
     }
 }
 
