@@ -2,7 +2,8 @@
 //! registry (Debian's docker-registry, the CNCF distribution) on loopback
 //! that asks for a password, the test image pushed to it with skopeo, and
 //! agents whose `[agent.containers]` name it insecure (plain HTTP) and give
-//! one of them the credentials. CI runs as root with docker-registry,
+//! one of them the credentials; a user's own credentials on the other.
+//! CI runs as root with docker-registry,
 //! skopeo and crun installed (`.ci/run`).
 
 mod common;
@@ -13,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
 use base64::Engine;
-use common::{require_root, shared_tempdir, stderr, Agent, Server};
+use common::{cli_as, ensure_user, require_root, shared_tempdir, stderr, Agent, Server};
 use images::{layout, read, rootfs, IMAGE_NAME, LONG};
 
 const USER: &str = "gpuq";
@@ -188,6 +189,59 @@ fn a_registry_image_is_pulled_with_the_nodes_credentials_and_cached_by_digest() 
     assert!(
         reason.contains(&format!("cannot pull container image docker://{reference}"))
             && (reason.contains("unauthorized") || reason.contains("authentication required")),
+        "{reason}"
+    );
+
+    // Alice brings her own credentials (podman's REGISTRY_AUTH_FILE), read
+    // as her: her job on n2 pulls; a file she cannot read is refused.
+    let alice = ensure_user("gpuqt-alice");
+    let own = |p: &Path| {
+        nix::unistd::chown(p, Some(alice.uid.into()), Some(alice.gid.into())).unwrap();
+    };
+    own(&out);
+    let hers = dir.path().join("alice-auth.json");
+    std::fs::copy(&auth, &hers).unwrap();
+    own(&hers);
+    std::fs::set_permissions(&hers, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    std::fs::set_permissions(&auth, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    let as_alice = |file: &Path| {
+        let o = cli_as(
+            &alice,
+            &server.socket,
+            &[
+                "submit",
+                "--parsable",
+                "--nodelist",
+                "n2",
+                "--export",
+                &format!("ALL,REGISTRY_AUTH_FILE={}", file.display()),
+                "--container-image",
+                &format!("docker://{reference}"),
+                "-o",
+                &format!("{}/%j.out", out.display()),
+                "--",
+                "sh",
+                "-c",
+                "grep ^NAME= /etc/os-release; id -u",
+            ],
+        );
+        assert!(o.status.success(), "{}", stderr(&o));
+        String::from_utf8_lossy(&o.stdout).trim().to_string()
+    };
+    let id = as_alice(&hers);
+    let job = server.wait_job(&id, "COMPLETED", LONG);
+    assert_eq!(job["exit_code"], 0, "{job}");
+    let said = read(&out.join(format!("{id}.out")));
+    assert!(
+        said.contains(IMAGE_NAME) && said.contains(&alice.uid.to_string()),
+        "{said}"
+    );
+    // The node's file is root's own: naming it gets her nothing.
+    let id = as_alice(&auth);
+    let job = server.wait_job(&id, "FAILED", LONG);
+    let reason = job["reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains("REGISTRY_AUTH_FILE") && reason.contains("denied"),
         "{reason}"
     );
 }

@@ -45,6 +45,10 @@ pub use super::image_tools::find_tool;
 pub use super::task::Pull;
 use super::task::{hostname, Identity, TaskContainer, TaskSpec};
 
+/// The user's registry credentials merged over the node's, in the task's
+/// directory while its image is pulled.
+const AUTH_FILE: &str = "registry-auth.json";
+
 /// How long the runtime may take to start the container.
 const START_LIMIT: std::time::Duration = std::time::Duration::from_secs(60);
 
@@ -251,7 +255,25 @@ pub(super) fn prepare(
         dir: c.cache.clone(),
         max_bytes: c.cache_max_mb.saturating_mul(1 << 20),
     };
-    let image = super::image::resolve(Path::new(&c.spec.image), &cache, &c.pull, &open_as_user)?;
+    // A registry image is pulled with the user's credentials, where they
+    // have some, over the node's; the merged file is gone once pulled.
+    let pull = match c.spec.image.starts_with(crate::model::REGISTRY_SCHEME) {
+        true => {
+            let home = nix::unistd::User::from_uid(identity.uid.into())
+                .ok()
+                .flatten()
+                .map(|u| u.dir);
+            let files = super::image_tools::user_auth_files(&spec.env, home.as_deref());
+            c.pull
+                .with_user_auth(&files, &open_as_user, &dir.join(AUTH_FILE))?
+        }
+        false => c.pull.clone(),
+    };
+    let resolved = super::image::resolve(Path::new(&c.spec.image), &cache, &pull, &open_as_user);
+    if pull.auth_file.as_deref() == Some(dir.join(AUTH_FILE).as_path()) {
+        let _ = fs::remove_file(dir.join(AUTH_FILE));
+    }
+    let image = resolved?;
     if image.unpacked {
         tracing::info!(image = %c.spec.image, "image unpacked for this task");
     }

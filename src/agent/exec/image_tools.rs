@@ -21,7 +21,7 @@
 use std::fs::{self, File};
 use std::io::{self, Read};
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
@@ -186,6 +186,103 @@ impl Pull {
     }
 }
 
+/// The most bytes of an auth file read.
+const AUTH_FILE_LIMIT: u64 = 1 << 20;
+
+/// Where a user's registry credentials are: the job's `REGISTRY_AUTH_FILE`
+/// (podman's and skopeo's variable), else what `podman login` and `docker
+/// login` write in the home directory. `true`: named by the user, so it
+/// must be there.
+pub fn user_auth_files(env: &[(String, String)], home: Option<&Path>) -> Vec<(PathBuf, bool)> {
+    if let Some((_, f)) = env.iter().rev().find(|(k, _)| k == "REGISTRY_AUTH_FILE") {
+        return vec![(PathBuf::from(f), true)];
+    }
+    home.map(|h| {
+        vec![
+            (h.join(".config/containers/auth.json"), false),
+            (h.join(".docker/config.json"), false),
+        ]
+    })
+    .unwrap_or_default()
+}
+
+impl Pull {
+    /// These settings with the user's credentials (the first of `files`
+    /// that `open`, as the user, finds) over the node's, per registry, in
+    /// a file of their own at `to` (root's, 0600) for the pull tool.
+    /// Unchanged when the user has none. Errors name the file and the fix.
+    pub fn with_user_auth(
+        &self,
+        files: &[(PathBuf, bool)],
+        open: &dyn Fn(&Path) -> io::Result<File>,
+        to: &Path,
+    ) -> Result<Pull, String> {
+        let mut user = None;
+        for (path, named) in files {
+            match open(path) {
+                Ok(f) => {
+                    user = Some((path, read_auths(f, path)?));
+                    break;
+                }
+                Err(e) if *named => {
+                    return Err(format!(
+                        "REGISTRY_AUTH_FILE {}: {e}; give a file you can read, as `podman \
+                         login --authfile FILE REGISTRY` writes it",
+                        path.display()
+                    ))
+                }
+                Err(_) => {}
+            }
+        }
+        let Some((path, user)) = user else {
+            return Ok(self.clone());
+        };
+        let mut auths = match &self.auth_file {
+            Some(node) => File::open(node)
+                .map_err(|e| format!("cannot read [agent.containers] registry_auth_file: {e}"))
+                .and_then(|f| read_auths(f, node))?,
+            None => serde_json::Map::new(),
+        };
+        auths.extend(user);
+        let text = serde_json::to_vec(&serde_json::json!({ "auths": auths }))
+            .map_err(|e| e.to_string())?;
+        let written = fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(to)
+            .and_then(|mut f| io::Write::write_all(&mut f, &text));
+        written.map_err(|e| format!("cannot write {}: {e}", to.display()))?;
+        tracing::debug!(from = %path.display(), "the user's registry credentials are used");
+        Ok(Pull {
+            auth_file: Some(to.to_path_buf()),
+            ..self.clone()
+        })
+    }
+}
+
+/// The `auths` of an auth file (`{"auths": {"REGISTRY": {...}}}`).
+fn read_auths(f: File, path: &Path) -> Result<serde_json::Map<String, serde_json::Value>, String> {
+    let mut text = String::new();
+    f.take(AUTH_FILE_LIMIT)
+        .read_to_string(&mut text)
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let bad = |why: String| {
+        format!(
+            "{} is not a registry auth file ({why}); it holds {{\"auths\": {{\"REGISTRY\": \
+             {{\"auth\": \"BASE64(USER:PASSWORD)\"}}}}}}, as `podman login` writes it",
+            path.display()
+        )
+    };
+    let value: serde_json::Value = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
+    match value.get("auths") {
+        Some(serde_json::Value::Object(m)) => Ok(m.clone()),
+        None => Ok(serde_json::Map::new()),
+        Some(_) => Err(bad("\"auths\" is not an object".into())),
+    }
+}
+
 /// The registry an image reference names, as docker reads it: its first
 /// part when that has a `.` or a `:` or is `localhost`, else Docker Hub.
 pub fn registry_of(reference: &str) -> &str {
@@ -280,6 +377,50 @@ mod tests {
         // Another port of the same host is another registry: verified.
         let args = how.copy_args("registry.lan/a/b:1", layout);
         assert!(!args.iter().any(|a| a.contains("tls-verify")), "{args:?}");
+    }
+
+    #[test]
+    fn the_users_credentials_go_over_the_nodes_per_registry() {
+        let dir = tempfile::tempdir().unwrap();
+        let node = dir.path().join("node.json");
+        fs::write(
+            &node,
+            r#"{"auths": {"a.lan": {"auth": "bm9kZTphYQ=="}, "b.lan": {"auth": "bm9kZTpiYg=="}}}"#,
+        )
+        .unwrap();
+        let mine = dir.path().join("mine.json");
+        fs::write(&mine, r#"{"auths": {"b.lan": {"auth": "bWU6Yg=="}}}"#).unwrap();
+        let how = Pull {
+            tool: Some("/usr/bin/skopeo".into()),
+            insecure: Vec::new(),
+            auth_file: Some(node.clone()),
+        };
+        let open = |p: &Path| File::open(p);
+        let to = dir.path().join("merged.json");
+        // The variable wins over the home directory's files.
+        let env = [("REGISTRY_AUTH_FILE".to_string(), mine.display().to_string())];
+        let files = user_auth_files(&env, Some(Path::new("/home/x")));
+        assert_eq!(files, [(mine.clone(), true)]);
+        let merged = how.with_user_auth(&files, &open, &to).unwrap();
+        assert_eq!(merged.auth_file.as_deref(), Some(to.as_path()));
+        let v: serde_json::Value = serde_json::from_slice(&fs::read(&to).unwrap()).unwrap();
+        assert_eq!(v["auths"]["a.lan"]["auth"], "bm9kZTphYQ==");
+        assert_eq!(v["auths"]["b.lan"]["auth"], "bWU6Yg==");
+        assert_eq!(fs::metadata(&to).unwrap().mode() & 0o777, 0o600);
+        // No file of the user's: the node's settings as they are.
+        let home = user_auth_files(&[], Some(dir.path()));
+        assert_eq!(home.len(), 2);
+        assert_eq!(how.with_user_auth(&home, &open, &to).unwrap(), how);
+        // A named file that is missing, or not an auth file, is refused.
+        let gone = [(dir.path().join("gone.json"), true)];
+        let err = how.with_user_auth(&gone, &open, &to).unwrap_err();
+        assert!(
+            err.contains("REGISTRY_AUTH_FILE") && err.contains("gone.json"),
+            "{err}"
+        );
+        fs::write(&mine, "auths: nope").unwrap();
+        let err = how.with_user_auth(&files, &open, &to).unwrap_err();
+        assert!(err.contains("is not a registry auth file"), "{err}");
     }
 
     #[test]
