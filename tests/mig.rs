@@ -7,7 +7,7 @@ mod common;
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use common::{stderr, Agent, AgentHw, Server};
+use common::{stderr, Agent, AgentHw, Gated, Server};
 
 const LONG: Duration = Duration::from_secs(60);
 
@@ -31,20 +31,8 @@ fn seven_slice_jobs_share_one_gpu_an_eighth_waits_and_a_whole_gpu_job_takes_the_
         "{node}"
     );
 
-    let out = dir.path().join("out");
-    std::fs::create_dir_all(&out).unwrap();
-    let gate = dir.path().join("gate");
-    let script = format!(
-        "echo \"$CUDA_VISIBLE_DEVICES\"; while [ ! -e {} ]; do sleep 0.1; done",
-        gate.display()
-    );
-    let chdir = out.to_str().unwrap();
-    let submit = |gpus: &[&str]| {
-        let mut args = vec!["submit", "--parsable", "-D", chdir];
-        args.extend_from_slice(gpus);
-        args.extend_from_slice(&["--", "sh", "-c", &script]);
-        server.ok(&args).trim().to_string()
-    };
+    let jobs = Gated::new(dir.path(), "\"$CUDA_VISIBLE_DEVICES\"");
+    let submit = |gpus: &[&str]| jobs.submit(&server, gpus);
     // The three spellings of a slice request.
     let mut slices: Vec<String> = Vec::new();
     for _ in 0..3 {
@@ -75,15 +63,7 @@ fn seven_slice_jobs_share_one_gpu_an_eighth_waits_and_a_whole_gpu_job_takes_the_
         "{waiting}"
     );
 
-    let output = |id: &str| {
-        let path = out.join(format!("gpuq-{id}.out"));
-        let mut text = String::new();
-        common::wait_for(&format!("job {id}'s output"), LONG, || {
-            text = std::fs::read_to_string(&path).unwrap_or_default();
-            !text.trim().is_empty()
-        });
-        text.trim().to_string()
-    };
+    let output = |id: &str| jobs.said(id);
     // Each slice job sees exactly one instance, by its MIG UUID, and the one
     // `gpuq show` names; no two share one.
     let mut seen = BTreeSet::new();
@@ -107,7 +87,7 @@ fn seven_slice_jobs_share_one_gpu_an_eighth_waits_and_a_whole_gpu_job_takes_the_
     let nodes = server.ok(&["nodes"]);
     assert!(nodes.contains("8/8 (1 whole, 7x 1g.10gb)"), "{nodes}");
 
-    std::fs::write(&gate, "").unwrap();
+    jobs.open();
     for id in slices.iter().chain([&whole, &eighth]) {
         let j = server.wait_job(id, "COMPLETED", LONG);
         assert_eq!(j["exit_code"], 0, "{j}");
@@ -200,23 +180,8 @@ fn mig_set_waits_for_the_jobs_or_requeues_them_and_a_failure_leaves_the_node_dra
         ..AgentHw::default()
     };
     let _agent = Agent::start_hw(&server, &agent_dir, "n1", hw, &token, "", None);
-    let gate = dir.path().join("gate");
-    let wait = format!("while [ ! -e {} ]; do sleep 0.1; done", gate.display());
-    let submit = |gpus: &str| {
-        server
-            .ok(&[
-                "submit",
-                "--parsable",
-                "--gpus-per-node",
-                gpus,
-                "--",
-                "sh",
-                "-c",
-                &wait,
-            ])
-            .trim()
-            .to_string()
-    };
+    let jobs = Gated::new(dir.path(), "started");
+    let submit = |gpus: &str| jobs.submit(&server, &["--gpus-per-node", gpus]);
 
     // A whole-GPU job runs; the repartition waits for it.
     let whole = submit("1");
@@ -232,13 +197,13 @@ fn mig_set_waits_for_the_jobs_or_requeues_them_and_a_failure_leaves_the_node_dra
     assert_eq!(server.job(&whole)["state"], "RUNNING");
 
     // Once it ended, the agent applies the layout and the node resumes.
-    std::fs::write(&gate, "").unwrap();
+    jobs.open();
     server.wait_job(&whole, "COMPLETED", LONG);
     common::wait_for("the node back up in 7 slices", LONG, || {
         let n = node_json(&server, "n1");
         n["state"] == "up" && profiles(&n) == vec!["1g.10gb".to_string(); 7]
     });
-    std::fs::remove_file(&gate).unwrap();
+    jobs.close();
     let slice = submit("1g.10gb:1");
     server.wait_job(&slice, "RUNNING", LONG);
 

@@ -6,7 +6,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{stderr, Agent, AgentHw, Server};
+use common::{stderr, Agent, AgentHw, Gated, Server};
 
 const LONG: Duration = Duration::from_secs(60);
 
@@ -33,20 +33,8 @@ fn three_slot_jobs_share_one_gpu_a_fourth_waits_and_whole_gpu_jobs_are_refused()
     let node = server.ok(&["slurm", "scontrol", "show", "node", "n1"]);
     assert!(node.contains("Gres=gpu:shared:3"), "{node}");
 
-    let out = dir.path().join("out");
-    std::fs::create_dir_all(&out).unwrap();
-    let gate = dir.path().join("gate");
-    let script = format!(
-        "echo \"$CUDA_VISIBLE_DEVICES $GPUQ_GPU_SHARED\"; while [ ! -e {} ]; do sleep 0.1; done",
-        gate.display()
-    );
-    let chdir = out.to_str().unwrap();
-    let submit = |gpus: &[&str]| {
-        let mut args = vec!["submit", "--parsable", "-D", chdir];
-        args.extend_from_slice(gpus);
-        args.extend_from_slice(&["--", "sh", "-c", &script]);
-        server.ok(&args).trim().to_string()
-    };
+    let jobs = Gated::new(dir.path(), "\"$CUDA_VISIBLE_DEVICES $GPUQ_GPU_SHARED\"");
+    let submit = |gpus: &[&str]| jobs.submit(&server, gpus);
     // The three spellings of a slot request.
     let slots = [
         submit(&["--gres", "gpu:shared:1"]),
@@ -71,13 +59,7 @@ fn three_slot_jobs_share_one_gpu_a_fourth_waits_and_whole_gpu_jobs_are_refused()
     );
     // Each sees the physical GPU (index 0) and that it is shared 3 ways.
     for id in &slots {
-        let path = out.join(format!("gpuq-{id}.out"));
-        let mut text = String::new();
-        common::wait_for(&format!("job {id}'s output"), LONG, || {
-            text = std::fs::read_to_string(&path).unwrap_or_default();
-            !text.trim().is_empty()
-        });
-        assert_eq!(text.trim(), "0 3", "job {id}");
+        assert_eq!(jobs.said(id), "0 3", "job {id}");
     }
     let nodes = server.ok(&["nodes"]);
     assert!(nodes.contains("3/3 (1x shared/3)"), "{nodes}");
@@ -94,7 +76,7 @@ fn three_slot_jobs_share_one_gpu_a_fourth_waits_and_whole_gpu_jobs_are_refused()
         "asks for 4 GPUs per node; the largest matching node has 3",
     );
 
-    std::fs::write(&gate, "").unwrap();
+    jobs.open();
     for id in slots.iter().chain([&fourth]) {
         let j = server.wait_job(id, "COMPLETED", LONG);
         assert_eq!(j["exit_code"], 0, "{j}");
@@ -134,33 +116,8 @@ fn node_share_fills_one_gpu_first_and_refuses_busy_nodes_mig_gpus_and_bad_counts
          with `gpuq node share NODE --slots N`)",
     );
 
-    let gate = dir.path().join("gate");
-    let out = dir.path().join("out");
-    std::fs::create_dir_all(&out).unwrap();
-    let script = format!(
-        "echo \"$CUDA_VISIBLE_DEVICES $GPUQ_GPU_SHARED\"; while [ ! -e {} ]; do sleep 0.1; done",
-        gate.display()
-    );
-    let chdir = out.to_str().unwrap();
-    let submit = |gpus: &str| {
-        server
-            .ok(&[
-                "submit",
-                "--parsable",
-                "-D",
-                chdir,
-                "-w",
-                "n1",
-                "--gpus-per-node",
-                gpus,
-                "--",
-                "sh",
-                "-c",
-                &script,
-            ])
-            .trim()
-            .to_string()
-    };
+    let jobs = Gated::new(dir.path(), "\"$CUDA_VISIBLE_DEVICES $GPUQ_GPU_SHARED\"");
+    let submit = |gpus: &str| jobs.submit(&server, &["-w", "n1", "--gpus-per-node", gpus]);
     // Sharing is refused while a job holds GPUs there.
     let whole = submit("1");
     server.wait_job(&whole, "RUNNING", LONG);
@@ -169,9 +126,9 @@ fn node_share_fills_one_gpu_first_and_refuses_busy_nodes_mig_gpus_and_bad_counts
         &["node", "share", "n1", "--slots", "2"],
         &format!("node n1 has jobs on its GPUs ({whole}); drain it (`gpuq node drain n1`)"),
     );
-    std::fs::write(&gate, "").unwrap();
+    jobs.open();
     server.wait_job(&whole, "COMPLETED", LONG);
-    std::fs::remove_file(&gate).unwrap();
+    jobs.close();
 
     server.ok(&["node", "share", "n1", "--slots", "2"]);
     let nodes = server.ok(&["nodes"]);
@@ -181,16 +138,7 @@ fn node_share_fills_one_gpu_first_and_refuses_busy_nodes_mig_gpus_and_bad_counts
     let b = submit("shared:1");
     server.wait_job(&a, "RUNNING", LONG);
     server.wait_job(&b, "RUNNING", LONG);
-    let seen = |id: &str| {
-        let path = out.join(format!("gpuq-{id}.out"));
-        let mut text = String::new();
-        common::wait_for(&format!("job {id}'s output"), LONG, || {
-            text = std::fs::read_to_string(&path).unwrap_or_default();
-            !text.trim().is_empty()
-        });
-        text.trim().to_string()
-    };
-    let (sa, sb) = (seen(&a), seen(&b));
+    let (sa, sb) = (jobs.said(&a), jobs.said(&b));
     assert_eq!(sa, sb);
     assert!(sa == "0 2" || sa == "1 2", "{sa}");
     refused(
@@ -198,7 +146,7 @@ fn node_share_fills_one_gpu_first_and_refuses_busy_nodes_mig_gpus_and_bad_counts
         &["node", "share", "n1", "--off"],
         "node n1 has jobs on its GPUs",
     );
-    std::fs::write(&gate, "").unwrap();
+    jobs.open();
     server.wait_job(&a, "COMPLETED", LONG);
     server.wait_job(&b, "COMPLETED", LONG);
 

@@ -515,6 +515,57 @@ pub fn stdout(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
 
+/// Jobs that print one line and then hold their resources until the test
+/// opens a gate (a file); their output files land in `out`.
+pub struct Gated {
+    pub out: PathBuf,
+    gate: PathBuf,
+    script: String,
+}
+
+impl Gated {
+    /// In `dir`: jobs that `echo` the shell words `echo` first.
+    pub fn new(dir: &Path, echo: &str) -> Gated {
+        let out = dir.join("out");
+        std::fs::create_dir_all(&out).unwrap();
+        let gate = dir.join("gate");
+        let script = format!(
+            "echo {echo}; while [ ! -e {} ]; do sleep 0.1; done",
+            gate.display()
+        );
+        Gated { out, gate, script }
+    }
+
+    /// Submits one with `flags` (and `-D out`); its id.
+    pub fn submit(&self, server: &Server, flags: &[&str]) -> String {
+        let mut args = vec!["submit", "--parsable", "-D", self.out.to_str().unwrap()];
+        args.extend_from_slice(flags);
+        args.extend_from_slice(&["--", "sh", "-c", &self.script]);
+        server.ok(&args).trim().to_string()
+    }
+
+    /// The line job `id` printed, once it has.
+    pub fn said(&self, id: &str) -> String {
+        let path = self.out.join(format!("gpuq-{id}.out"));
+        let mut text = String::new();
+        wait_for(&format!("job {id}'s output"), Duration::from_secs(60), || {
+            text = std::fs::read_to_string(&path).unwrap_or_default();
+            !text.trim().is_empty()
+        });
+        text.trim().to_string()
+    }
+
+    /// Lets every job waiting at the gate end.
+    pub fn open(&self) {
+        std::fs::write(&self.gate, "").unwrap();
+    }
+
+    /// Makes later jobs wait again.
+    pub fn close(&self) {
+        std::fs::remove_file(&self.gate).unwrap();
+    }
+}
+
 /// Runs `gpuq ARGS` against `socket` with `input` on its stdin.
 pub fn cli_with_input(socket: &Path, args: &[&str], input: &str) -> Output {
     use std::io::Write;
