@@ -265,3 +265,51 @@ fn mig_set_waits_for_the_jobs_or_requeues_them_and_a_failure_leaves_the_node_dra
     }
     assert_eq!(node_json(&server, "n1")["state"], "up");
 }
+
+#[test]
+fn a_services_replicas_run_on_mig_slices() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::bootstrap(&dir.path().join("server"));
+    let token = server.ok(&["token", "create"]).trim().to_string();
+    let hw = AgentHw {
+        gpus: 1,
+        mig: r#"mig_per_gpu = ["1g.10gb:7"]"#,
+        ..AgentHw::default()
+    };
+    let _agent = Agent::start_hw(&server, &dir.path().join("n1"), "n1", hw, &token, "", None);
+    let out = dir.path().join("out");
+    std::fs::create_dir_all(&out).unwrap();
+    let said = server.ok(&[
+        "service",
+        "create",
+        "infer",
+        "--replicas",
+        "3",
+        "--gpus-per-node",
+        "1g.10gb:1",
+        "-D",
+        out.to_str().unwrap(),
+        "--wrap",
+        "echo $CUDA_VISIBLE_DEVICES > r$GPUQ_REPLICA; exec sleep 300",
+    ]);
+    assert!(said.contains("service infer created"), "{said}");
+    // Each replica sees one instance of its own, by its MIG UUID.
+    let mut seen = BTreeSet::new();
+    for i in 0..3 {
+        let file = out.join(format!("r{i}"));
+        let mut text = String::new();
+        common::wait_for(&format!("replica {i}'s GPU"), LONG, || {
+            text = std::fs::read_to_string(&file).unwrap_or_default();
+            !text.trim().is_empty()
+        });
+        let uuid = text.trim().to_string();
+        assert!(uuid.starts_with("MIG-") && !uuid.contains(','), "{uuid}");
+        assert!(seen.insert(uuid));
+    }
+    let nodes = server.ok(&["nodes"]);
+    assert!(nodes.contains("3/7 (7x 1g.10gb)"), "{nodes}");
+    server.ok(&["service", "delete", "infer"]);
+    common::wait_for("the slices free again", LONG, || {
+        server.ok(&["nodes"]).contains("0/7 (7x 1g.10gb)")
+    });
+}
