@@ -548,10 +548,14 @@ impl Gated {
     pub fn said(&self, id: &str) -> String {
         let path = self.out.join(format!("gpuq-{id}.out"));
         let mut text = String::new();
-        wait_for(&format!("job {id}'s output"), Duration::from_secs(60), || {
-            text = std::fs::read_to_string(&path).unwrap_or_default();
-            !text.trim().is_empty()
-        });
+        wait_for(
+            &format!("job {id}'s output"),
+            Duration::from_secs(60),
+            || {
+                text = std::fs::read_to_string(&path).unwrap_or_default();
+                !text.trim().is_empty()
+            },
+        );
         text.trim().to_string()
     }
 
