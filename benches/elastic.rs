@@ -10,11 +10,12 @@
 //! --bench elastic` (GPUQ_BENCH_N sets the passes).
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use gpuq::model::{Allocation, JobId, NodeAllocation, NodeInventory, NodeRange, Placement};
 use gpuq::sched::{plan, ActiveJob, ClusterView, ElasticRun, NodeState, NodeView, PendingJob};
 
+#[path = "timing/mod.rs"]
+mod timing;
 const NODES: u32 = 1000;
 
 /// A DGX-like node of 8 GPUs, as the simulated fleet has.
@@ -65,15 +66,8 @@ fn whole(node: &str) -> NodeAllocation {
 fn measure(what: &str, view: &ClusterView, passes: usize) {
     let first = plan(view, 1_000_000);
     let nodes: usize = first.allocations.iter().map(|a| a.nodes.len()).sum();
-    let mut times: Vec<Duration> = (0..passes)
-        .map(|_| {
-            let t = Instant::now();
-            std::hint::black_box(plan(view, 1_000_000));
-            t.elapsed()
-        })
-        .collect();
-    times.sort();
-    let pct = |p: usize| times[(times.len() * p / 100).min(times.len() - 1)];
+    let times = timing::Times::of(passes, || plan(view, 1_000_000));
+    let pct = |p: usize| times.pct(p);
     println!(
         "plan, {what}: {} started on {nodes} nodes, {} waiting, {} grown; p50 {:?}, p99 {:?} \
          over {passes} passes",
@@ -86,10 +80,7 @@ fn measure(what: &str, view: &ClusterView, passes: usize) {
 }
 
 fn main() {
-    let passes: usize = std::env::var("GPUQ_BENCH_N")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(10);
+    let passes = timing::passes(10);
     let idle: Vec<NodeView> = (0..NODES)
         .map(|i| NodeView::new(inventory(format!("node{i:04}")), NodeState::Up))
         .collect();

@@ -7,11 +7,11 @@
 //! Prints p50/p99 of `sched::plan`; asserts nothing. Run: `cargo bench
 //! --bench mig` (GPUQ_BENCH_N sets the passes).
 
-use std::time::{Duration, Instant};
-
 use gpuq::model::{GpuInfo, JobId, MigSlice, NodeAllocation, NodeInventory, NumaNode, Placement};
 use gpuq::sched::{plan, ClusterView, NodeState, NodeView, PendingJob};
 
+#[path = "timing/mod.rs"]
+mod timing;
 const GPUS: u32 = 8;
 const SLICES: u32 = 7;
 
@@ -88,15 +88,8 @@ fn slice_job(id: u64) -> PendingJob {
 
 fn measure(what: &str, view: &ClusterView, passes: usize) {
     let first = plan(view, 0);
-    let mut times: Vec<Duration> = (0..passes)
-        .map(|_| {
-            let t = Instant::now();
-            std::hint::black_box(plan(view, 0));
-            t.elapsed()
-        })
-        .collect();
-    times.sort();
-    let pct = |p: usize| times[(times.len() * p / 100).min(times.len() - 1)];
+    let times = timing::Times::of(passes, || plan(view, 0));
+    let pct = |p: usize| times.pct(p);
     println!(
         "plan, {what}: {} started, {} waiting; p50 {:?}, p99 {:?} over {passes} passes",
         first.allocations.len(),
@@ -107,10 +100,7 @@ fn measure(what: &str, view: &ClusterView, passes: usize) {
 }
 
 fn main() {
-    let passes: usize = std::env::var("GPUQ_BENCH_N")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(10);
+    let passes = timing::passes(10);
     let idle: Vec<NodeView> = (0..1000u32)
         .map(|i| NodeView::new(partitioned(format!("node{i:04}")), NodeState::Up))
         .collect();

@@ -8,11 +8,11 @@
 //! nothing. Run: `cargo bench --bench place`
 //! (GPUQ_BENCH_N sets the number of passes).
 
-use std::time::{Duration, Instant};
-
 use gpuq::model::{Allocation, GpuInfo, JobId, NodeAllocation, NodeInventory, NumaNode};
 use gpuq::sched::{plan, ClusterView, NodeState, NodeView, PendingJob, RunningJob};
 
+#[path = "timing/mod.rs"]
+mod timing;
 fn dgx(name: String, topology: String) -> NodeInventory {
     NodeInventory {
         gpus: (0..8)
@@ -72,10 +72,7 @@ fn job(id: u64, nodes: u32, gpus: u32) -> PendingJob {
 }
 
 fn main() {
-    let passes: usize = std::env::var("GPUQ_BENCH_N")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(200);
+    let passes = timing::passes(200);
     let mut nodes = Vec::new();
     for i in 0..1000u32 {
         let path = format!("spine{}/leaf{}", i / 100, i / 20);
@@ -116,15 +113,8 @@ fn main() {
         }),
         first.allocations.len()
     );
-    let mut times: Vec<Duration> = (0..passes)
-        .map(|_| {
-            let t = Instant::now();
-            std::hint::black_box(plan(&view, 0));
-            t.elapsed()
-        })
-        .collect();
-    times.sort();
-    let pct = |p: usize| times[(times.len() * p / 100).min(times.len() - 1)];
+    let times = timing::Times::of(passes, || plan(&view, 0));
+    let pct = |p: usize| times.pct(p);
     println!(
         "plan, 1,000 nodes, a 64x8 gang + 1,000 jobs: p50 {:?}, p99 {:?} over {passes} passes",
         pct(50),
@@ -136,15 +126,8 @@ fn main() {
         pending: vec![job(1, 64, 8)],
         ..Default::default()
     };
-    let mut times: Vec<Duration> = (0..passes)
-        .map(|_| {
-            let t = Instant::now();
-            std::hint::black_box(plan(&alone, 0));
-            t.elapsed()
-        })
-        .collect();
-    times.sort();
-    let pct = |p: usize| times[(times.len() * p / 100).min(times.len() - 1)];
+    let times = timing::Times::of(passes, || plan(&alone, 0));
+    let pct = |p: usize| times.pct(p);
     println!(
         "plan, 1,000 nodes, the 64x8 gang alone: p50 {:?}, p99 {:?}",
         pct(50),
@@ -177,15 +160,8 @@ fn main() {
             .filter(|(new, old)| new.node == old.node)
             .count()
     });
-    let mut times: Vec<Duration> = (0..passes)
-        .map(|_| {
-            let t = Instant::now();
-            std::hint::black_box(plan(&restart, 0));
-            t.elapsed()
-        })
-        .collect();
-    times.sort();
-    let pct = |p: usize| times[(times.len() * p / 100).min(times.len() - 1)];
+    let times = timing::Times::of(passes, || plan(&restart, 0));
+    let pct = |p: usize| times.pct(p);
     println!(
         "plan, 1,000 nodes, the 64x8 gang restarting after losing a node ({kept} of 64 nodes kept): \
          p50 {:?}, p99 {:?}",
@@ -251,15 +227,8 @@ fn backfill(queued: u64, passes: usize) {
         first.reservations.len(),
         first.allocations.len()
     );
-    let mut times: Vec<Duration> = (0..passes)
-        .map(|_| {
-            let t = Instant::now();
-            std::hint::black_box(plan(&view, now));
-            t.elapsed()
-        })
-        .collect();
-    times.sort();
-    let pct = |p: usize| times[(times.len() * p / 100).min(times.len() - 1)];
+    let times = timing::Times::of(passes, || plan(&view, now));
+    let pct = |p: usize| times.pct(p);
     println!(
         "plan with backfill, 1,000 nodes, 10 blocked gangs + {queued} jobs: p50 {:?}, p99 {:?} over {passes} passes",
         pct(50),
@@ -348,15 +317,8 @@ fn queue_100k(base: &ClusterView, passes: usize) {
     };
     let n = (passes / 10).max(10);
     let first = plan(&view, 3_600_000);
-    let mut times: Vec<Duration> = (0..n)
-        .map(|_| {
-            let t = Instant::now();
-            std::hint::black_box(plan(&view, 3_600_000));
-            t.elapsed()
-        })
-        .collect();
-    times.sort();
-    let pct = |p: usize| times[(times.len() * p / 100).min(times.len() - 1)];
+    let times = timing::Times::of(n, || plan(&view, 3_600_000));
+    let pct = |p: usize| times.pct(p);
     println!(
         "plan, 1,000 nodes, 100,000 pending, multifactor + fair-share + quotas: p50 {:?}, \
          p99 {:?} over {n} passes ({} placed, {} preemptions in a pass)",
