@@ -769,6 +769,10 @@ example_agent_toml() {
 # unverified TLS (HOST or HOST:PORT as the image reference names them);
 # registry_auth_file holds the pull credentials, as `podman login` or
 # `docker login` writes them (default: the tool's own, root's).
+# rootless: the runtime runs as the job's user in a user namespace that maps
+# only that user (the image's root files show as nobody), where the kernel
+# lets users make user namespaces; elsewhere, and for root's own tasks, it
+# runs as root (`gpuq nodes` shows crun+rootless where it is rootless).
 # [agent.containers]
 # runtime = "/usr/bin/crun"
 # cache_max_mb = 102400
@@ -776,6 +780,7 @@ example_agent_toml() {
 # pull_tool = "skopeo"
 # insecure_registries = ["registry.lan:5000"]
 # registry_auth_file = "/etc/gpuq/registry-auth.json"
+# rootless = true
 GPUQ_EOF
 }
 

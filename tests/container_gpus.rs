@@ -104,7 +104,7 @@ fn cdi_gives_a_container_its_own_gpus_and_mig_jobs_see_their_instances() {
     let row = table.lines().find(|l| l.starts_with("n1 ")).unwrap();
     assert_eq!(
         row[at..].split_whitespace().next(),
-        Some("crun+cdi"),
+        Some("crun+rootless+cdi"),
         "{table}"
     );
     let v = run_probe(&server, &out, &image, "2");

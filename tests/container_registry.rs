@@ -145,7 +145,7 @@ fn a_registry_image_is_pulled_with_the_nodes_credentials_and_cached_by_digest() 
     let _a2 = Agent::start_with(&server, &dir.path().join("n2"), "n2", 8, &token, &insecure);
     // Both nodes can pull (skopeo is there): `gpuq nodes` says so.
     let table = server.ok(&["nodes"]);
-    assert_eq!(table.matches("crun+pull").count(), 2, "{table}");
+    assert_eq!(table.matches("crun+rootless+pull").count(), 2, "{table}");
 
     let out = dir.path().join("out");
     std::fs::create_dir_all(&out).unwrap();

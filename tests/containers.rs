@@ -11,21 +11,40 @@ mod images;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
-use common::{cli_as, ensure_user, require_root, shared_tempdir, stderr, Agent, Cluster, Server};
+use common::{
+    cli_as, ensure_user, require_root, shared_tempdir, stderr, stdout, Agent, Cluster, Server,
+};
 use images::{alive, layout, read, rootfs, vars, IMAGE_NAME, LONG};
 
-/// The CONTAINERS cell of a node with `runtime` and the default pull
-/// tool: `+pull` where this machine has skopeo (CI installs it for
-/// tests/container_registry.rs).
+/// The CONTAINERS cell of a node with `runtime` and the default settings:
+/// `+rootless` (this machine lets users make user namespaces: the runtime
+/// runs as the job's user), and `+pull` where it has skopeo (CI installs
+/// it for tests/container_registry.rs).
 fn shown(runtime: &str) -> String {
     let skopeo = std::env::var("PATH")
         .unwrap_or_default()
         .split(':')
         .any(|d| Path::new(d).join("skopeo").is_file());
     match skopeo {
-        true => format!("{runtime}+pull"),
-        false => runtime.to_string(),
+        true => format!("{runtime}+rootless+pull"),
+        false => format!("{runtime}+rootless"),
     }
+}
+
+/// `text`'s words, one space apart (`/proc/self/uid_map` pads with spaces).
+fn words(text: &str) -> String {
+    text.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// Fails the test, saying why, where users cannot make user namespaces (so
+/// that no node here is rootless).
+fn require_user_namespaces() {
+    let max = std::fs::read_to_string("/proc/sys/user/max_user_namespaces").unwrap_or_default();
+    assert!(
+        max.trim().parse::<u64>().is_ok_and(|n| n > 0),
+        "this machine does not let users make user namespaces (user.max_user_namespaces is \
+         {max:?}): rootless containers cannot run here; set it above 0"
+    );
 }
 
 #[test]
@@ -622,7 +641,8 @@ fn runc_runs_the_job_where_a_node_names_it_and_cancel_stops_its_tree() {
             "--",
             "sh",
             "-c",
-            "cat /etc/os-release; echo UID=$(id -u); echo CVD=$CUDA_VISIBLE_DEVICES",
+            "cat /etc/os-release; echo UID=$(id -u); echo CVD=$CUDA_VISIBLE_DEVICES; \
+             echo MAP=$(cat /proc/self/uid_map)",
         ],
     );
     assert!(out.status.success(), "{}", stderr(&out));
@@ -632,6 +652,9 @@ fn runc_runs_the_job_where_a_node_names_it_and_cancel_stops_its_tree() {
     let v = vars(&read(&work.join(format!("gpuq-{id}.out"))));
     assert_eq!(v["NAME"], format!("\"{IMAGE_NAME}\""), "{v:?}");
     assert_eq!(v["UID"], alice.uid.to_string(), "{v:?}");
+    // runc runs as root (its rootless mode would map the container's root
+    // to alice): no user namespace.
+    assert_eq!(words(&v["MAP"]), format!("0 0 {}", u32::MAX), "{v:?}");
     assert_eq!(v["CVD"], "0", "{v:?}");
     // Cancel stops the container and what it started, under runc too.
     let id = c.submit(&[
@@ -654,5 +677,149 @@ fn runc_runs_the_job_where_a_node_names_it_and_cancel_stops_its_tree() {
     c.server.ok(&["cancel", &id]);
     c.wait_state(&id, "CANCELLED", LONG);
     common::wait_for("the container's processes gone", LONG, || !alive(pid));
+    drop(n2);
+}
+
+#[test]
+fn rootless_runtimes_map_only_the_user_who_keeps_their_groups() {
+    if !require_root("rootless_runtimes_map_only_the_user") {
+        return;
+    }
+    require_user_namespaces();
+    let dir = shared_tempdir();
+    let root = rootfs(dir.path());
+    let image = layout(dir.path(), &root);
+    let c = Cluster::start(dir.path(), 1, 8);
+    let token = c.server.ok(&["token", "create"]).trim().to_string();
+    // n2 says rootless = false: its runtime runs as root.
+    let n2 = Agent::start_with(
+        &c.server,
+        &dir.path().join("n2"),
+        "n2",
+        8,
+        &token,
+        "[agent.containers]\nrootless = false\npull_tool = \"\"\n",
+    );
+    common::wait_for("n2 registered", LONG, || {
+        c.server
+            .ok(&["nodes"])
+            .lines()
+            .any(|l| l.starts_with("n2 "))
+    });
+    let table = c.server.ok(&["nodes"]);
+    let at = table.lines().next().unwrap().find("CONTAINERS").unwrap();
+    let cell = |node: &str| {
+        let row = table.lines().find(|l| l.starts_with(node)).unwrap();
+        row[at..].split_whitespace().next().unwrap().to_string()
+    };
+    assert_eq!(
+        (cell("n1 "), cell("n2 ")),
+        (shown("crun"), "crun".into()),
+        "{table}"
+    );
+    // A project directory alice reaches through a supplementary group only.
+    let alice = ensure_user("gpuqt-alice");
+    let group = "gpuqt-proj";
+    let _ = std::process::Command::new("groupadd")
+        .args(["-f", group])
+        .status();
+    let added = std::process::Command::new("usermod")
+        .args(["-aG", group, "gpuqt-alice"])
+        .status()
+        .unwrap();
+    assert!(added.success(), "usermod -aG {group} gpuqt-alice failed");
+    let gid = nix::unistd::Group::from_name(group)
+        .unwrap()
+        .expect("the project group")
+        .gid;
+    let project = dir.path().join("project");
+    std::fs::create_dir_all(&project).unwrap();
+    std::fs::write(project.join("data.txt"), "project-data\n").unwrap();
+    nix::unistd::chown(&project, Some(0.into()), Some(gid)).unwrap();
+    std::fs::set_permissions(
+        &project,
+        std::os::unix::fs::PermissionsExt::from_mode(0o750),
+    )
+    .unwrap();
+    let work = dir.path().join("alice");
+    std::fs::create_dir_all(&work).unwrap();
+    nix::unistd::chown(&work, Some(alice.uid.into()), Some(alice.gid.into())).unwrap();
+    let w = work.to_str().unwrap();
+    let probe = "echo MAP=$(cat /proc/self/uid_map); echo OWNER=$(stat -c %u /etc/os-release); \
+                 echo UID=$(id -u); echo DATA=$(cat /project/data.txt); sleep 300";
+    let submit = |node: &str| {
+        let mounts = format!("{}:/project:ro", project.display());
+        let out = cli_as(
+            &alice,
+            &c.server.socket,
+            &[
+                "submit",
+                "--parsable",
+                "-w",
+                node,
+                "--container-image",
+                image.to_str().unwrap(),
+                "--container-mounts",
+                &mounts,
+                "-D",
+                w,
+                "--",
+                "sh",
+                "-c",
+                probe,
+            ],
+        );
+        assert!(out.status.success(), "{}", stderr(&out));
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    let output = |id: &str| {
+        let file = work.join(format!("gpuq-{id}.out"));
+        common::wait_for("the probe's output", LONG, || {
+            std::fs::read_to_string(&file).is_ok_and(|t| t.contains("DATA="))
+        });
+        vars(&read(&file))
+    };
+    let everyone = format!("0 0 {}", u32::MAX);
+    for (node, map, owner) in [
+        ("n1", format!("{0} {0} 1", alice.uid), "65534"),
+        ("n2", everyone.clone(), "0"),
+    ] {
+        let id = submit(node);
+        let v = output(&id);
+        // Rootless: a namespace mapping alice alone, where the image's root
+        // files show as nobody's; as root: the host's ids.
+        assert_eq!(words(&v["MAP"]), map, "{node}: {v:?}");
+        assert_eq!(v["OWNER"], owner, "{node}: {v:?}");
+        assert_eq!(v["UID"], alice.uid.to_string(), "{node}: {v:?}");
+        // Her supplementary group still opens the project's files.
+        assert_eq!(v["DATA"], "project-data", "{node}: {v:?}");
+        // An exec joins the container as its runtime started it.
+        let out = cli_as(
+            &alice,
+            &c.server.socket,
+            &["exec", &id, "--", "sh", "-c", "cat /proc/self/uid_map"],
+        );
+        assert!(out.status.success(), "{node}: {}", stderr(&out));
+        assert_eq!(words(&stdout(&out)), map, "{node}: exec");
+        // The runtime's state is alice's where it ran as alice.
+        let tasks = dir.path().join(node).join("data/tasks");
+        let states: Vec<_> = std::fs::read_dir(&tasks)
+            .unwrap()
+            .flatten()
+            .map(|t| t.path().join("runtime"))
+            .filter(|d| d.is_dir())
+            .collect();
+        let owners: Vec<u32> = states
+            .iter()
+            .map(|d| std::fs::metadata(d).unwrap().uid())
+            .collect();
+        let expected = if node == "n1" { alice.uid } else { 0 };
+        assert!(
+            !owners.is_empty() && owners.iter().all(|&u| u == expected),
+            "{node}: the runtime state directories {states:?} belong to {owners:?}"
+        );
+        c.server.ok(&["cancel", &id]);
+        c.wait_state(&id, "CANCELLED", LONG);
+    }
     drop(n2);
 }

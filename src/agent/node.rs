@@ -86,6 +86,18 @@ pub async fn start_compute(
                     inventory.features.push(f);
                 }
             }
+            // The runtime runs as the job's user where the kernel allows.
+            if cfg.containers.rootless {
+                match super::exec::container::rootless_here(&runtime) {
+                    Ok(()) => {
+                        let f = crate::model::OCI_ROOTLESS_FEATURE.to_string();
+                        if !inventory.features.contains(&f) {
+                            inventory.features.push(f);
+                        }
+                    }
+                    Err(why) => tracing::warn!("containers are not rootless here: {why}"),
+                }
+            }
             // GPUs go in through CDI where the node has specs.
             let specs = super::exec::cdi::spec_files(&cfg.containers.cdi_spec_dirs);
             let cdi = crate::model::OCI_CDI_FEATURE.to_string();

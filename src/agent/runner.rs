@@ -204,6 +204,7 @@ pub fn task_spec(
                     .collect(),
                 cdi_dirs: Vec::new(),
                 pull: Default::default(),
+                rootless: false,
             }),
     }
 }

@@ -32,6 +32,11 @@ pub struct Containers {
     /// login` writes it (`{"auths": {"HOST": {"auth": base64(user:pass)}}}`),
     /// readable by root only. Default: the pull tool's own (root's).
     pub registry_auth_file: Option<std::path::PathBuf>,
+    /// Whether the runtime runs as the job's user, in a user namespace
+    /// that maps only that user's uid and gid, where the kernel lets users
+    /// make one (else as root, with a warning at the agent's start).
+    /// Default: true. Root's own tasks always run it as root.
+    pub rootless: bool,
 }
 
 /// The pull tool when the config names none.
@@ -87,6 +92,7 @@ impl Default for Containers {
             pull_tool: DEFAULT_PULL_TOOL.to_string(),
             insecure_registries: Vec::new(),
             registry_auth_file: None,
+            rootless: true,
         }
     }
 }

@@ -18,6 +18,14 @@ pub const OCI_PULL_FEATURE: &str = "oci-pull";
 /// containers get their GPUs' driver files, not device nodes only.
 pub const OCI_CDI_FEATURE: &str = "oci-cdi";
 
+/// The node feature an agent adds when its runtime runs as the job's user
+/// in a user namespace (`[agent.containers] rootless`, where the kernel
+/// allows it), not as root.
+pub const OCI_ROOTLESS_FEATURE: &str = "oci-rootless";
+
+/// The words a runtime feature cannot be: the other `oci-` features.
+const NOT_RUNTIMES: [&str; 3] = ["pull", "cdi", "rootless"];
+
 /// The prefix of the feature naming a node's OCI runtime (`oci-crun`).
 pub const RUNTIME_FEATURE_PREFIX: &str = "oci-";
 
@@ -29,11 +37,12 @@ pub fn runtime_feature(runtime: &std::path::Path) -> Option<String> {
         && name
             .bytes()
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_');
-    (plain && name != "pull" && name != "cdi").then(|| format!("{RUNTIME_FEATURE_PREFIX}{name}"))
+    (plain && !NOT_RUNTIMES.contains(&name)).then(|| format!("{RUNTIME_FEATURE_PREFIX}{name}"))
 }
 
 /// What a node offers for containers, from its features, as `gpuq nodes`
-/// shows it: `crun`, `runc+pull`, `crun+cdi+pull`, or `-` for none.
+/// shows it: `crun`, `runc+pull`, `crun+rootless+cdi+pull`, or `-` for
+/// none.
 pub fn containers_summary(features: &[String]) -> String {
     if !features.iter().any(|f| f == OCI_FEATURE) {
         return "-".into();
@@ -41,11 +50,16 @@ pub fn containers_summary(features: &[String]) -> String {
     let has = |name: &str| features.iter().any(|f| f == name);
     let mut summary = features
         .iter()
-        .filter(|f| f.as_str() != OCI_PULL_FEATURE && f.as_str() != OCI_CDI_FEATURE)
-        .find_map(|f| f.strip_prefix(RUNTIME_FEATURE_PREFIX))
+        .filter_map(|f| f.strip_prefix(RUNTIME_FEATURE_PREFIX))
+        .find(|name| !NOT_RUNTIMES.contains(name))
         .unwrap_or("oci")
         .to_string();
-    for (feature, word) in [(OCI_CDI_FEATURE, "+cdi"), (OCI_PULL_FEATURE, "+pull")] {
+    let words = [
+        (OCI_ROOTLESS_FEATURE, "+rootless"),
+        (OCI_CDI_FEATURE, "+cdi"),
+        (OCI_PULL_FEATURE, "+pull"),
+    ];
+    for (feature, word) in words {
         if has(feature) {
             summary.push_str(word);
         }
@@ -74,6 +88,11 @@ mod tests {
         );
         assert_eq!(s(&["oci-cdi", "oci", "oci-crun"]), "crun+cdi");
         assert_eq!(f("/x/cdi"), None);
+        assert_eq!(f("/x/rootless"), None);
+        assert_eq!(
+            s(&["oci-pull", "oci-rootless", "oci", "oci-crun", "oci-cdi"]),
+            "crun+rootless+cdi+pull"
+        );
         assert_eq!(s(&["ib"]), "-");
     }
 }

@@ -26,10 +26,9 @@ mod token;
 mod update;
 
 pub use bulk_submit::BatchEntryError;
-pub use container::OCI_CDI_FEATURE;
 pub use container::{
-    containers_summary, runtime_feature, ContainerMount, ContainerSpec, OCI_FEATURE,
-    OCI_PULL_FEATURE, REGISTRY_SCHEME,
+    containers_summary, runtime_feature, ContainerMount, ContainerSpec, OCI_CDI_FEATURE,
+    OCI_FEATURE, OCI_PULL_FEATURE, OCI_ROOTLESS_FEATURE, REGISTRY_SCHEME,
 };
 pub use elastic::{NodeRange, Resize, ResizeRecord};
 pub use gpu_use::GpuUse;

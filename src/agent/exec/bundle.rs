@@ -154,6 +154,10 @@ pub(super) struct Process<'a> {
     pub env: Vec<String>,
     pub cwd: &'a str,
     pub identity: &'a Identity,
+    /// The runtime runs as the user (`rootless`): the container gets a user
+    /// namespace mapping only the user's uid and gid, and keeps the groups
+    /// the runtime was started with (such a namespace cannot set others).
+    pub rootless: bool,
 }
 
 /// The bundle's `config.json`: `binds` are (staging source, destination,
@@ -184,8 +188,19 @@ pub(super) fn oci_config(
     } else {
         Vec::new()
     };
+    // A user namespace without a process id namespace of its own cannot
+    // mount a proc: it sees the host's, as with the host's pids anyway.
+    let proc = match p.rootless {
+        false => mount("/proc", "proc", "proc", &["nosuid", "noexec", "nodev"]),
+        true => mount(
+            "/proc",
+            "bind",
+            "/proc",
+            &["rbind", "nosuid", "noexec", "nodev"],
+        ),
+    };
     let mut mounts = vec![
-        mount("/proc", "proc", "proc", &["nosuid", "noexec", "nodev"]),
+        proc,
         mount(
             "/dev",
             "tmpfs",
@@ -240,11 +255,19 @@ pub(super) fn oci_config(
     if let Some(path) = cgroups_path {
         linux["cgroupsPath"] = json!(path);
     }
+    let mut user = json!({"uid": p.identity.uid, "gid": p.identity.gid, "additionalGids": groups});
+    if p.rootless {
+        let one = |id: u32| json!([{"containerID": id, "hostID": id, "size": 1}]);
+        linux["namespaces"] = json!([{"type": "mount"}, {"type": "user"}]);
+        linux["uidMappings"] = one(p.identity.uid);
+        linux["gidMappings"] = one(p.identity.gid);
+        user = json!({"uid": p.identity.uid, "gid": p.identity.gid});
+    }
     json!({
         "ociVersion": "1.0.2",
         "process": {
             "terminal": false,
-            "user": {"uid": p.identity.uid, "gid": p.identity.gid, "additionalGids": groups},
+            "user": user,
             "args": p.argv,
             "env": p.env,
             "cwd": p.cwd,
@@ -256,6 +279,40 @@ pub(super) fn oci_config(
         "mounts": mounts,
         "linux": linux,
     })
+}
+
+/// Where `config` mounts something in the container, and whether each is
+/// a directory, for making the mount points the image lacks: every mount's
+/// destination (not those under `/dev`, the runtime's own tmpfs) and the
+/// working directory. A bind's kind is its source's: `staged` says it for
+/// the sources the child stages (not there yet), the host's for others.
+pub(super) fn mount_points(config: &Value, staged: &[(String, bool)]) -> Vec<(String, bool)> {
+    let mut points: Vec<(String, bool)> = Vec::new();
+    let mounts = config["mounts"].as_array().cloned().unwrap_or_default();
+    for m in &mounts {
+        let Some(dest) = m["destination"].as_str() else {
+            continue;
+        };
+        if dest.starts_with("/dev/") {
+            continue;
+        }
+        let source = m["source"].as_str().unwrap_or_default();
+        let dir = match m["type"].as_str() {
+            Some("bind") => staged
+                .iter()
+                .find(|(s, _)| s == source)
+                .map(|(_, dir)| *dir)
+                .unwrap_or_else(|| fs::metadata(source).map_or(true, |m| m.is_dir())),
+            _ => true,
+        };
+        points.push((dest.to_string(), dir));
+    }
+    if let Some(cwd) = config["process"]["cwd"].as_str() {
+        points.push((cwd.to_string(), true));
+    }
+    let mut seen = std::collections::HashSet::new();
+    points.retain(|(p, _)| seen.insert(p.clone()));
+    points
 }
 
 #[cfg(test)]
@@ -280,6 +337,7 @@ mod tests {
             env: vec!["A=1".into()],
             cwd: "/work",
             identity: &alice(),
+            rootless: false,
         };
         let binds = [
             (
@@ -369,6 +427,72 @@ mod tests {
             None,
         );
         assert_eq!(c["root"], json!({"path": "/r", "readonly": true}));
+    }
+
+    #[test]
+    fn a_rootless_bundle_maps_only_the_user_and_binds_the_hosts_proc() {
+        let argv = vec!["id".to_string()];
+        let p = Process {
+            argv: &argv,
+            read_only: false,
+            env: Vec::new(),
+            cwd: "/",
+            identity: &alice(),
+            rootless: true,
+        };
+        let c = oci_config(&p, Path::new("/t/rootfs"), &[], &[], None);
+        assert_eq!(
+            c["linux"]["namespaces"],
+            json!([{"type": "mount"}, {"type": "user"}])
+        );
+        let one = |id: u32| json!([{"containerID": id, "hostID": id, "size": 1}]);
+        assert_eq!(c["linux"]["uidMappings"], one(1000));
+        assert_eq!(c["linux"]["gidMappings"], one(100));
+        // Its groups are the runtime's own: a user namespace cannot set any.
+        assert_eq!(c["process"]["user"], json!({"uid": 1000, "gid": 100}));
+        assert_eq!(c["mounts"][0]["destination"], "/proc");
+        assert_eq!(c["mounts"][0]["type"], "bind");
+        assert_eq!(c["mounts"][0]["source"], "/proc");
+        assert_eq!(c["process"]["capabilities"]["effective"], json!([]));
+    }
+
+    #[test]
+    fn mount_points_are_every_destination_but_devs_and_the_working_directory() {
+        let host = tempfile::tempdir().unwrap();
+        let lib = host.path().join("libcuda.so.1");
+        fs::write(&lib, "").unwrap();
+        let config = json!({
+            "process": {"cwd": "/work"},
+            "mounts": [
+                {"destination": "/proc", "type": "proc", "source": "proc"},
+                {"destination": "/dev", "type": "tmpfs", "source": "tmpfs"},
+                {"destination": "/dev/shm", "type": "bind", "source": "/dev/shm"},
+                {"destination": "/home/alice", "type": "bind", "source": "/s/binds/0"},
+                {"destination": "/work", "type": "bind", "source": "/s/binds/1"},
+                {"destination": "/run/job.sh", "type": "bind", "source": "/s/binds/2"},
+                {"destination": "/usr/lib/libcuda.so.1", "type": "bind",
+                    "source": lib.to_str().unwrap()},
+                {"destination": "/usr/share/nvidia", "type": "bind",
+                    "source": host.path().to_str().unwrap()},
+            ],
+        });
+        let staged = [
+            ("/s/binds/0".to_string(), true),
+            ("/s/binds/1".to_string(), true),
+            ("/s/binds/2".to_string(), false),
+        ];
+        let points = mount_points(&config, &staged);
+        let want = [
+            ("/proc", true),
+            ("/dev", true),
+            ("/home/alice", true),
+            ("/work", true),
+            ("/run/job.sh", false),
+            ("/usr/lib/libcuda.so.1", false),
+            ("/usr/share/nvidia", true),
+        ];
+        let want: Vec<(String, bool)> = want.iter().map(|(p, d)| (p.to_string(), *d)).collect();
+        assert_eq!(points, want);
     }
 
     #[test]

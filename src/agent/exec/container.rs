@@ -35,7 +35,7 @@ use std::fs::{self, File};
 use std::io;
 use std::os::fd::OwnedFd;
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use nix::unistd::Pid;
@@ -67,6 +67,9 @@ pub struct ContainerHost {
     pub cdi_dirs: Vec<PathBuf>,
     /// How registry images are pulled here.
     pub pull: Pull,
+    /// Whether the runtime runs as the job's user (`rootless`, where the
+    /// kernel allows it, and the runtime is crun: `rootless_here`).
+    pub rootless: bool,
 }
 
 impl ContainerHost {
@@ -84,6 +87,7 @@ impl ContainerHost {
             real_gpus: matches!(gpus, GpuConfig::Auto | GpuConfig::Nvml),
             cdi_dirs: cfg.cdi_spec_dirs.clone(),
             pull: Pull::new(cfg, &std::env::var("PATH").unwrap_or_default()),
+            rootless: cfg.rootless && user_namespaces(Path::new("/proc/sys")).is_ok(),
         }
     }
 
@@ -92,7 +96,8 @@ impl ContainerHost {
         if !as_root {
             return Err(format!(
                 "the job asks for container image {}, and the agent on node {} does not run as \
-                 root: containers need a root agent (rootless containers are not supported yet)",
+                 root: containers need a root agent (it starts the OCI runtime as the job's \
+                 user, rootless, where the kernel allows user namespaces)",
                 c.spec.image,
                 hostname()
             ));
@@ -103,11 +108,51 @@ impl ContainerHost {
         c.cache_max_mb = self.cache_max_mb;
         c.cdi_dirs = self.cdi_dirs.clone();
         c.pull = self.pull.clone();
+        c.rootless = self.rootless && is_crun(&c.runtime);
         if !self.real_gpus {
             c.gpus.clear();
         }
         Ok(())
     }
+}
+
+/// Whether `runtime` runs as the job's user here (`rootless` asked for it):
+/// it must be crun (runc's rootless mode maps the container's root to the
+/// user, so the job would see itself as root), and users must be allowed
+/// user namespaces. The error says why not.
+pub fn rootless_here(runtime: &Path) -> Result<(), String> {
+    if !is_crun(runtime) {
+        return Err(format!(
+            "the OCI runtime {} runs as root: only crun runs a container as its user with \
+             that user's own uid inside (runc maps the container's root to the user)",
+            runtime.display()
+        ));
+    }
+    user_namespaces(Path::new("/proc/sys"))
+}
+
+/// Whether users may make user namespaces here, as a rootless runtime
+/// does (`sys` is `/proc/sys`): the error says which setting stops them.
+pub fn user_namespaces(sys: &Path) -> Result<(), String> {
+    let read = |name: &str| -> Option<i64> {
+        fs::read_to_string(sys.join(name)).ok()?.trim().parse().ok()
+    };
+    let why = match (
+        read("user/max_user_namespaces"),
+        read("kernel/unprivileged_userns_clone"),
+        read("kernel/apparmor_restrict_unprivileged_userns"),
+    ) {
+        (None, _, _) => "the kernel has no user namespaces (no user.max_user_namespaces)",
+        (Some(0), _, _) => "user.max_user_namespaces is 0",
+        (_, Some(0), _) => "kernel.unprivileged_userns_clone is 0",
+        (_, _, Some(n)) if n != 0 => "kernel.apparmor_restrict_unprivileged_userns is 1",
+        _ => return Ok(()),
+    };
+    Err(format!(
+        "{why}: the OCI runtime runs as root on node {} (set the sysctl to let users make \
+         user namespaces, or rootless = false in [agent.containers] to say so)",
+        hostname()
+    ))
 }
 
 /// The OCI runtime: the configured one, or crun, or runc, in `path` (then
@@ -183,11 +228,15 @@ struct Bind {
 pub(super) struct Launch {
     /// The runtime's argv (`crun ... run --detach ... ID`).
     pub argv: Vec<String>,
-    pid_file: PathBuf,
+    /// Where the runtime writes the pid of the container's process (or of
+    /// an exec's command on a terminal).
+    pub(super) pid_file: PathBuf,
     log_file: PathBuf,
     /// The mounts the child makes; none for an exec into a running
     /// container (`container_exec`), which has its root already.
     pub(super) mounts: Option<super::container_mounts::ChildMounts>,
+    /// The runtime runs as the task's user (rootless), not as root.
+    pub(super) as_user: bool,
     /// The hold on the image's cache entry while the task runs.
     _lease: Option<super::image_cache::Lease>,
 }
@@ -195,13 +244,15 @@ pub(super) struct Launch {
 impl Launch {
     /// A process started in a running container: `argv` is the runtime's
     /// `exec` command line, which stays in the foreground as the process's
-    /// parent (its exit is the process's) rather than detaching.
-    pub(super) fn exec(argv: Vec<String>, dir: &Path) -> Launch {
+    /// parent (its exit is the process's) rather than detaching; it writes
+    /// the command's pid to `pid_file` on a terminal.
+    pub(super) fn exec(argv: Vec<String>, pid_file: PathBuf, as_user: bool) -> Launch {
         Launch {
             argv,
-            pid_file: dir.join("container.pid"),
-            log_file: dir.join("runtime.log"),
+            log_file: pid_file.with_extension("log"),
+            pid_file,
             mounts: None,
+            as_user,
             _lease: None,
         }
     }
@@ -211,6 +262,13 @@ impl Launch {
     pub(super) fn is_exec(&self) -> bool {
         self.mounts.is_none()
     }
+}
+
+/// The runtime's state directory in a task's directory, with the
+/// container's pid and the runtime's log: the user's own where the runtime
+/// runs as the user.
+pub(super) fn state_dir(task_dir: &Path) -> PathBuf {
+    task_dir.join("runtime")
 }
 
 /// Prepares the task's container in the shim (as root): resolves the image
@@ -345,17 +403,33 @@ pub(super) fn prepare(
             read_only: m.read_only,
         });
     }
+    // A rootless runtime reads the bundle and mounts the staged binds as
+    // the user: the directories on the way are searchable (not readable),
+    // the config is the user's; its state is the user's own.
+    let rootless = c.rootless && identity.uid != 0;
     let bundle = dir.join("bundle");
     let scratch = bundle.join("scratch");
     let rootfs = bundle.join("rootfs");
-    let state = dir.join("runtime");
-    for d in [&bundle, &scratch, &rootfs, &state] {
+    let state = state_dir(dir);
+    for (d, mode) in [
+        (&bundle, 0o711),
+        (&scratch, 0o711),
+        (&rootfs, 0o755),
+        (&state, 0o700),
+    ] {
         fs::DirBuilder::new()
             .recursive(true)
-            .mode(0o700)
+            .mode(mode)
             .create(d)
+            .and_then(|()| fs::set_permissions(d, fs::Permissions::from_mode(mode)))
             .map_err(|e| format!("cannot create {}: {e}", d.display()))?;
     }
+    let give = |p: &Path| match rootless {
+        true => std::os::unix::fs::chown(p, Some(identity.uid), Some(identity.gid))
+            .map_err(|e| format!("cannot give {} to user {}: {e}", p.display(), identity.name)),
+        false => Ok(()),
+    };
+    give(&state)?;
     let staged: Vec<(String, String, bool)> = binds
         .iter()
         .enumerate()
@@ -389,6 +463,7 @@ pub(super) fn prepare(
         },
         cwd: c.spec.workdir.as_deref().unwrap_or(&workdir),
         identity,
+        rootless,
     };
     let mut config = oci_config(
         &process,
@@ -404,8 +479,9 @@ pub(super) fn prepare(
     let text = serde_json::to_vec_pretty(&config).map_err(|e| e.to_string())?;
     super::task::write_atomic(&config_file, &text, super::task::Durability::Crash)
         .map_err(|e| format!("cannot write {}: {e}", config_file.display()))?;
-    let pid_file = dir.join("container.pid");
-    let log_file = dir.join("runtime.log");
+    give(&config_file)?;
+    let pid_file = state.join("container.pid");
+    let log_file = state.join("runtime.log");
     let show = |p: &Path| p.to_string_lossy().into_owned();
     let mut runtime_argv = vec![
         show(&c.runtime),
@@ -426,17 +502,25 @@ pub(super) fn prepare(
         show(&bundle),
         format!("gpuq-{}", spec.key),
     ]);
+    let staged_kinds: Vec<(String, bool)> = staged
+        .iter()
+        .zip(&binds)
+        .map(|((source, _, _), b)| (source.clone(), b.dir))
+        .collect();
+    let points = super::bundle::mount_points(&config, &staged_kinds);
     let mounts = super::container_mounts::ChildMounts::new(
         &scratch,
         &rootfs,
         lower,
         binds.into_iter().map(|b| (b.tree, b.dir)).collect(),
+        &points,
     )?;
     Ok(Launch {
         argv: runtime_argv,
         pid_file,
         log_file,
         mounts: Some(mounts),
+        as_user: rootless,
         _lease: image.lease,
     })
 }
@@ -467,7 +551,8 @@ impl Launch {
             }
         };
         if status != WaitStatus::Exited(runtime, 0) {
-            let said = fs::read_to_string(&self.log_file).unwrap_or_default();
+            // The user's own file where the runtime is rootless: its end.
+            let said = super::task::read_untrusted(&self.log_file, 1 << 20).unwrap_or_default();
             let last = said.lines().rev().find(|l| !l.trim().is_empty());
             let how = match status {
                 WaitStatus::Exited(_, code) => format!("exited with code {code}"),
@@ -481,7 +566,7 @@ impl Launch {
                     .to_string())
             ));
         }
-        let pid: i32 = fs::read_to_string(&self.pid_file)
+        let pid: i32 = super::task::read_untrusted(&self.pid_file, 64)
             .ok()
             .and_then(|t| t.trim().parse().ok())
             .ok_or_else(|| format!("the OCI runtime {name} wrote no pid file"))?;
@@ -509,6 +594,40 @@ impl Launch {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rootless_needs_user_namespaces_for_users_and_says_which_setting_stops_it() {
+        let sys = tempfile::tempdir().unwrap();
+        let set = |name: &str, value: &str| {
+            let p = sys.path().join(name);
+            fs::create_dir_all(p.parent().unwrap()).unwrap();
+            fs::write(p, format!("{value}\n")).unwrap();
+        };
+        let err = user_namespaces(sys.path()).unwrap_err();
+        assert!(err.contains("no user namespaces"), "{err}");
+        set("user/max_user_namespaces", "0");
+        let err = user_namespaces(sys.path()).unwrap_err();
+        assert!(err.contains("user.max_user_namespaces is 0"), "{err}");
+        set("user/max_user_namespaces", "63000");
+        assert!(user_namespaces(sys.path()).is_ok());
+        // Debian's and Ubuntu's own switches.
+        set("kernel/unprivileged_userns_clone", "0");
+        let err = user_namespaces(sys.path()).unwrap_err();
+        assert!(err.contains("unprivileged_userns_clone is 0"), "{err}");
+        set("kernel/unprivileged_userns_clone", "1");
+        set("kernel/apparmor_restrict_unprivileged_userns", "1");
+        let err = user_namespaces(sys.path()).unwrap_err();
+        assert!(
+            err.contains("apparmor_restrict_unprivileged_userns"),
+            "{err}"
+        );
+        assert!(err.contains("rootless = false"), "{err}");
+        set("kernel/apparmor_restrict_unprivileged_userns", "0");
+        assert!(user_namespaces(sys.path()).is_ok());
+        // runc is never rootless here, whatever the kernel allows.
+        let err = rootless_here(Path::new("/usr/sbin/runc")).unwrap_err();
+        assert!(err.contains("only crun"), "{err}");
+    }
 
     #[test]
     fn the_runtime_is_the_configured_one_or_crun_then_runc() {

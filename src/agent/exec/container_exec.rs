@@ -16,18 +16,20 @@
 //! sees them.
 
 use std::fs;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
 use serde_json::{json, Value};
 
 use super::container::Launch;
-use super::task::{Beside, TaskContainer, TaskSpec};
+use super::task::{Beside, Identity, TaskContainer, TaskSpec};
 
-/// The process file the exec hands the runtime, in the exec's directory.
+/// The process file the exec hands the runtime: the exec's directory's name
+/// and this, in the task's runtime state directory.
 const PROCESS_FILE: &str = "process.json";
-/// Where the runtime writes the pid of an exec on a terminal, in the
-/// exec's directory.
-pub(super) const EXEC_PID_FILE: &str = "exec.pid";
+/// Where the runtime writes the pid of an exec on a terminal: the exec's
+/// directory's name and this, in the task's runtime state directory.
+const EXEC_PID_FILE: &str = "exec.pid";
 
 /// Prepares the runtime's `exec` of `argv` in the container of the task
 /// `beside` names (the exec's `spec` is that task's, with the exec's
@@ -37,6 +39,7 @@ pub(super) fn prepare_exec(
     spec: &TaskSpec,
     c: &TaskContainer,
     beside: &Beside,
+    identity: &Identity,
     argv: &[String],
 ) -> Result<Launch, String> {
     let config_file = beside.dir.join("bundle").join("config.json");
@@ -60,26 +63,47 @@ pub(super) fn prepare_exec(
         .map(|(_, v)| v.clone())
         .filter(|_| spec.io.is_interactive());
     let process = exec_process(&config["process"], argv, tty, term);
-    let file = dir.join(PROCESS_FILE);
+    // A rootless container's runtime runs as its user here too: as the
+    // task's own shim decided (`task.json`, root's), never as the bundle or
+    // the state, which are the user's then, would say.
+    let rootless = c.rootless && identity.uid != 0;
+    // The files go in the runtime's state directory, the user's own where
+    // it is rootless: made new (no file or link the user put there is
+    // followed), and handed to the user.
+    let state = super::container::state_dir(&beside.dir);
+    let exec_name = dir
+        .file_name()
+        .map_or("exec".into(), |n| n.to_string_lossy());
+    let file = state.join(format!("{exec_name}.{PROCESS_FILE}"));
+    let pid_file = state.join(format!("{exec_name}.{EXEC_PID_FILE}"));
     let text = serde_json::to_vec_pretty(&process).map_err(|e| e.to_string())?;
-    super::task::write_atomic(&file, &text, super::task::Durability::Crash)
-        .map_err(|e| format!("cannot write {}: {e}", file.display()))?;
+    let written = fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(&file)
+        .and_then(|mut f| {
+            use std::io::Write;
+            f.write_all(&text)?;
+            match rootless {
+                true => std::os::unix::fs::fchown(&f, Some(identity.uid), Some(identity.gid)),
+                false => Ok(()),
+            }
+        });
+    written.map_err(|e| format!("cannot write {}: {e}", file.display()))?;
     let show = |p: &Path| p.to_string_lossy().into_owned();
-    let mut runtime_argv = vec![
-        show(&c.runtime),
-        "--root".into(),
-        show(&beside.dir.join("runtime")),
-    ];
+    let mut runtime_argv = vec![show(&c.runtime), "--root".into(), show(&state)];
     if super::container::is_crun(&c.runtime) {
         runtime_argv.push("--cgroup-manager=disabled".into());
     }
     runtime_argv.extend(["exec".into(), "--process".into(), show(&file)]);
     if tty {
         // Where the shim finds the command, to pass resizes to its terminal.
-        runtime_argv.extend(["--pid-file".into(), show(&dir.join(EXEC_PID_FILE))]);
+        runtime_argv.extend(["--pid-file".into(), show(&pid_file)]);
     }
     runtime_argv.push(format!("gpuq-{}", spec.key));
-    Ok(Launch::exec(runtime_argv, dir))
+    Ok(Launch::exec(runtime_argv, pid_file, rootless))
 }
 
 /// The task's process (from its bundle) running `argv` instead, with the

@@ -2,7 +2,10 @@
 //! OCI runtime (see `container` for why they are made here): a mount
 //! namespace of its own, the cgroup2 view crun needs on hybrid hosts, a
 //! tmpfs holding the overlay's writable layer and the bind staging points,
-//! the overlay (the image below, read-only), and each bind source.
+//! the overlay (the image below, read-only), each bind source, and the
+//! mount points the image lacks (in the writable layer, resolved inside the
+//! image: a symlink in it never leads out), since a rootless runtime may
+//! not make them in directories the image's root owns.
 //!
 //! The sources were opened by the shim as the user, in the node's mount
 //! namespace, and a mount cannot be made from a path of another namespace;
@@ -35,6 +38,18 @@ enum Failed {
     Scratch,
     Overlay,
     Bind,
+    MountPoint,
+}
+
+/// One directory (or, last, a file) on the way to a mount point, relative
+/// to the container's root: made where missing.
+struct Step {
+    path: CString,
+    parent: CString,
+    name: CString,
+    file: bool,
+    /// Which mount point (its number in `ChildMounts::points`).
+    point: usize,
 }
 
 /// A bind source, as a detached mount tree, and where it is staged.
@@ -73,6 +88,59 @@ pub(super) struct ChildMounts {
     lower: OwnedFd,
     lower_at: CString,
     binds: Vec<Staged>,
+    /// The mount points, as given (for errors), and the steps making them.
+    points: Vec<String>,
+    steps: Vec<Step>,
+}
+
+/// The steps that make each of `points` (absolute paths in the container,
+/// and whether each is a directory) inside the container's root.
+fn steps(points: &[(String, bool)]) -> Result<Vec<Step>, String> {
+    let mut out = Vec::new();
+    for (n, (point, dir)) in points.iter().enumerate() {
+        let parts: Vec<&str> = point
+            .split('/')
+            .filter(|p| !p.is_empty() && *p != ".")
+            .collect();
+        if parts.contains(&"..") {
+            return Err(format!("mount point {point} goes up with '..'"));
+        }
+        for i in 0..parts.len() {
+            let cs = |s: String| {
+                CString::new(s).map_err(|_| format!("mount point {point} contains a NUL byte"))
+            };
+            let parent = match i {
+                0 => ".".to_string(),
+                _ => parts[..i].join("/"),
+            };
+            out.push(Step {
+                path: cs(parts[..=i].join("/"))?,
+                parent: cs(parent)?,
+                name: cs(parts[i].to_string())?,
+                file: !dir && i + 1 == parts.len(),
+                point: n,
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// `openat2(at, path, O_PATH | O_DIRECTORY, RESOLVE_IN_ROOT)`: `path`
+/// resolved as if `at` were `/`.
+///
+/// # Safety
+/// System calls only, as in the forked child.
+unsafe fn open_in_root(at: libc::c_int, path: &CString) -> libc::c_int {
+    let mut how: libc::open_how = std::mem::zeroed();
+    how.flags = (libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC) as u64;
+    how.resolve = libc::RESOLVE_IN_ROOT | libc::RESOLVE_NO_MAGICLINKS;
+    libc::syscall(
+        libc::SYS_openat2,
+        at,
+        path.as_ptr(),
+        &how as *const libc::open_how,
+        std::mem::size_of::<libc::open_how>(),
+    ) as libc::c_int
 }
 
 fn c(p: &Path) -> Result<CString, String> {
@@ -98,6 +166,7 @@ impl ChildMounts {
         merged: &Path,
         lower: OwnedFd,
         binds: Vec<(OwnedFd, bool)>,
+        points: &[(String, bool)],
     ) -> Result<ChildMounts, String> {
         let text = scratch.to_string_lossy();
         if text.contains([',', ':']) {
@@ -129,6 +198,8 @@ impl ChildMounts {
             lower,
             lower_at: c(&scratch.join("lower"))?,
             binds,
+            steps: steps(points)?,
+            points: points.iter().map(|(p, _)| p.clone()).collect(),
         })
     }
 
@@ -142,6 +213,8 @@ impl ChildMounts {
         let ok =
             |ret: libc::c_int, f: Failed, n: usize| if ret < 0 { Err(code(f, n)) } else { Ok(()) };
         ok(libc::unshare(libc::CLONE_NEWNS), Failed::Namespace, 0)?;
+        // The daemon's umask (077) would narrow what is made below.
+        libc::umask(0o022);
         let none = ptr::null();
         let rprivate = libc::MS_REC | libc::MS_PRIVATE;
         ok(
@@ -166,7 +239,7 @@ impl ChildMounts {
                 self.scratch.as_ptr(),
                 tmpfs,
                 safe,
-                c"mode=0700".as_ptr().cast(),
+                c"mode=0711".as_ptr().cast(),
             ),
             Failed::Scratch,
             0,
@@ -174,7 +247,7 @@ impl ChildMounts {
         let dirs = [
             (&self.upper, 0o755),
             (&self.work, 0o700),
-            (&self.binds_dir, 0o700),
+            (&self.binds_dir, 0o711),
             (&self.lower_at, 0o700),
         ];
         for (dir, mode) in dirs {
@@ -203,6 +276,7 @@ impl ChildMounts {
             Failed::Overlay,
             0,
         )?;
+        self.make_points()?;
         for (i, b) in self.binds.iter().enumerate() {
             if b.dir {
                 ok(libc::mkdir(b.staging.as_ptr(), 0o700), Failed::Bind, i)?;
@@ -215,6 +289,66 @@ impl ChildMounts {
             ok(attach(&b.tree, &b.staging), Failed::Bind, i)?;
         }
         Ok(())
+    }
+
+    /// Makes the mount points missing from the container's root, in its
+    /// writable layer, as root (the image's root owns their directories),
+    /// every path resolved inside the root.
+    ///
+    /// # Safety
+    /// In the forked child, after the overlay is mounted.
+    unsafe fn make_points(&self) -> Result<(), u32> {
+        let code = |n: usize| ((Failed::MountPoint as u32) << 16) | (n as u32 & 0xffff);
+        let flags = libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC;
+        let root = libc::open(self.merged.as_ptr(), flags);
+        if root < 0 {
+            return Err((Failed::Overlay as u32) << 16);
+        }
+        let mut result = Ok(());
+        for step in &self.steps {
+            if !step.file {
+                let fd = open_in_root(root, &step.path);
+                if fd >= 0 {
+                    libc::close(fd);
+                    continue;
+                }
+                if *libc::__errno_location() != libc::ENOENT {
+                    result = Err(code(step.point));
+                    break;
+                }
+            }
+            let parent = open_in_root(root, &step.parent);
+            if parent < 0 {
+                result = Err(code(step.point));
+                break;
+            }
+            let made = match step.file {
+                true => {
+                    let flags = libc::O_CREAT
+                        | libc::O_EXCL
+                        | libc::O_WRONLY
+                        | libc::O_NOFOLLOW
+                        | libc::O_CLOEXEC;
+                    let fd = libc::openat(parent, step.name.as_ptr(), flags, 0o644 as libc::c_uint);
+                    if fd >= 0 {
+                        libc::close(fd);
+                    }
+                    fd
+                }
+                false => libc::mkdirat(parent, step.name.as_ptr(), 0o755),
+            };
+            let errno = *libc::__errno_location();
+            libc::close(parent);
+            if made < 0 && errno != libc::EEXIST {
+                *libc::__errno_location() = errno;
+                result = Err(code(step.point));
+                break;
+            }
+        }
+        let errno = *libc::__errno_location();
+        libc::close(root);
+        *libc::__errno_location() = errno;
+        result
     }
 
     /// The sentence for a failed mount.
@@ -235,6 +369,10 @@ impl ChildMounts {
             x if x == Failed::Overlay as u32 => format!(
                 "cannot mount the container's root (overlay {}): {err}",
                 self.overlay.to_string_lossy()
+            ),
+            x if x == Failed::MountPoint as u32 => format!(
+                "cannot make mount point {} in the container's root: {err}",
+                self.points.get(n).map_or("?", String::as_str)
             ),
             _ => format!("cannot mount bind source number {n} into the container: {err}"),
         }

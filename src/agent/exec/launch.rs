@@ -279,7 +279,8 @@ impl Prepared {
         // that same user, and then has no identity to switch.
         let already = libc::geteuid() == id.uid && id.uid != 0;
         if self.container.is_some() {
-            // The files are opened as the user; the runtime runs as root.
+            // The files are opened as the user; the runtime runs as root,
+            // or as the user where it is rootless (below).
             if libc::setgroups(id.groups.len(), id.groups.as_ptr()) < 0 {
                 fail(Step::Groups, 0);
             }
@@ -341,12 +342,25 @@ impl Prepared {
                 fail(Step::Stderr, 0);
             }
         }
-        if self.container.is_some() {
-            libc::setfsuid(0);
-            libc::setfsgid(0);
-            if libc::setgroups(0, ptr::null()) < 0 {
-                fail(Step::Privileges, 0);
+        match self.container.as_ref().map(|c| c.as_user) {
+            // A rootless runtime: the user's own process, with the user's
+            // groups (already set above), which its container keeps.
+            Some(true) => {
+                if libc::setgid(id.gid) < 0 {
+                    fail(Step::SetGid, 0);
+                }
+                if libc::setuid(id.uid) < 0 {
+                    fail(Step::SetUid, 0);
+                }
             }
+            Some(false) => {
+                libc::setfsuid(0);
+                libc::setfsgid(0);
+                if libc::setgroups(0, ptr::null()) < 0 {
+                    fail(Step::Privileges, 0);
+                }
+            }
+            None => {}
         }
         if let Some((set, _)) = &self.affinity {
             if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), set) < 0 {

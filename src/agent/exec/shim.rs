@@ -278,8 +278,9 @@ fn run(dir: &Path, mode: &CgroupMode) -> (TaskOutcome, Option<Millis>) {
     let container = match (&spec.container, &spec.beside) {
         // Beside a task in a container: its runtime runs the command there.
         (Some(c), Some(beside)) => {
-            let prepared = super::launch::task_argv(&spec, script.as_deref())
-                .and_then(|argv| super::container_exec::prepare_exec(dir, &spec, c, beside, &argv));
+            let prepared = super::launch::task_argv(&spec, script.as_deref()).and_then(|argv| {
+                super::container_exec::prepare_exec(dir, &spec, c, beside, &identity, &argv)
+            });
             // Told to the exec's client once it has connected, below.
             match prepared {
                 Ok(launch) => Some(launch),
@@ -325,10 +326,12 @@ fn run(dir: &Path, mode: &CgroupMode) -> (TaskOutcome, Option<Millis>) {
     };
     // An exec on a terminal in a container: the runtime's own terminal
     // there follows the client's size.
-    if let (Some(s), Some(_), Some(_), crate::model::TaskIo::Pty) =
-        (streams.as_mut(), &spec.container, &spec.beside, spec.io)
+    if let (Some(s), Some(launch), crate::model::TaskIo::Pty) =
+        (streams.as_mut(), container.as_ref(), spec.io)
     {
-        s.follow_terminal(dir.join(super::container_exec::EXEC_PID_FILE));
+        if launch.is_exec() {
+            s.follow_terminal(launch.pid_file.clone(), identity.uid);
+        }
     }
     if let (Some(s), Some(_)) = (streams.as_mut(), &spec.beside) {
         if let Err(reason) = s.await_first_client(FIRST_CLIENT_LIMIT) {

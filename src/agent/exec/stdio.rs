@@ -68,8 +68,9 @@ pub(super) struct Streams {
     child: Option<ChildEnds>,
     first: Option<UnixStream>,
     /// A file holding the pid of a process whose own terminal (a runtime's
-    /// in a container) follows this one's window size.
-    inner: Option<PathBuf>,
+    /// in a container) follows this one's window size, and the uid that
+    /// process must have.
+    inner: Option<(PathBuf, u32)>,
 }
 
 /// An output file and how much is in it.
@@ -201,8 +202,9 @@ impl Streams {
     /// Resizes also go to the terminal of the process whose pid `pid_file`
     /// holds, once it is written: the one a container runtime made for an
     /// exec (its process's stdin), which the runtime itself never resizes.
-    pub fn follow_terminal(&mut self, pid_file: PathBuf) {
-        self.inner = Some(pid_file);
+    /// Only a process of user `uid` is resized.
+    pub fn follow_terminal(&mut self, pid_file: PathBuf, uid: u32) {
+        self.inner = Some((pid_file, uid));
     }
 
     /// The ends the task's process gets.
@@ -336,7 +338,7 @@ struct Shared {
     input: Mutex<Option<File>>,
     master: Option<OwnedFd>,
     /// See [`Streams::follow_terminal`].
-    inner: Option<PathBuf>,
+    inner: Option<(PathBuf, u32)>,
     group: i32,
     /// Output streams still open, and a signal when one closes.
     draining: (Mutex<usize>, Condvar),
@@ -431,7 +433,20 @@ impl Shared {
         // kernel then sends SIGWINCH to the terminal's foreground group.
         unsafe { libc::ioctl(master.as_raw_fd(), libc::TIOCSWINSZ, &size) };
         let inner = self.inner.as_ref().and_then(|f| {
-            let pid: u32 = std::fs::read_to_string(f).ok()?.trim().parse().ok()?;
+            // The runtime's file (the user's where it is rootless): only
+            // a process of the task's user is resized.
+            let (file, uid) = f;
+            let pid: u32 = super::task::read_untrusted(file, 64)
+                .ok()?
+                .trim()
+                .parse()
+                .ok()?;
+            let owner = std::os::unix::fs::MetadataExt::uid(
+                &std::fs::metadata(format!("/proc/{pid}")).ok()?,
+            );
+            if owner != *uid {
+                return None;
+            }
             std::fs::OpenOptions::new()
                 .read(true)
                 .custom_flags(libc::O_NOCTTY | libc::O_NONBLOCK | libc::O_CLOEXEC)

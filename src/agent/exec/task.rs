@@ -149,6 +149,10 @@ pub struct TaskContainer {
     /// How the node pulls registry images.
     #[serde(default)]
     pub pull: Pull,
+    /// Whether the runtime runs as the task's user in a user namespace
+    /// (`[agent.containers] rootless`, where the kernel allows it).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub rootless: bool,
 }
 
 /// How a node pulls registry images (`[agent.containers]`), as the agent
@@ -389,6 +393,26 @@ pub fn write_atomic(path: &Path, bytes: &[u8], durability: Durability) -> io::Re
         let _ = fs::remove_file(&tmp);
     }
     result
+}
+
+/// Reads at most `limit` bytes of a regular file another user may have
+/// put there (a rootless runtime's pid file or log): no symlink followed,
+/// no FIFO waited on, nothing endless read.
+pub fn read_untrusted(path: &Path, limit: u64) -> io::Result<String> {
+    use std::io::Read;
+    let file = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(path)?;
+    if !file.metadata()?.is_file() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("{} is not a regular file", path.display()),
+        ));
+    }
+    let mut bytes = Vec::new();
+    file.take(limit).read_to_end(&mut bytes)?;
+    Ok(String::from_utf8_lossy(&bytes).into_owned())
 }
 
 /// Serializes `value` as JSON and writes it atomically.
