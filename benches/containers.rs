@@ -1,8 +1,10 @@
 //! What a container costs a job, on a real cluster (a server and an agent
 //! as processes on loopback, crun, real shims):
 //!
-//! - start overhead: the same job (`touch MARK`) bare and in a cached
-//!   busybox image, run one at a time and interleaved: submit -> the task's
+//! - start overhead: the same job (`touch MARK`), submitted by a user,
+//!   bare and in a cached busybox image, with crun rootless (node n1: the
+//!   runtime runs as the user in a user namespace) and run as root (node
+//!   n2, `rootless = false`), one at a time and interleaved: submit -> the task's
 //!   first write (the mark's mtime against the job's `submit_time`, both
 //!   this host's clock), and submit -> COMPLETED (`end_time`); p50/p99 of
 //!   each and the difference of the p50s. The agent notices a task's end
@@ -25,7 +27,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use common::{env_u64, pct, Cluster};
+use common::{env_u64, pct, Agent, Cluster, TestUser};
 use sha2::{Digest, Sha256};
 
 const LONG: Duration = Duration::from_secs(600);
@@ -146,17 +148,27 @@ struct Run {
     done: f64,
 }
 
-/// Submits `touch MARK` (in `image`, if any) and waits for it.
-fn run_touch(c: &Cluster, work: &Path, image: Option<&Path>, n: &mut u32) -> Run {
+/// Submits `touch MARK` as `user` on `node` (in `image`, if any) and
+/// waits for it.
+fn run_touch(
+    c: &Cluster,
+    user: &TestUser,
+    node: &str,
+    work: &Path,
+    image: Option<&Path>,
+    n: &mut u32,
+) -> Run {
     *n += 1;
     let mark = format!("mark-{n}");
     let w = work.to_str().unwrap();
-    let mut args = vec!["-D", w];
+    let mut args = vec!["submit", "--parsable", "-w", node, "-D", w];
     if let Some(image) = image {
         args.extend(["--container-image", image.to_str().unwrap()]);
     }
     args.extend(["--", "touch", &mark]);
-    let id = c.submit(&args);
+    let out = common::cli_as(user, &c.server.socket, &args);
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    let id = String::from_utf8_lossy(&out.stdout).trim().to_string();
     let job = c.wait_state(&id, "COMPLETED", LONG);
     let at = |k: &str| job[k].as_u64().unwrap_or_else(|| panic!("{k}: {job}")) as f64;
     let written = std::fs::metadata(work.join(&mark))
@@ -198,23 +210,45 @@ fn main() {
     let root = rootfs(dir.path());
     let small = layout(dir.path(), &root, "small");
     let c = Cluster::start(&dir.path().join("cluster"), 1, 8);
+    let token = c.server.ok(&["token", "create"]).trim().to_string();
+    let _n2 = Agent::start_with(
+        &c.server,
+        &dir.path().join("cluster/n2"),
+        "n2",
+        8,
+        &token,
+        "[agent.containers]\nrootless = false\n",
+    );
+    common::wait_for("n2 registered", LONG, || {
+        c.server
+            .ok(&["nodes"])
+            .lines()
+            .any(|l| l.starts_with("n2 "))
+    });
+    let user = common::ensure_user("gpuqt-bench");
     let work = dir.path().join("work");
     std::fs::create_dir_all(&work).unwrap();
+    nix::unistd::chown(&work, Some(user.uid.into()), Some(user.gid.into())).unwrap();
 
-    // Warm: the image in the cache, the binaries in the page cache.
+    // Warm: the image in both nodes' caches, the binaries in the page cache.
     let mut marks = 0;
-    run_touch(&c, &work, Some(&small), &mut marks);
-    run_touch(&c, &work, None, &mut marks);
-    let (mut bare, mut boxed) = (Vec::new(), Vec::new());
+    for node in ["n1", "n2"] {
+        run_touch(&c, &user, node, &work, Some(&small), &mut marks);
+        run_touch(&c, &user, node, &work, None, &mut marks);
+    }
+    let (mut bare, mut boxed, mut as_root) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..n {
-        bare.push(run_touch(&c, &work, None, &mut marks));
-        boxed.push(run_touch(&c, &work, Some(&small), &mut marks));
+        bare.push(run_touch(&c, &user, "n1", &work, None, &mut marks));
+        boxed.push(run_touch(&c, &user, "n1", &work, Some(&small), &mut marks));
+        as_root.push(run_touch(&c, &user, "n2", &work, Some(&small), &mut marks));
     }
     let stats = |runs: &[Run], f: fn(&Run) -> f64| summary(runs.iter().map(f).collect());
     let (bs50, bs99) = stats(&bare, |r| r.start);
     let (cs50, cs99) = stats(&boxed, |r| r.start);
+    let (rs50, rs99) = stats(&as_root, |r| r.start);
     let (bd50, bd99) = stats(&bare, |r| r.done);
     let (cd50, cd99) = stats(&boxed, |r| r.done);
+    let (rd50, rd99) = stats(&as_root, |r| r.done);
     println!(
         "{:<52} {:>8} {:>8}",
         "`touch MARK`, one job at a time", "p50 ms", "p99 ms"
@@ -225,12 +259,21 @@ fn main() {
     );
     println!(
         "{:<52} {cs50:>8.1} {cs99:>8.1}",
-        format!("submit -> first write, cached image, crun ({n})")
+        format!("submit -> first write, cached image, rootless ({n})")
+    );
+    println!(
+        "{:<52} {rs50:>8.1} {rs99:>8.1}",
+        format!("submit -> first write, cached image, as root ({n})")
     );
     println!(
         "{:<52} {:>8.1}",
-        "container start overhead (p50 difference)",
+        "container start overhead, rootless (p50 difference)",
         cs50 - bs50
+    );
+    println!(
+        "{:<52} {:>8.1}",
+        "container start overhead, as root (p50 difference)",
+        rs50 - bs50
     );
     println!(
         "{:<52} {bd50:>8.1} {bd99:>8.1}",
@@ -238,7 +281,11 @@ fn main() {
     );
     println!(
         "{:<52} {cd50:>8.1} {cd99:>8.1}",
-        "submit -> COMPLETED, cached image"
+        "submit -> COMPLETED, cached image, rootless"
+    );
+    println!(
+        "{:<52} {rd50:>8.1} {rd99:>8.1}",
+        "submit -> COMPLETED, cached image, as root"
     );
 
     let big_root = dir.path().join("big");
@@ -253,9 +300,9 @@ fn main() {
         "(made a {image_mb} MiB image, one gzip layer, in {:.1} s)",
         t.elapsed().as_secs_f64()
     );
-    let first = run_touch(&c, &work, Some(&big), &mut marks);
+    let first = run_touch(&c, &user, "n1", &work, Some(&big), &mut marks);
     let unpack = last_unpack_ms(&c);
-    let again = run_touch(&c, &work, Some(&big), &mut marks);
+    let again = run_touch(&c, &user, "n1", &work, Some(&big), &mut marks);
     println!(
         "{:<52} {:>8.0}",
         format!("first start of a {image_mb} MiB image (unpack {unpack})"),
@@ -266,9 +313,12 @@ fn main() {
         "the same image again, from the cache", again.start
     );
     let json = serde_json::json!({
-        "start_ms": {"bare": {"p50": bs50, "p99": bs99}, "container": {"p50": cs50, "p99": cs99}},
-        "completed_ms": {"bare": {"p50": bd50, "p99": bd99}, "container": {"p50": cd50, "p99": cd99}},
+        "start_ms": {"bare": {"p50": bs50, "p99": bs99}, "container": {"p50": cs50, "p99": cs99},
+            "container_as_root": {"p50": rs50, "p99": rs99}},
+        "completed_ms": {"bare": {"p50": bd50, "p99": bd99}, "container": {"p50": cd50, "p99": cd99},
+            "container_as_root": {"p50": rd50, "p99": rd99}},
         "start_overhead_p50_ms": cs50 - bs50,
+        "start_overhead_as_root_p50_ms": rs50 - bs50,
         "large_image_mb": image_mb,
         "large_image_first_start_ms": first.start,
         "large_image_unpack": unpack,

@@ -204,7 +204,7 @@ fn a_registry_image_is_pulled_with_the_nodes_credentials_and_cached_by_digest() 
     own(&hers);
     std::fs::set_permissions(&hers, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
     std::fs::set_permissions(&auth, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
-    let as_alice = |file: &Path| {
+    let as_alice = |file: &Path, more: &str| {
         let o = cli_as(
             &alice,
             &server.socket,
@@ -214,7 +214,7 @@ fn a_registry_image_is_pulled_with_the_nodes_credentials_and_cached_by_digest() 
                 "--nodelist",
                 "n2",
                 "--export",
-                &format!("ALL,REGISTRY_AUTH_FILE={}", file.display()),
+                &format!("ALL,REGISTRY_AUTH_FILE={}{more}", file.display()),
                 "--container-image",
                 &format!("docker://{reference}"),
                 "-o",
@@ -228,7 +228,7 @@ fn a_registry_image_is_pulled_with_the_nodes_credentials_and_cached_by_digest() 
         assert!(o.status.success(), "{}", stderr(&o));
         String::from_utf8_lossy(&o.stdout).trim().to_string()
     };
-    let id = as_alice(&hers);
+    let id = as_alice(&hers, "");
     let job = server.wait_job(&id, "COMPLETED", LONG);
     assert_eq!(job["exit_code"], 0, "{job}");
     let said = read(&out.join(format!("{id}.out")));
@@ -237,11 +237,44 @@ fn a_registry_image_is_pulled_with_the_nodes_credentials_and_cached_by_digest() 
         "{said}"
     );
     // The node's file is root's own: naming it gets her nothing.
-    let id = as_alice(&auth);
+    let id = as_alice(&auth, "");
     let job = server.wait_job(&id, "FAILED", LONG);
     let reason = job["reason"].as_str().unwrap_or_default();
     assert!(
         reason.contains("REGISTRY_AUTH_FILE") && reason.contains("denied"),
+        "{reason}"
+    );
+
+    // Her file may name a credential helper instead (docker's credsStore):
+    // it runs as her, from her job's PATH, and its answer is used.
+    let bin = dir.path().join("alice-bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let helper = bin.join("docker-credential-gpuqtest");
+    std::fs::write(
+        &helper,
+        format!(
+            "#!/bin/sh\nread server\n[ \"$server\" = {} ] && [ \"$(id -u)\" = {} ] || \
+             {{ echo 'credentials not found in native keychain'; exit 1; }}\n\
+             echo '{{\"ServerURL\": \"'$server'\", \"Username\": \"{USER}\", \"Secret\": \"{PASSWORD}\"}}'\n",
+            registry.addr, alice.uid
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&helper, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let store = dir.path().join("alice-store.json");
+    std::fs::write(&store, r#"{"auths": {}, "credsStore": "gpuqtest"}"#).unwrap();
+    own(&store);
+    let path = format!(",PATH={}:/usr/bin:/bin", bin.display());
+    let id = as_alice(&store, &path);
+    let job = server.wait_job(&id, "COMPLETED", LONG);
+    assert_eq!(job["exit_code"], 0, "{job}");
+    // A helper that is nowhere fails the job naming it and the fix.
+    std::fs::write(&store, r#"{"auths": {}, "credsStore": "nowhere"}"#).unwrap();
+    let id = as_alice(&store, &path);
+    let job = server.wait_job(&id, "FAILED", LONG);
+    let reason = job["reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains("docker-credential-nowhere") && reason.contains("podman login"),
         "{reason}"
     );
 }

@@ -373,6 +373,13 @@ impl Server {
         let mut last = serde_json::Value::Null;
         wait_for(&format!("job {id} {state}"), timeout, || {
             last = self.job(id);
+            let ended = ["COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"]
+                .contains(&last["state"].as_str().unwrap_or_default());
+            assert!(
+                !ended || last["state"] == state,
+                "job {id} ended {}, not {state}: {last}",
+                last["state"]
+            );
             last["state"] == state
         });
         last

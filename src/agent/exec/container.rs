@@ -322,8 +322,21 @@ pub(super) fn prepare(
                 .flatten()
                 .map(|u| u.dir);
             let files = super::image_tools::user_auth_files(&spec.env, home.as_deref());
-            c.pull
-                .with_user_auth(&files, &open_as_user, &dir.join(AUTH_FILE))?
+            let reference = &c.spec.image[crate::model::REGISTRY_SCHEME.len()..];
+            let registry = super::image_tools::registry_of(reference);
+            // A helper the user's file names runs as the user, in their home.
+            let home_dir = home.clone().unwrap_or_else(|| PathBuf::from("/"));
+            let helper = |name: &str| {
+                let who = (identity.uid, identity.gid);
+                super::image_tools::run_helper(name, registry, &spec.env, &home_dir, who)
+            };
+            c.pull.with_user_auth(
+                &files,
+                &open_as_user,
+                registry,
+                &helper,
+                &dir.join(AUTH_FILE),
+            )?
         }
         false => c.pull.clone(),
     };
