@@ -1,6 +1,6 @@
 //! Container images as the nodes meet them (on crun, as
 //! `tests/containers.rs`): OCI archives, `docker save` archives and
-//! squashfs files besides layouts; Pyxis's `--container-env` and
+//! squashfs files besides layouts, apptainer's SIF files; Pyxis's `--container-env` and
 //! writability; damaged images failing their job with nothing left behind;
 //! and the node's image cache: one unpack for jobs that start together,
 //! and least-recently-used eviction past its cap of what no task holds.
@@ -10,9 +10,10 @@ mod images;
 
 use std::path::Path;
 
-use common::{require_root, shared_tempdir, Agent, Cluster};
+use common::{cli_as, ensure_user, require_root, shared_tempdir, stderr, Agent, Cluster};
 use images::{
-    docker_archive, layout, oci_archive, read, rootfs, squashfs, unpacks, vars, IMAGE_NAME, LONG,
+    docker_archive, layout, oci_archive, read, rootfs, sif, squashfs, unpacks, vars, IMAGE_NAME,
+    LONG,
 };
 
 #[test]
@@ -272,4 +273,60 @@ fn past_the_cache_cap_images_no_task_holds_are_evicted_least_recently_used_first
     c.wait_state(&id, "COMPLETED", LONG);
     assert!(read(&work.join("a.out")).contains(IMAGE_NAME));
     assert_eq!(unpacks(&n1), 4);
+}
+
+#[test]
+fn an_apptainer_sif_image_runs_its_commands_with_its_environment() {
+    if !require_root("an_apptainer_sif_image_runs") {
+        return;
+    }
+    let dir = shared_tempdir();
+    let root = rootfs(dir.path());
+    let image = sif(dir.path(), &root, "app", 1);
+    let encrypted = sif(dir.path(), &root, "secret", 5);
+    let c = Cluster::start(dir.path(), 1, 8);
+    let alice = ensure_user("gpuqt-alice");
+    let work = dir.path().join("work");
+    std::fs::create_dir_all(&work).unwrap();
+    nix::unistd::chown(&work, Some(alice.uid.into()), Some(alice.gid.into())).unwrap();
+    let w = work.to_str().unwrap();
+    let submit = |image: &Path| {
+        let out = cli_as(
+            &alice,
+            &c.server.socket,
+            &[
+                "submit",
+                "--parsable",
+                "--container-image",
+                image.to_str().unwrap(),
+                "-D",
+                w,
+                "--",
+                "sh",
+                "-c",
+                "cat /etc/os-release; echo FROM_SIF=$FROM_SIF; echo PATH=$PATH; echo UID=$(id -u)",
+            ],
+        );
+        assert!(out.status.success(), "{}", stderr(&out));
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    // The image's files, and its environment scripts sourced first, as
+    // `apptainer exec` does; run as alice.
+    let id = submit(&image);
+    let job = c.wait_state(&id, "COMPLETED", LONG);
+    assert_eq!(job["exit_code"], 0, "{job}");
+    let v = vars(&read(&work.join(format!("gpuq-{id}.out"))));
+    assert_eq!(v["NAME"], format!("\"{IMAGE_NAME}\""), "{v:?}");
+    assert_eq!(v["FROM_SIF"], "yes", "{v:?}");
+    assert!(v["PATH"].starts_with("/opt/sif/bin:"), "{v:?}");
+    assert_eq!(v["UID"], alice.uid.to_string(), "{v:?}");
+    assert_eq!(unpacks(&c.agents[0]), 1);
+    // An encrypted one fails the job saying so.
+    let id = submit(&encrypted);
+    let job = c.wait_state(&id, "FAILED", LONG);
+    let reason = job["reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains("secret.sif is an encrypted SIF file"),
+        "{reason}"
+    );
 }

@@ -41,6 +41,7 @@ use std::path::{Path, PathBuf};
 use nix::unistd::Pid;
 
 use super::bundle::{container_env, gpu_devices, oci_config, Process};
+use super::image_sif::SIF_EXEC;
 pub use super::image_tools::find_tool;
 pub use super::task::Pull;
 use super::task::{hostname, Identity, TaskContainer, TaskSpec};
@@ -466,8 +467,22 @@ pub(super) fn prepare(
         None => gpu_devices(&c.gpus, driver, Path::new("/dev")),
     };
     let crun = is_crun(&c.runtime);
+    // An apptainer image's commands start through its own exec action,
+    // which sources the image's environment scripts (`image_sif`).
+    let action = image.rootfs.join(SIF_EXEC.trim_start_matches('/'));
+    let is_file = |p: &Path| fs::symlink_metadata(p).is_ok_and(|m| m.is_file());
+    let sif = match image.users {
+        true => as_user(identity, || is_file(&action)).unwrap_or(false),
+        false => is_file(&action),
+    };
+    let argv: Vec<String> = match sif {
+        true => std::iter::once(SIF_EXEC.to_string())
+            .chain(argv.iter().cloned())
+            .collect(),
+        false => argv.to_vec(),
+    };
     let process = Process {
-        argv,
+        argv: &argv,
         read_only: c.spec.read_only,
         env: {
             let mut env = container_env(&image.env, &spec.env, &identity.name, &c.spec.env);

@@ -119,7 +119,15 @@ fn exec_process(task: &Value, argv: &[String], tty: bool, term: Option<String>) 
         Value::Object(_) => task.clone(),
         _ => json!({}),
     };
-    p["args"] = json!(argv);
+    // An apptainer image's task started through its exec action; so do
+    // its execs, to get the image's environment.
+    let sif = super::image_sif::SIF_EXEC;
+    p["args"] = match task["args"][0].as_str() == Some(sif) {
+        true => json!(std::iter::once(sif)
+            .chain(argv.iter().map(String::as_str))
+            .collect::<Vec<_>>()),
+        false => json!(argv),
+    };
     p["terminal"] = json!(tty);
     if let Some(map) = p.as_object_mut() {
         map.remove("consoleSize");
@@ -166,5 +174,13 @@ mod tests {
         let p = exec_process(&task, &argv, false, None);
         assert_eq!(p["env"], task["env"]);
         assert_eq!(p["terminal"], false);
+        // An apptainer image's task starts through its exec action; so
+        // does an exec beside it.
+        let sif = json!({"args": ["/.singularity.d/actions/exec", "sh", "-c", "x"]});
+        let p = exec_process(&sif, &argv, false, None);
+        assert_eq!(
+            p["args"],
+            json!(["/.singularity.d/actions/exec", "cat", "/etc/os-release"])
+        );
     }
 }

@@ -128,16 +128,21 @@ pub fn resolve(
     }
 }
 
-/// A file: a squashfs image, or a tar archive of a layout or a `docker
-/// save`.
+/// A file: a squashfs image, a SIF image (apptainer's), or a tar archive
+/// of a layout or a `docker save`.
 fn from_file(file: File, shown: &str, cache: &Cache) -> Result<Resolved, String> {
     use std::os::unix::fs::FileExt;
-    let mut magic = [0u8; 4];
+    let mut head = [0u8; 64];
     let n = file
-        .read_at(&mut magic, 0)
+        .read_at(&mut head, 0)
         .map_err(|e| format!("cannot read container image {shown}: {e}"))?;
-    if n == 4 && &magic == b"hsqs" {
-        return super::image_tools::squashfs(file, shown, cache);
+    if n >= 4 && &head[..4] == b"hsqs" {
+        return super::image_tools::squashfs(file, shown, cache, 0);
+    }
+    // Apptainer's: its root file system is a squashfs inside.
+    if super::image_sif::is_sif(&head[..n]) {
+        let (offset, _) = super::image_sif::root_partition(&file, shown)?;
+        return super::image_tools::squashfs(file, shown, cache, offset);
     }
     let archive = super::image_archive::Archive::scan(file).map_err(|e| {
         format!(

@@ -75,10 +75,12 @@ fn run(mut cmd: Command, name: &str) -> Result<(), String> {
 }
 
 /// A squashfs image (`shown`, opened as `file`), unpacked into the cache.
-pub fn squashfs(file: File, shown: &str, cache: &Cache) -> Result<Resolved, String> {
+/// The squashfs file system at `offset` in `file` (0, or a SIF image's
+/// root partition), unpacked once per node.
+pub fn squashfs(file: File, shown: &str, cache: &Cache, offset: u64) -> Result<Resolved, String> {
     let Some(unsquashfs) = tool("unsquashfs") else {
         return Err(format!(
-            "container image {shown} is a squashfs file, and node {} has no unsquashfs to \
+            "container image {shown} is a squashfs (or SIF) file, and node {} has no unsquashfs to \
              unpack it: install squashfs-tools there, or give an OCI archive (.tar) or an \
              image directory",
             hostname()
@@ -89,9 +91,11 @@ pub fn squashfs(file: File, shown: &str, cache: &Cache) -> Result<Resolved, Stri
     let entry = cache.entry(&digest, shown, |rootfs| {
         let source = format!("/proc/{}/fd/{}", std::process::id(), file.as_raw_fd());
         let mut cmd = Command::new(&unsquashfs);
-        cmd.args(["-no-progress", "-no-xattrs", "-f", "-d"])
-            .arg(rootfs)
-            .arg(source);
+        cmd.args(["-no-progress", "-no-xattrs", "-f"]);
+        if offset > 0 {
+            cmd.arg("-o").arg(offset.to_string());
+        }
+        cmd.arg("-d").arg(rootfs).arg(source);
         run(cmd, "unsquashfs")
     })?;
     let rootfs = entry.dir.join("rootfs");

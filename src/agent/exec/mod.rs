@@ -28,6 +28,7 @@ mod image;
 mod image_archive;
 mod image_cache;
 mod image_files;
+mod image_sif;
 mod image_tools;
 mod launch;
 mod process;
