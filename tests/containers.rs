@@ -823,3 +823,114 @@ fn rootless_runtimes_map_only_the_user_who_keeps_their_groups() {
     }
     drop(n2);
 }
+
+#[test]
+fn gpuq_dev_run_by_a_user_runs_their_container_jobs_rootless() {
+    if !require_root("gpuq_dev_run_by_a_user_runs_their_container_jobs") {
+        return;
+    }
+    require_user_namespaces();
+    use std::os::unix::process::CommandExt;
+    let dir = shared_tempdir();
+    let root = rootfs(dir.path());
+    let image = layout(dir.path(), &root);
+    let alice = ensure_user("gpuqt-alice");
+    let own = |p: &Path| {
+        std::fs::create_dir_all(p).unwrap();
+        nix::unistd::chown(p, Some(alice.uid.into()), Some(alice.gid.into())).unwrap();
+    };
+    let (state, home, work) = (
+        dir.path().join("dev"),
+        dir.path().join("home"),
+        dir.path().join("work"),
+    );
+    for d in [&state, &home, &work] {
+        own(d);
+    }
+    // The dev cluster's directory holds its keys: closed, or dev refuses it.
+    std::fs::set_permissions(&state, std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
+    // `gpuq dev` as alice: no root anywhere, her agent's crun rootless.
+    let log = std::fs::File::create(dir.path().join("dev.log")).unwrap();
+    let _dev = common::KillOnDrop(
+        common::clean_command(common::shared_bin())
+            .args(["dev", "--nodes", "1", "--gpus-per-node", "2", "--dir"])
+            .arg(&state)
+            .env("HOME", &home)
+            .env("GPUQ_HTTP_LISTEN", "127.0.0.1:0")
+            .current_dir(&home)
+            .uid(alice.uid)
+            .gid(alice.gid)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("spawn gpuq dev as alice"),
+    );
+    let socket = state.join("gpuq.sock");
+    let ask = |args: &[&str]| cli_as(&alice, &socket, args);
+    common::wait_for("alice's gpuq dev to list its node", LONG, || {
+        stdout(&ask(&["nodes"])).contains("crun+rootless")
+    });
+    let w = work.to_str().unwrap();
+    let probe = "cat /etc/os-release; echo UID=$(id -u); echo MAP=$(cat /proc/self/uid_map); \
+                 echo PWD=$(pwd); touch made.txt";
+    let out = ask(&[
+        "submit",
+        "--parsable",
+        "--container-image",
+        image.to_str().unwrap(),
+        "-D",
+        w,
+        "--",
+        "sh",
+        "-c",
+        probe,
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let id = stdout(&out).trim().to_string();
+    let mut job = serde_json::Value::Null;
+    common::wait_for(&format!("job {id} to end"), LONG, || {
+        job = serde_json::from_str(&stdout(&ask(&["show", &id, "--json"]))).unwrap_or_default();
+        ["COMPLETED", "FAILED"].contains(&job["state"].as_str().unwrap_or_default())
+    });
+    assert_eq!(job["state"], "COMPLETED", "{job}");
+    let v = vars(&read(&work.join(format!("gpuq-{id}.out"))));
+    assert_eq!(v["NAME"], format!("\"{IMAGE_NAME}\""), "{v:?}");
+    assert_eq!(v["UID"], alice.uid.to_string(), "{v:?}");
+    assert_eq!(words(&v["MAP"]), format!("{0} {0} 1", alice.uid), "{v:?}");
+    assert_eq!(v["PWD"], w, "{v:?}");
+    let made = std::fs::metadata(work.join("made.txt")).unwrap();
+    assert_eq!(made.uid(), alice.uid);
+    // An exec joins her running container, rootless as well.
+    let out = ask(&[
+        "submit",
+        "--parsable",
+        "--container-image",
+        image.to_str().unwrap(),
+        "-D",
+        w,
+        "--",
+        "sleep",
+        "300",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let id = stdout(&out).trim().to_string();
+    common::wait_for(&format!("job {id} running"), LONG, || {
+        stdout(&ask(&["show", &id, "--json"])).contains("\"RUNNING\"")
+    });
+    let mut seen = String::new();
+    common::wait_for("the exec's answer", LONG, || {
+        let out = ask(&[
+            "exec",
+            &id,
+            "--",
+            "sh",
+            "-c",
+            "grep -c ^ID=gpuq-test /etc/os-release",
+        ]);
+        seen = stdout(&out);
+        out.status.success()
+    });
+    assert_eq!(seen.trim(), "1");
+    assert!(ask(&["cancel", &id]).status.success());
+}

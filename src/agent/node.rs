@@ -76,7 +76,21 @@ pub async fn start_compute(
         .context("cannot read this node's inventory")?;
     // Jobs with a container image go only to nodes that can run it.
     let path = std::env::var("PATH").unwrap_or_default();
-    match super::exec::container::find_runtime(cfg.containers.runtime.as_deref(), &path) {
+    let runtime = super::exec::container::find_runtime(cfg.containers.runtime.as_deref(), &path)
+        .and_then(|runtime| {
+            // An agent that is not root runs containers rootless or not at all.
+            let root = nix::unistd::geteuid().is_root();
+            match (root, cfg.containers.rootless) {
+                (true, _) => Ok(runtime),
+                (false, false) => Err("the agent is not root and [agent.containers] rootless is \
+                                       false"
+                    .to_string()),
+                (false, true) => super::exec::container::rootless_here(&runtime)
+                    .map(|()| runtime)
+                    .map_err(|why| format!("the agent is not root, and {why}")),
+            }
+        });
+    match runtime {
         Ok(runtime) => {
             tracing::info!(runtime = %runtime.display(), "OCI runtime found: container jobs may run here");
             let oci = crate::model::OCI_FEATURE.to_string();

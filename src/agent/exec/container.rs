@@ -71,6 +71,8 @@ pub struct ContainerHost {
     /// Whether the runtime runs as the job's user (`rootless`, where the
     /// kernel allows it, and the runtime is crun: `rootless_here`).
     pub rootless: bool,
+    /// `[agent.containers] rootless` as set.
+    pub rootless_setting: bool,
 }
 
 impl ContainerHost {
@@ -89,27 +91,33 @@ impl ContainerHost {
             cdi_dirs: cfg.cdi_spec_dirs.clone(),
             pull: Pull::new(cfg, &std::env::var("PATH").unwrap_or_default()),
             rootless: cfg.rootless && user_namespaces(Path::new("/proc/sys")).is_ok(),
+            rootless_setting: cfg.rootless,
         }
     }
 
     /// Fills in what this node has; an error fails the task's launch.
     pub fn complete(&self, c: &mut TaskContainer, as_root: bool) -> Result<(), String> {
-        if !as_root {
+        let path = std::env::var("PATH").unwrap_or_default();
+        c.runtime = find_runtime(self.runtime.as_deref(), &path)?;
+        c.rootless = self.rootless && is_crun(&c.runtime);
+        // An agent that is not root (gpuq dev run by a user) runs its
+        // user's containers rootless, or not at all.
+        if !as_root && !c.rootless {
+            let why = match self.rootless_setting {
+                false => "[agent.containers] rootless is false".to_string(),
+                true => rootless_here(&c.runtime).err().unwrap_or_default(),
+            };
             return Err(format!(
-                "the job asks for container image {}, and the agent on node {} does not run as \
-                 root: containers need a root agent (it starts the OCI runtime as the job's \
-                 user, rootless, where the kernel allows user namespaces)",
+                "the job asks for container image {}, and the agent on node {} is not root and \
+                 cannot run its runtime rootless: {why}",
                 c.spec.image,
                 hostname()
             ));
         }
-        let path = std::env::var("PATH").unwrap_or_default();
-        c.runtime = find_runtime(self.runtime.as_deref(), &path)?;
         c.cache = self.cache.clone();
         c.cache_max_mb = self.cache_max_mb;
         c.cdi_dirs = self.cdi_dirs.clone();
         c.pull = self.pull.clone();
-        c.rootless = self.rootless && is_crun(&c.runtime);
         if !self.real_gpus {
             c.gpus.clear();
         }
@@ -190,6 +198,10 @@ pub(super) fn is_crun(runtime: &Path) -> bool {
 /// every path it resolves and file it opens is checked as that user's;
 /// root's is back afterwards. Only in the single-threaded shim.
 fn as_user<T>(who: &Identity, f: impl FnOnce() -> T) -> Result<T, String> {
+    // An unprivileged shim is the user already.
+    if nix::unistd::geteuid().as_raw() == who.uid && who.uid != 0 {
+        return Ok(f());
+    }
     let saved = nix::unistd::getgroups().map_err(|e| format!("cannot read the groups: {e}"))?;
     let groups: Vec<libc::gid_t> = who.groups.clone();
     // SAFETY: plain system calls; the shim has one thread.
@@ -216,9 +228,11 @@ fn as_user<T>(who: &Identity, f: impl FnOnce() -> T) -> Result<T, String> {
 }
 
 /// A host path bound into the container: a detached mount tree of what
-/// the shim opened.
+/// the shim opened (`None`: the runtime binds `source` itself, for an
+/// unprivileged shim).
 struct Bind {
-    tree: OwnedFd,
+    tree: Option<OwnedFd>,
+    source: String,
     dir: bool,
     destination: String,
     read_only: bool,
@@ -286,9 +300,13 @@ pub(super) fn prepare(
     script: Option<&Path>,
     cgroup: Option<String>,
 ) -> Result<Launch, String> {
-    if !nix::unistd::geteuid().is_root() {
+    // An agent that is not root runs its user's containers rootless only,
+    // with no trees to clone: the image and the binds go by path.
+    let unprivileged = !nix::unistd::geteuid().is_root();
+    let rootless = c.rootless && identity.uid != 0;
+    if unprivileged && !rootless {
         return Err(format!(
-            "containers need the agent to run as root on node {}",
+            "the agent on node {} is not root, and its OCI runtime cannot run rootless there",
             hostname()
         ));
     }
@@ -349,14 +367,23 @@ pub(super) fn prepare(
     if image.unpacked {
         tracing::info!(image = %c.spec.image, "image unpacked for this task");
     }
-    let lower = reach(&image.rootfs, image.users)
-        .and_then(|f| super::container_mounts::clone_tree(&f.into(), false))
-        .map_err(|e| format!("cannot open the image {}: {e}", image.rootfs.display()))?;
+    use super::container_mounts::{clone_tree, Lower};
+    let lower = match unprivileged {
+        true => Lower::Path(image.rootfs.clone()),
+        false => Lower::Tree(
+            reach(&image.rootfs, image.users)
+                .and_then(|f| clone_tree(&f.into(), false))
+                .map_err(|e| format!("cannot open the image {}: {e}", image.rootfs.display()))?,
+        ),
+    };
     let mut binds: Vec<Bind> = Vec::new();
-    let bind = |path: &str, as_the_user: bool| -> io::Result<(OwnedFd, bool)> {
+    let bind = |path: &str, as_the_user: bool| -> io::Result<(Option<OwnedFd>, bool)> {
         let file = reach(Path::new(path), as_the_user)?;
         let dir = file.metadata()?.is_dir();
-        Ok((super::container_mounts::clone_tree(&file.into(), dir)?, dir))
+        match unprivileged {
+            true => Ok((None, dir)),
+            false => Ok((Some(clone_tree(&file.into(), dir)?), dir)),
+        }
     };
     let bind_as_user = |path: &str| bind(path, true);
     if !c.spec.no_mount_home {
@@ -368,6 +395,7 @@ pub(super) fn prepare(
             match bind_as_user(&home.to_string_lossy()) {
                 Ok((tree, dir)) => binds.push(Bind {
                     tree,
+                    source: home.to_string_lossy().into_owned(),
                     dir,
                     destination: home.to_string_lossy().into_owned(),
                     read_only: false,
@@ -386,6 +414,7 @@ pub(super) fn prepare(
         })?;
         binds.push(Bind {
             tree,
+            source: workdir.clone(),
             dir,
             destination: workdir.clone(),
             read_only: false,
@@ -396,6 +425,7 @@ pub(super) fn prepare(
             .map_err(|e| format!("cannot open the job script {}: {e}", script.display()))?;
         binds.push(Bind {
             tree,
+            source: script.to_string_lossy().into_owned(),
             dir: false,
             destination: script.to_string_lossy().into_owned(),
             read_only: true,
@@ -412,6 +442,7 @@ pub(super) fn prepare(
         })?;
         binds.push(Bind {
             tree,
+            source: m.source.clone(),
             dir,
             destination: m.destination.clone(),
             read_only: m.read_only,
@@ -448,9 +479,12 @@ pub(super) fn prepare(
         .iter()
         .enumerate()
         .map(|(i, b)| {
-            let staging = scratch.join("binds").join(i.to_string());
+            let source = match b.tree {
+                Some(_) => scratch.join("binds").join(i.to_string()),
+                None => PathBuf::from(&b.source),
+            };
             (
-                staging.to_string_lossy().into_owned(),
+                source.to_string_lossy().into_owned(),
                 b.destination.clone(),
                 b.read_only,
             )
@@ -540,8 +574,12 @@ pub(super) fn prepare(
         &scratch,
         &rootfs,
         lower,
-        binds.into_iter().map(|b| (b.tree, b.dir)).collect(),
+        binds
+            .into_iter()
+            .filter_map(|b| Some((b.tree?, b.dir)))
+            .collect(),
         &points,
+        unprivileged.then_some((identity.uid, identity.gid)),
     )?;
     Ok(Launch {
         argv: runtime_argv,

@@ -85,12 +85,25 @@ pub(super) struct ChildMounts {
     binds_dir: CString,
     merged: CString,
     overlay: CString,
-    lower: OwnedFd,
+    /// The image as a detached tree to attach below the overlay; `None`
+    /// where the overlay names the image's directory itself (`Lower::Path`).
+    lower: Option<OwnedFd>,
     lower_at: CString,
     binds: Vec<Staged>,
+    /// An unprivileged shim's user namespace: `/proc/self/uid_map` and
+    /// `gid_map` lines mapping the user to itself.
+    userns: Option<(CString, CString)>,
     /// The mount points, as given (for errors), and the steps making them.
     points: Vec<String>,
     steps: Vec<Step>,
+}
+
+/// What the overlay has below: the image as a tree the shim opened (as
+/// root, for the user), or its directory by path (an unprivileged shim,
+/// which cannot clone trees, and opens nothing another user could swap).
+pub(super) enum Lower {
+    Tree(OwnedFd),
+    Path(std::path::PathBuf),
 }
 
 /// The steps that make each of `points` (absolute paths in the container,
@@ -164,18 +177,25 @@ impl ChildMounts {
     pub(super) fn new(
         scratch: &Path,
         merged: &Path,
-        lower: OwnedFd,
+        lower: Lower,
         binds: Vec<(OwnedFd, bool)>,
         points: &[(String, bool)],
+        userns: Option<(u32, u32)>,
     ) -> Result<ChildMounts, String> {
         let text = scratch.to_string_lossy();
-        if text.contains([',', ':']) {
-            return Err(format!(
-                "the task directory {text} contains ',' or ':', which an overlay mount \
-                 cannot take; move the agent's data_dir"
-            ));
+        let (lower, lower_dir) = match lower {
+            Lower::Tree(fd) => (Some(fd), format!("{text}/lower")),
+            Lower::Path(p) => (None, p.to_string_lossy().into_owned()),
+        };
+        for path in [text.as_ref(), lower_dir.as_str()] {
+            if path.contains([',', ':']) {
+                return Err(format!(
+                    "{path} contains ',' or ':', which an overlay mount cannot take; move \
+                     the agent's data_dir"
+                ));
+            }
         }
-        let overlay = format!("lowerdir={text}/lower,upperdir={text}/upper,workdir={text}/work");
+        let overlay = format!("lowerdir={lower_dir},upperdir={text}/upper,workdir={text}/work");
         let binds = binds
             .into_iter()
             .enumerate()
@@ -198,6 +218,10 @@ impl ChildMounts {
             lower,
             lower_at: c(&scratch.join("lower"))?,
             binds,
+            userns: userns.map(|(uid, gid)| {
+                let line = |id: u32| CString::new(format!("{id} {id} 1")).expect("no NUL");
+                (line(uid), line(gid))
+            }),
             steps: steps(points)?,
             points: points.iter().map(|(p, _)| p.clone()).collect(),
         })
@@ -212,7 +236,44 @@ impl ChildMounts {
         let code = |f: Failed, n: usize| ((f as u32) << 16) | (n as u32 & 0xffff);
         let ok =
             |ret: libc::c_int, f: Failed, n: usize| if ret < 0 { Err(code(f, n)) } else { Ok(()) };
-        ok(libc::unshare(libc::CLONE_NEWNS), Failed::Namespace, 0)?;
+        match &self.userns {
+            None => ok(libc::unshare(libc::CLONE_NEWNS), Failed::Namespace, 0)?,
+            // Unprivileged: a user namespace of its own (mapping the user
+            // to itself) gives the mounts below; a cgroup namespace lets it
+            // mount the cgroup2 view.
+            Some((uid_map, gid_map)) => {
+                let flags = libc::CLONE_NEWUSER | libc::CLONE_NEWNS | libc::CLONE_NEWCGROUP;
+                ok(libc::unshare(flags), Failed::Namespace, 0)?;
+                let write = |path: &std::ffi::CStr, line: &[u8]| {
+                    let fd = libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+                    if fd < 0 {
+                        return -1;
+                    }
+                    let n = libc::write(fd, line.as_ptr().cast(), line.len());
+                    libc::close(fd);
+                    if n < 0 {
+                        -1
+                    } else {
+                        0
+                    }
+                };
+                ok(
+                    write(c"/proc/self/setgroups", b"deny"),
+                    Failed::Namespace,
+                    0,
+                )?;
+                ok(
+                    write(c"/proc/self/uid_map", uid_map.as_bytes()),
+                    Failed::Namespace,
+                    0,
+                )?;
+                ok(
+                    write(c"/proc/self/gid_map", gid_map.as_bytes()),
+                    Failed::Namespace,
+                    0,
+                )?;
+            }
+        }
         // The daemon's umask (077) would narrow what is made below.
         libc::umask(0o022);
         let none = ptr::null();
@@ -263,7 +324,9 @@ impl ChildMounts {
                 MOVE_MOUNT_F_EMPTY_PATH,
             ) as libc::c_int
         };
-        ok(attach(&self.lower, &self.lower_at), Failed::Overlay, 0)?;
+        if let Some(lower) = &self.lower {
+            ok(attach(lower, &self.lower_at), Failed::Overlay, 0)?;
+        }
         let overlay = c"overlay".as_ptr();
         ok(
             libc::mount(
@@ -357,7 +420,7 @@ impl ChildMounts {
         let n = (code & 0xffff) as usize;
         match code >> 16 {
             x if x == Failed::Namespace as u32 => {
-                format!("cannot make a mount namespace for the container: {err}")
+                format!("cannot make the container's namespaces: {err}")
             }
             x if x == Failed::CgroupView as u32 => {
                 format!("cannot mount the cgroup2 hierarchy for the OCI runtime: {err}")

@@ -278,7 +278,7 @@ impl Prepared {
         // An unprivileged shim (gpuq dev run by a user) can only run tasks as
         // that same user, and then has no identity to switch.
         let already = libc::geteuid() == id.uid && id.uid != 0;
-        if self.container.is_some() {
+        if self.container.is_some() && !already {
             // The files are opened as the user; the runtime runs as root,
             // or as the user where it is rootless (below).
             if libc::setgroups(id.groups.len(), id.groups.as_ptr()) < 0 {
@@ -342,7 +342,12 @@ impl Prepared {
                 fail(Step::Stderr, 0);
             }
         }
-        match self.container.as_ref().map(|c| c.as_user) {
+        match self
+            .container
+            .as_ref()
+            .filter(|_| !already)
+            .map(|c| c.as_user)
+        {
             // A rootless runtime: the user's own process, with the user's
             // groups (already set above), which its container keeps.
             Some(true) => {
