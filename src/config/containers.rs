@@ -46,6 +46,24 @@ impl Containers {
     /// Checks what the types cannot: each insecure registry is a bare
     /// `HOST` or `HOST:PORT`.
     pub(super) fn validate(&self) -> Result<(), super::ConfigError> {
+        // Engines that drive a runtime themselves, named where the runtime
+        // goes: gpuq drives crun or runc (or another runc-compatible one).
+        if let Some(runtime) = &self.runtime {
+            let name = std::path::Path::new(runtime)
+                .file_name()
+                .map_or(String::new(), |n| n.to_string_lossy().into_owned());
+            if ["podman", "docker", "apptainer", "singularity", "enroot"].contains(&name.as_str()) {
+                return Err(super::ConfigError::Invalid {
+                    key: "agent.containers.runtime".into(),
+                    problem: format!(
+                        "{runtime:?} is a container engine, not an OCI runtime: name the OCI \
+                         runtime it runs (crun or runc; podman's is crun), or leave the key out \
+                         to find one; apptainer's .sif images and enroot's .sqsh files run \
+                         under crun as they are"
+                    ),
+                });
+            }
+        }
         for (i, r) in self.insecure_registries.iter().enumerate() {
             let host = r.rsplit_once(':').map_or(r.as_str(), |(h, port)| {
                 if port.parse::<u16>().is_ok() {

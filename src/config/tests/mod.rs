@@ -506,6 +506,18 @@ fn names_paths_and_servers_are_validated() {
     let ok =
         agent("[agent.containers]\ninsecure_registries = [\"localhost\", \"10.0.0.5:5000\"]\n");
     assert_eq!(ok.unwrap().containers.insecure_registries.len(), 2);
+    for engine in ["podman", "/usr/bin/apptainer", "docker"] {
+        let msg = agent(&format!("[agent.containers]\nruntime = \"{engine}\"\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            msg.starts_with("agent.containers.runtime")
+                && msg.contains("not an OCI runtime")
+                && msg.contains("crun"),
+            "{msg}"
+        );
+    }
+    assert!(agent("[agent.containers]\nruntime = \"/usr/bin/crun\"\n").is_ok());
 }
 
 #[test]
