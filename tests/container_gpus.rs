@@ -11,13 +11,16 @@ mod images;
 
 use std::path::Path;
 
-use common::{require_root, shared_tempdir, Agent, AgentHw, Server};
+use common::{
+    cli_as, ensure_user, require_root, shared_tempdir, stderr, Agent, AgentHw, Server, TestUser,
+};
 use images::{read, rootfs, vars, IMAGE_NAME, LONG};
 
 /// A CDI spec (YAML, as `nvidia-ctk cdi generate` writes it) naming each of
 /// `names` as a device whose node is a plain file holding the name, plus a
-/// driver directory mounted for all and a variable.
-fn write_spec(dir: &Path, names: &[String]) {
+/// driver directory mounted for all and a variable; with `hook`, a
+/// createContainer hook as nvidia-ctk's (here `true`).
+fn write_spec(dir: &Path, names: &[String], hook: bool) {
     let devs = dir.join("devs");
     std::fs::create_dir_all(&devs).unwrap();
     let driver = dir.join("driver");
@@ -36,6 +39,11 @@ fn write_spec(dir: &Path, names: &[String]) {
         "containerEdits:\n  env:\n  - CDI_DRIVER=yes\n  mounts:\n  - hostPath: {}\n    containerPath: /usr/lib/fake-driver\n    options: [ro, nosuid, nodev, bind]\n",
         driver.display()
     ));
+    if hook {
+        text.push_str(
+            "  hooks:\n  - hookName: createContainer\n    path: /bin/true\n    args: [\"true\"]\n",
+        );
+    }
     let specs = dir.join("cdi");
     std::fs::create_dir_all(&specs).unwrap();
     std::fs::write(specs.join("nvidia.yaml"), text).unwrap();
@@ -45,24 +53,34 @@ fn write_spec(dir: &Path, names: &[String]) {
 const PROBE: &str = "grep ^NAME= /etc/os-release; echo CVD=$CUDA_VISIBLE_DEVICES; \
                      echo NVD=$NVIDIA_VISIBLE_DEVICES; echo CDI=$CDI_DRIVER; \
                      echo DRIVER=$(cat /usr/lib/fake-driver/version); \
-                     echo DEVS=$(cat /dev/cdi-gpu* | sort | tr '\\n' ' ')";
+                     echo DEVS=$(cat /dev/cdi-gpu* | sort | tr '\\n' ' '); \
+                     echo MAP=$(cat /proc/self/uid_map)";
 
-fn run_probe(server: &Server, out: &Path, image: &Path, gpus: &str) -> Vec<(String, String)> {
-    let id = server
-        .ok(&[
-            "submit",
-            "--parsable",
-            "--gpus-per-node",
-            gpus,
-            "--container-image",
-            image.to_str().unwrap(),
-            "-D",
-            out.to_str().unwrap(),
-            "--",
-            "sh",
-            "-c",
-            PROBE,
-        ])
+/// The probe's answers, from a job `user` submitted.
+fn run_probe(
+    server: &Server,
+    user: &TestUser,
+    out: &Path,
+    image: &Path,
+    gpus: &str,
+) -> Vec<(String, String)> {
+    let args = [
+        "submit",
+        "--parsable",
+        "--gpus-per-node",
+        gpus,
+        "--container-image",
+        image.to_str().unwrap(),
+        "-D",
+        out.to_str().unwrap(),
+        "--",
+        "sh",
+        "-c",
+        PROBE,
+    ];
+    let submitted = cli_as(user, &server.socket, &args);
+    assert!(submitted.status.success(), "{}", stderr(&submitted));
+    let id = String::from_utf8_lossy(&submitted.stdout)
         .trim()
         .to_string();
     let job = server.wait_job(&id, "COMPLETED", LONG);
@@ -88,10 +106,17 @@ fn cdi_gives_a_container_its_own_gpus_and_mig_jobs_see_their_instances() {
     let token = server.ok(&["token", "create"]).trim().to_string();
     let out = dir.path().join("out");
     std::fs::create_dir_all(&out).unwrap();
+    let alice = ensure_user("gpuqt-alice");
+    nix::unistd::chown(&out, Some(alice.uid.into()), Some(alice.gid.into())).unwrap();
+    let words = |s: &str| s.split_whitespace().collect::<Vec<_>>().join(" ");
 
     // n1: four whole GPUs, a CDI spec naming them by index.
     let n1 = dir.path().join("n1");
-    write_spec(&n1, &(0..4).map(|i| i.to_string()).collect::<Vec<_>>());
+    write_spec(
+        &n1,
+        &(0..4).map(|i| i.to_string()).collect::<Vec<_>>(),
+        false,
+    );
     let extra = |node: &Path| {
         format!(
             "[agent.containers]\ncdi_spec_dirs = [\"{}\"]\npull_tool = \"\"\n",
@@ -107,7 +132,14 @@ fn cdi_gives_a_container_its_own_gpus_and_mig_jobs_see_their_instances() {
         Some("crun+rootless+cdi"),
         "{table}"
     );
-    let v = run_probe(&server, &out, &image, "2");
+    // Alice's job: crun runs rootless, and binds the GPUs' nodes and the
+    // driver's files in as well.
+    let v = run_probe(&server, &alice, &out, &image, "2");
+    assert_eq!(
+        words(get(&v, "MAP")),
+        format!("{0} {0} 1", alice.uid),
+        "{v:?}"
+    );
     assert_eq!(get(&v, "NAME"), format!("\"{IMAGE_NAME}\""), "{v:?}");
     let cvd = get(&v, "CVD").to_string();
     assert_eq!(cvd.split(',').count(), 2, "{v:?}");
@@ -147,8 +179,11 @@ fn cdi_gives_a_container_its_own_gpus_and_mig_jobs_see_their_instances() {
     // The whole GPU by index too, as CUDA_VISIBLE_DEVICES names it.
     let mut names = uuids.clone();
     names.extend((0..8).map(|i| i.to_string()));
-    write_spec(&n2, &names);
-    let v = run_probe(&server, &out, &image, "1g.10gb:1");
+    write_spec(&n2, &names, true);
+    // Its spec has a hook (nvidia-ctk's write into the image's files): the
+    // runtime runs as root for it.
+    let v = run_probe(&server, &alice, &out, &image, "1g.10gb:1");
+    assert_eq!(words(get(&v, "MAP")), format!("0 0 {}", u32::MAX), "{v:?}");
     let cvd = get(&v, "CVD");
     assert!(uuids.iter().any(|u| u == cvd), "{v:?} {uuids:?}");
     assert_eq!(get(&v, "NVD"), cvd, "{v:?}");

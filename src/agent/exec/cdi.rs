@@ -222,6 +222,11 @@ impl Edits {
     /// Writes the edits into an OCI `config.json`: device nodes to
     /// `linux.devices` (or binds, for plain files), mounts, environment
     /// variables (replacing one of the same name), hooks.
+    /// Whether the edits run hooks in the container's root.
+    pub(super) fn has_hooks(&self) -> bool {
+        !self.hooks.is_empty()
+    }
+
     pub(super) fn apply(&self, config: &mut Value) -> Result<(), String> {
         for d in &self.device_nodes {
             let host = d.host_path.as_deref().unwrap_or(&d.path);

@@ -303,12 +303,28 @@ pub(super) fn prepare(
     // An agent that is not root runs its user's containers rootless only,
     // with no trees to clone: the image and the binds go by path.
     let unprivileged = !nix::unistd::geteuid().is_root();
-    let rootless = c.rootless && identity.uid != 0;
+    // The GPUs' CDI edits where the node has specs, else their device nodes.
+    let driver = Path::new("/proc/driver/nvidia/gpus");
+    let cdi = match c.devices.is_empty() {
+        true => None,
+        false => super::cdi::edits_for(&c.cdi_dirs, &super::cdi::names(c, driver))?,
+    };
+    // CDI hooks (nvidia-ctk's ldcache and symlinks) write into the image's
+    // files, which are root's: they need the runtime as root.
+    let hooks = cdi.as_ref().is_some_and(|e| e.has_hooks());
+    let rootless = c.rootless && identity.uid != 0 && !hooks;
     if unprivileged && !rootless {
+        let why = match hooks {
+            true => "its GPUs' CDI hooks need the runtime as root",
+            false => "its OCI runtime cannot run rootless there",
+        };
         return Err(format!(
-            "the agent on node {} is not root, and its OCI runtime cannot run rootless there",
+            "the agent on node {} is not root, and {why}",
             hostname()
         ));
+    }
+    if hooks && c.rootless {
+        tracing::info!("the GPUs' CDI spec has hooks: the runtime runs as root for this task");
     }
     let open_as_user = |p: &Path| -> io::Result<File> {
         as_user(identity, || File::open(p)).unwrap_or_else(|e| Err(io::Error::other(e)))
@@ -451,7 +467,6 @@ pub(super) fn prepare(
     // A rootless runtime reads the bundle and mounts the staged binds as
     // the user: the directories on the way are searchable (not readable),
     // the config is the user's; its state is the user's own.
-    let rootless = c.rootless && identity.uid != 0;
     let bundle = dir.join("bundle");
     let scratch = bundle.join("scratch");
     let rootfs = bundle.join("rootfs");
@@ -490,12 +505,6 @@ pub(super) fn prepare(
             )
         })
         .collect();
-    // The GPUs' CDI edits where the node has specs, else their device nodes.
-    let driver = Path::new("/proc/driver/nvidia/gpus");
-    let cdi = match c.devices.is_empty() {
-        true => None,
-        false => super::cdi::edits_for(&c.cdi_dirs, &super::cdi::names(c, driver))?,
-    };
     let devices = match cdi {
         Some(_) => Vec::new(),
         None => gpu_devices(&c.gpus, driver, Path::new("/dev")),
