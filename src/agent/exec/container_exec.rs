@@ -30,6 +30,8 @@ const PROCESS_FILE: &str = "process.json";
 /// Where the runtime writes the pid of an exec on a terminal: the exec's
 /// directory's name and this, in the task's runtime state directory.
 const EXEC_PID_FILE: &str = "exec.pid";
+/// The most of a bundle's `config.json` read.
+const CONFIG_LIMIT: u64 = 16 << 20;
 
 /// Prepares the runtime's `exec` of `argv` in the container of the task
 /// `beside` names (the exec's `spec` is that task's, with the exec's
@@ -43,9 +45,10 @@ pub(super) fn prepare_exec(
     argv: &[String],
 ) -> Result<Launch, String> {
     let config_file = beside.dir.join("bundle").join("config.json");
-    let config: Value = fs::read(&config_file)
+    // The user's own file where the runtime is rootless: read as such.
+    let config: Value = super::task::read_untrusted(&config_file, CONFIG_LIMIT)
         .ok()
-        .and_then(|b| serde_json::from_slice(&b).ok())
+        .and_then(|text| serde_json::from_str(&text).ok())
         .ok_or_else(|| {
             format!(
                 "task {} has no container to run the command in (its {} is unreadable): it \
