@@ -769,10 +769,13 @@ example_agent_toml() {
 # unverified TLS (HOST or HOST:PORT as the image reference names them);
 # registry_auth_file holds the pull credentials, as `podman login` or
 # `docker login` writes them (default: the tool's own, root's).
-# rootless: the runtime runs as the job's user in a user namespace that maps
-# only that user (the image's root files show as nobody), where the kernel
-# lets users make user namespaces; elsewhere, and for root's own tasks, it
-# runs as root (`gpuq nodes` shows crun+rootless where it is rootless).
+# rootless: crun runs as the job's user in a user namespace that maps only
+# that user (the image's root files show as nobody), where the kernel lets
+# users make user namespaces; elsewhere, with runc, for root's own tasks and
+# for tasks whose CDI spec has hooks, it runs as root (`gpuq nodes` shows
+# crun+rootless where it is rootless). An agent that is not root runs
+# containers only rootless. podman, docker and apptainer are engines, not
+# runtimes: naming one as runtime is refused.
 # [agent.containers]
 # runtime = "/usr/bin/crun"
 # cache_max_mb = 102400
