@@ -302,7 +302,10 @@ pub(super) fn prepare(
 ) -> Result<Launch, String> {
     // An agent that is not root runs its user's containers rootless only,
     // with no trees to clone: the image and the binds go by path.
-    let unprivileged = !nix::unistd::geteuid().is_root();
+    let opener = Opener {
+        identity,
+        unprivileged: !nix::unistd::geteuid().is_root(),
+    };
     // The GPUs' CDI edits where the node has specs, else their device nodes.
     let driver = Path::new("/proc/driver/nvidia/gpus");
     let cdi = match c.devices.is_empty() {
@@ -313,7 +316,7 @@ pub(super) fn prepare(
     // files, which are root's: they need the runtime as root.
     let hooks = cdi.as_ref().is_some_and(|e| e.has_hooks());
     let rootless = c.rootless && identity.uid != 0 && !hooks;
-    if unprivileged && !rootless {
+    if opener.unprivileged && !rootless {
         let why = match hooks {
             true => "its GPUs' CDI hooks need the runtime as root",
             false => "its OCI runtime cannot run rootless there",
@@ -326,144 +329,19 @@ pub(super) fn prepare(
     if hooks && c.rootless {
         tracing::info!("the GPUs' CDI spec has hooks: the runtime runs as root for this task");
     }
-    let open_as_user = |p: &Path| -> io::Result<File> {
-        as_user(identity, || File::open(p)).unwrap_or_else(|e| Err(io::Error::other(e)))
-    };
-    // What a mount is made from: the user must reach it (every directory on
-    // the way searched as the user), not read it: inside, its own
-    // permissions still hold.
-    let reach = |p: &Path, as_the_user: bool| -> io::Result<File> {
-        let open = || {
-            fs::OpenOptions::new()
-                .read(true)
-                .custom_flags(libc::O_PATH | libc::O_CLOEXEC)
-                .open(p)
-        };
-        match as_the_user {
-            true => as_user(identity, open).unwrap_or_else(|e| Err(io::Error::other(e))),
-            false => open(),
-        }
-    };
-    let cache = super::image_cache::Cache {
-        dir: c.cache.clone(),
-        max_bytes: c.cache_max_mb.saturating_mul(1 << 20),
-    };
-    // A registry image is pulled with the user's credentials, where they
-    // have some, over the node's; the merged file is gone once pulled.
-    let pull = match c.spec.image.starts_with(crate::model::REGISTRY_SCHEME) {
-        true => {
-            let home = nix::unistd::User::from_uid(identity.uid.into())
-                .ok()
-                .flatten()
-                .map(|u| u.dir);
-            let files = super::image_tools::user_auth_files(&spec.env, home.as_deref());
-            let reference = &c.spec.image[crate::model::REGISTRY_SCHEME.len()..];
-            let registry = super::image_tools::registry_of(reference);
-            // A helper the user's file names runs as the user, in their home.
-            let home_dir = home.clone().unwrap_or_else(|| PathBuf::from("/"));
-            let helper = |name: &str| {
-                let who = (identity.uid, identity.gid);
-                super::image_tools::run_helper(name, registry, &spec.env, &home_dir, who)
-            };
-            c.pull.with_user_auth(
-                &files,
-                &open_as_user,
-                registry,
-                &helper,
-                &dir.join(AUTH_FILE),
-            )?
-        }
-        false => c.pull.clone(),
-    };
-    let resolved = super::image::resolve(Path::new(&c.spec.image), &cache, &pull, &open_as_user);
-    if pull.auth_file.as_deref() == Some(dir.join(AUTH_FILE).as_path()) {
-        let _ = fs::remove_file(dir.join(AUTH_FILE));
-    }
-    let image = resolved?;
-    if image.unpacked {
-        tracing::info!(image = %c.spec.image, "image unpacked for this task");
-    }
+    let image = resolve_image(dir, spec, c, &opener)?;
     use super::container_mounts::{clone_tree, Lower};
-    let lower = match unprivileged {
+    let lower = match opener.unprivileged {
         true => Lower::Path(image.rootfs.clone()),
         false => Lower::Tree(
-            reach(&image.rootfs, image.users)
+            opener
+                .reach(&image.rootfs, image.users)
                 .and_then(|f| clone_tree(&f.into(), false))
                 .map_err(|e| format!("cannot open the image {}: {e}", image.rootfs.display()))?,
         ),
     };
-    let mut binds: Vec<Bind> = Vec::new();
-    let bind = |path: &str, as_the_user: bool| -> io::Result<(Option<OwnedFd>, bool)> {
-        let file = reach(Path::new(path), as_the_user)?;
-        let dir = file.metadata()?.is_dir();
-        match unprivileged {
-            true => Ok((None, dir)),
-            false => Ok((Some(clone_tree(&file.into(), dir)?), dir)),
-        }
-    };
-    let bind_as_user = |path: &str| bind(path, true);
-    if !c.spec.no_mount_home {
-        let home = nix::unistd::User::from_uid(identity.uid.into())
-            .ok()
-            .flatten()
-            .map(|u| u.dir);
-        if let Some(home) = home.filter(|h| h != Path::new("/")) {
-            match bind_as_user(&home.to_string_lossy()) {
-                Ok((tree, dir)) => binds.push(Bind {
-                    tree,
-                    source: home.to_string_lossy().into_owned(),
-                    dir,
-                    destination: home.to_string_lossy().into_owned(),
-                    read_only: false,
-                }),
-                Err(e) => tracing::info!(home = %home.display(), "home not mounted: {e}"),
-            }
-        }
-    }
     let workdir = spec.workdir.to_string_lossy().into_owned();
-    if workdir != "/" {
-        let (tree, dir) = bind_as_user(&workdir).map_err(|e| {
-            format!(
-                "cannot use working directory {workdir} as user {}: {e}",
-                identity.name
-            )
-        })?;
-        binds.push(Bind {
-            tree,
-            source: workdir.clone(),
-            dir,
-            destination: workdir.clone(),
-            read_only: false,
-        });
-    }
-    if let Some(script) = script {
-        let (tree, _) = bind(&script.to_string_lossy(), false)
-            .map_err(|e| format!("cannot open the job script {}: {e}", script.display()))?;
-        binds.push(Bind {
-            tree,
-            source: script.to_string_lossy().into_owned(),
-            dir: false,
-            destination: script.to_string_lossy().into_owned(),
-            read_only: true,
-        });
-    }
-    for m in &c.spec.mounts {
-        let (tree, dir) = bind_as_user(&m.source).map_err(|e| {
-            format!(
-                "--container-mounts source {} is out of reach of user {} on node {}: {e}",
-                m.source,
-                identity.name,
-                hostname()
-            )
-        })?;
-        binds.push(Bind {
-            tree,
-            source: m.source.clone(),
-            dir,
-            destination: m.destination.clone(),
-            read_only: m.read_only,
-        });
-    }
+    let binds = binds(c, &opener, &workdir, script)?;
     // A rootless runtime reads the bundle and mounts the staged binds as
     // the user: the directories on the way are searchable (not readable),
     // the config is the user's; its state is the user's own.
@@ -490,6 +368,8 @@ pub(super) fn prepare(
         false => Ok(()),
     };
     give(&state)?;
+    // Where each bind's source is for the runtime: staged in the scratch
+    // tmpfs, or (an unprivileged shim's) the path itself.
     let staged: Vec<(String, String, bool)> = binds
         .iter()
         .enumerate()
@@ -509,21 +389,7 @@ pub(super) fn prepare(
         Some(_) => Vec::new(),
         None => gpu_devices(&c.gpus, driver, Path::new("/dev")),
     };
-    let crun = is_crun(&c.runtime);
-    // An apptainer image's commands start through its own exec action,
-    // which sources the image's environment scripts (`image_sif`).
-    let action = image.rootfs.join(SIF_EXEC.trim_start_matches('/'));
-    let is_file = |p: &Path| fs::symlink_metadata(p).is_ok_and(|m| m.is_file());
-    let sif = match image.users {
-        true => as_user(identity, || is_file(&action)).unwrap_or(false),
-        false => is_file(&action),
-    };
-    let argv: Vec<String> = match sif {
-        true => std::iter::once(SIF_EXEC.to_string())
-            .chain(argv.iter().cloned())
-            .collect(),
-        false => argv.to_vec(),
-    };
+    let argv = entry_argv(&image, identity, argv);
     let process = Process {
         argv: &argv,
         read_only: c.spec.read_only,
@@ -536,6 +402,7 @@ pub(super) fn prepare(
         identity,
         rootless,
     };
+    let crun = is_crun(&c.runtime);
     let mut config = oci_config(
         &process,
         &rootfs,
@@ -551,6 +418,23 @@ pub(super) fn prepare(
     super::task::write_atomic(&config_file, &text, super::task::Durability::Crash)
         .map_err(|e| format!("cannot write {}: {e}", config_file.display()))?;
     give(&config_file)?;
+    let staged_kinds: Vec<(String, bool)> = staged
+        .iter()
+        .zip(&binds)
+        .map(|((source, _, _), b)| (source.clone(), b.dir))
+        .collect();
+    let points = super::bundle::mount_points(&config, &staged_kinds);
+    let mounts = super::container_mounts::ChildMounts::new(
+        &scratch,
+        &rootfs,
+        lower,
+        binds
+            .into_iter()
+            .filter_map(|b| Some((b.tree?, b.dir)))
+            .collect(),
+        &points,
+        opener.unprivileged.then_some((identity.uid, identity.gid)),
+    )?;
     let pid_file = state.join("container.pid");
     let log_file = state.join("runtime.log");
     let show = |p: &Path| p.to_string_lossy().into_owned();
@@ -573,23 +457,6 @@ pub(super) fn prepare(
         show(&bundle),
         format!("gpuq-{}", spec.key),
     ]);
-    let staged_kinds: Vec<(String, bool)> = staged
-        .iter()
-        .zip(&binds)
-        .map(|((source, _, _), b)| (source.clone(), b.dir))
-        .collect();
-    let points = super::bundle::mount_points(&config, &staged_kinds);
-    let mounts = super::container_mounts::ChildMounts::new(
-        &scratch,
-        &rootfs,
-        lower,
-        binds
-            .into_iter()
-            .filter_map(|b| Some((b.tree?, b.dir)))
-            .collect(),
-        &points,
-        unprivileged.then_some((identity.uid, identity.gid)),
-    )?;
     Ok(Launch {
         argv: runtime_argv,
         pid_file,
@@ -598,6 +465,186 @@ pub(super) fn prepare(
         as_user: rootless,
         _lease: image.lease,
     })
+}
+
+/// How the shim opens what a task's container is made from: as the user
+/// (a root shim switches its file system identity), and, for a bind, a
+/// detached tree of it (a root shim) or nothing (an unprivileged one: the
+/// runtime binds the path, as the user it is).
+struct Opener<'a> {
+    identity: &'a Identity,
+    unprivileged: bool,
+}
+
+impl Opener<'_> {
+    /// `p` opened for reading as the user.
+    fn open(&self, p: &Path) -> io::Result<File> {
+        as_user(self.identity, || File::open(p)).unwrap_or_else(|e| Err(io::Error::other(e)))
+    }
+
+    /// What a mount is made from: the user must reach it (every directory
+    /// on the way searched as the user), not read it: inside, its own
+    /// permissions still hold.
+    fn reach(&self, p: &Path, as_the_user: bool) -> io::Result<File> {
+        let open = || {
+            fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_PATH | libc::O_CLOEXEC)
+                .open(p)
+        };
+        match as_the_user {
+            true => as_user(self.identity, open).unwrap_or_else(|e| Err(io::Error::other(e))),
+            false => open(),
+        }
+    }
+
+    /// A bind of `source` to `destination`.
+    fn bind(
+        &self,
+        source: &str,
+        destination: &str,
+        read_only: bool,
+        as_the_user: bool,
+    ) -> io::Result<Bind> {
+        let file = self.reach(Path::new(source), as_the_user)?;
+        let dir = file.metadata()?.is_dir();
+        let tree = match self.unprivileged {
+            true => None,
+            false => Some(super::container_mounts::clone_tree(&file.into(), dir)?),
+        };
+        Ok(Bind {
+            tree,
+            source: source.to_string(),
+            dir,
+            destination: destination.to_string(),
+            read_only,
+        })
+    }
+}
+
+/// The task's image, resolved (unpacked once per node into the cache): a
+/// registry image is pulled with the user's credentials, where they have
+/// some, over the node's, and the merged file is gone once pulled.
+fn resolve_image(
+    dir: &Path,
+    spec: &TaskSpec,
+    c: &TaskContainer,
+    opener: &Opener<'_>,
+) -> Result<super::image_files::Resolved, String> {
+    let identity = opener.identity;
+    let cache = super::image_cache::Cache {
+        dir: c.cache.clone(),
+        max_bytes: c.cache_max_mb.saturating_mul(1 << 20),
+    };
+    let open = |p: &Path| opener.open(p);
+    let pull = match c.spec.image.strip_prefix(crate::model::REGISTRY_SCHEME) {
+        Some(reference) => {
+            let home = nix::unistd::User::from_uid(identity.uid.into())
+                .ok()
+                .flatten()
+                .map(|u| u.dir);
+            let files = super::image_tools::user_auth_files(&spec.env, home.as_deref());
+            let registry = super::image_tools::registry_of(reference);
+            // A helper the user's file names runs as the user, in their home.
+            let home_dir = home.unwrap_or_else(|| PathBuf::from("/"));
+            let helper = |name: &str| {
+                let who = (identity.uid, identity.gid);
+                super::image_tools::run_helper(name, registry, &spec.env, &home_dir, who)
+            };
+            let to = dir.join(AUTH_FILE);
+            c.pull
+                .with_user_auth(&files, &open, registry, &helper, &to)?
+        }
+        None => c.pull.clone(),
+    };
+    let resolved = super::image::resolve(Path::new(&c.spec.image), &cache, &pull, &open);
+    if pull.auth_file.as_deref() == Some(dir.join(AUTH_FILE).as_path()) {
+        let _ = fs::remove_file(dir.join(AUTH_FILE));
+    }
+    let image = resolved?;
+    if image.unpacked {
+        tracing::info!(image = %c.spec.image, "image unpacked for this task");
+    }
+    Ok(image)
+}
+
+/// What the container binds, in mount order: the user's home directory
+/// (unless `--no-container-mount-home`; skipped where out of reach), the
+/// working directory, the job's script (root's, read-only), and each of
+/// `--container-mounts`; opened as the user.
+fn binds(
+    c: &TaskContainer,
+    opener: &Opener<'_>,
+    workdir: &str,
+    script: Option<&Path>,
+) -> Result<Vec<Bind>, String> {
+    let identity = opener.identity;
+    let mut binds: Vec<Bind> = Vec::new();
+    if !c.spec.no_mount_home {
+        let home = nix::unistd::User::from_uid(identity.uid.into())
+            .ok()
+            .flatten()
+            .map(|u| u.dir);
+        if let Some(home) = home.filter(|h| h != Path::new("/")) {
+            let home = home.to_string_lossy();
+            match opener.bind(&home, &home, false, true) {
+                Ok(b) => binds.push(b),
+                Err(e) => tracing::info!(%home, "home not mounted: {e}"),
+            }
+        }
+    }
+    if workdir != "/" {
+        let b = opener.bind(workdir, workdir, false, true).map_err(|e| {
+            format!(
+                "cannot use working directory {workdir} as user {}: {e}",
+                identity.name
+            )
+        })?;
+        binds.push(b);
+    }
+    if let Some(script) = script {
+        let script = script.to_string_lossy();
+        let b = opener
+            .bind(&script, &script, true, false)
+            .map_err(|e| format!("cannot open the job script {script}: {e}"))?;
+        binds.push(b);
+    }
+    for m in &c.spec.mounts {
+        let b = opener
+            .bind(&m.source, &m.destination, m.read_only, true)
+            .map_err(|e| {
+                format!(
+                    "--container-mounts source {} is out of reach of user {} on node {}: {e}",
+                    m.source,
+                    identity.name,
+                    hostname()
+                )
+            })?;
+        binds.push(b);
+    }
+    Ok(binds)
+}
+
+/// The task's command line, started through the image's own exec action
+/// where it is an apptainer image (`image_sif`): that sources the image's
+/// environment scripts first.
+fn entry_argv(
+    image: &super::image_files::Resolved,
+    identity: &Identity,
+    argv: &[String],
+) -> Vec<String> {
+    let action = image.rootfs.join(SIF_EXEC.trim_start_matches('/'));
+    let is_file = |p: &Path| fs::symlink_metadata(p).is_ok_and(|m| m.is_file());
+    let sif = match image.users {
+        true => as_user(identity, || is_file(&action)).unwrap_or(false),
+        false => is_file(&action),
+    };
+    match sif {
+        true => std::iter::once(SIF_EXEC.to_string())
+            .chain(argv.iter().cloned())
+            .collect(),
+        false => argv.to_vec(),
+    }
 }
 
 impl Launch {
