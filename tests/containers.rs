@@ -821,6 +821,44 @@ fn rootless_runtimes_map_only_the_user_who_keeps_their_groups() {
         c.server.ok(&["cancel", &id]);
         c.wait_state(&id, "CANCELLED", LONG);
     }
+    // --container-remap-root: uid 0 inside, alice's uid outside (her files
+    // stay hers), rootless or not; --container-entrypoint runs the image's.
+    for (node, flags) in [
+        (
+            "n1",
+            &["--container-remap-root", "--container-entrypoint"][..],
+        ),
+        ("n2", &["--container-remap-root"][..]),
+    ] {
+        let mut args = vec![
+            "submit",
+            "--parsable",
+            "-w",
+            node,
+            "--container-image",
+            image.to_str().unwrap(),
+            "-D",
+            w,
+        ];
+        args.extend_from_slice(flags);
+        let mark = format!("remapped-{node}");
+        let script = format!("echo UID=$(id -u); echo MAP=$(cat /proc/self/uid_map); touch {mark}");
+        args.extend(["--", "sh", "-c", &script]);
+        let out = cli_as(&alice, &c.server.socket, &args);
+        assert!(out.status.success(), "{}", stderr(&out));
+        let id = stdout(&out).trim().to_string();
+        c.wait_state(&id, "COMPLETED", LONG);
+        let v = vars(&read(&work.join(format!("gpuq-{id}.out"))));
+        assert_eq!(v["UID"], "0", "{node}: {v:?}");
+        assert_eq!(
+            words(&v["MAP"]),
+            format!("0 {} 1", alice.uid),
+            "{node}: {v:?}"
+        );
+        assert_eq!(v.contains_key("ENTRY"), node == "n1", "{node}: {v:?}");
+        let made = std::fs::metadata(work.join(&mark)).unwrap();
+        assert_eq!(made.uid(), alice.uid, "{node}");
+    }
     drop(n2);
 }
 

@@ -127,6 +127,14 @@ pub struct ContainerSpec {
     /// with the task), as Pyxis's documented enroot setup has it.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub read_only: bool,
+    /// `--container-remap-root`: the user is uid 0 inside (a user namespace
+    /// maps the user's uid and gid to 0 there; no privilege on the node).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub remap_root: bool,
+    /// `--container-entrypoint`: the command runs through the image's
+    /// `Entrypoint` (skipped by default, as Pyxis does).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub entrypoint: bool,
 }
 
 impl ContainerSpec {

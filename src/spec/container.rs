@@ -2,7 +2,8 @@
 //! `--container-image PATH|docker://REF`, `--container-mounts
 //! SRC:DST[:ro],...`, `--container-workdir DIR`, `--no-container-mount-home`,
 //! `--container-env VAR,...`, `--container-writable` and
-//! `--container-readonly`. What can be refused here is: a relative path (the
+//! `--container-readonly`, `--container-remap-root`, `--container-entrypoint`
+//! (and the `--no-` and `--container-mount-home` spellings of the defaults). What can be refused here is: a relative path (the
 //! nodes resolve it, not the submitting directory), a malformed mount or
 //! variable name, a companion flag without an image. Whether the image
 //! exists and is one, only a node can tell; it fails the job with the reason
@@ -161,6 +162,11 @@ pub fn resolve(args: &SubmitArgs) -> Result<Option<ContainerSpec>, SpecError> {
             ("--container-mounts", args.container_mounts.is_some()),
             ("--container-workdir", args.container_workdir.is_some()),
             ("--no-container-mount-home", args.no_container_mount_home),
+            ("--container-mount-home", args.container_mount_home),
+            ("--container-remap-root", args.container_remap_root),
+            ("--no-container-remap-root", args.no_container_remap_root),
+            ("--container-entrypoint", args.container_entrypoint),
+            ("--no-container-entrypoint", args.no_container_entrypoint),
             ("--container-env", args.container_env.is_some()),
             ("--container-writable", args.container_writable),
             ("--container-readonly", args.container_readonly),
@@ -186,6 +192,8 @@ pub fn resolve(args: &SubmitArgs) -> Result<Option<ContainerSpec>, SpecError> {
         no_mount_home: args.no_container_mount_home,
         env: args.container_env.clone().map(|e| e.0).unwrap_or_default(),
         read_only: args.container_readonly,
+        remap_root: args.container_remap_root,
+        entrypoint: args.container_entrypoint,
     }))
 }
 
@@ -282,6 +290,39 @@ mod tests {
         assert_eq!(spec.image, "/img");
         assert!(spec.no_mount_home && spec.mounts.is_empty() && spec.workdir.is_none());
         assert_eq!(resolve(&SubmitArgs::default()).unwrap(), None);
+        // Pyxis's remap-root and entrypoint flags, and the spellings of the
+        // defaults, take an image too.
+        for flag in ["--container-remap-root", "--no-container-entrypoint"] {
+            let args = SubmitArgs {
+                container_remap_root: flag == "--container-remap-root",
+                no_container_entrypoint: flag == "--no-container-entrypoint",
+                ..Default::default()
+            };
+            let err = resolve(&args).unwrap_err().to_string();
+            assert!(err.starts_with(flag), "{err}");
+        }
+        let args = SubmitArgs {
+            container_image: Some("/img".into()),
+            container_remap_root: true,
+            container_entrypoint: true,
+            container_mount_home: true,
+            ..Default::default()
+        };
+        let spec = resolve(&args).unwrap().unwrap();
+        assert!(spec.remap_root && spec.entrypoint && !spec.no_mount_home);
+        // A script's #SBATCH line says one thing, the command line the other:
+        // the command line wins.
+        let script = SubmitArgs {
+            container_remap_root: true,
+            ..Default::default()
+        };
+        let cli = SubmitArgs {
+            no_container_remap_root: true,
+            ..Default::default()
+        };
+        let merged = script.overlay(&cli);
+        assert!(!merged.container_remap_root && merged.no_container_remap_root);
+        assert!(script.overlay(&SubmitArgs::default()).container_remap_root);
     }
 
     #[test]

@@ -214,6 +214,26 @@ pub struct SubmitArgs {
     #[arg(long)]
     pub no_container_mount_home: bool,
 
+    /// Mount your home directory in the container (the default)
+    #[arg(long, conflicts_with = "no_container_mount_home")]
+    pub container_mount_home: bool,
+
+    /// Be uid 0 inside the container (a user namespace maps your uid to root there; no privilege on the node, and the image's own files stay the image's)
+    #[arg(long, conflicts_with = "no_container_remap_root")]
+    pub container_remap_root: bool,
+
+    /// Keep your own uid inside the container (the default)
+    #[arg(long)]
+    pub no_container_remap_root: bool,
+
+    /// Run the command through the image's ENTRYPOINT (an OCI or docker image's; by default it is skipped, as Pyxis does)
+    #[arg(long, conflicts_with = "no_container_entrypoint")]
+    pub container_entrypoint: bool,
+
+    /// Skip the image's ENTRYPOINT (the default)
+    #[arg(long)]
+    pub no_container_entrypoint: bool,
+
     /// Variables of the job's environment that override the image's (by default the image's value wins): VAR,...
     #[arg(long, value_name = "VAR,...", value_parser = container::parse_env_names)]
     pub container_env: Option<container::EnvNames>,
@@ -237,6 +257,14 @@ impl SubmitArgs {
     pub fn overlay(&self, over: &SubmitArgs) -> SubmitArgs {
         fn pick<T: Clone>(base: &Option<T>, over: &Option<T>) -> Option<T> {
             over.clone().or_else(|| base.clone())
+        }
+        /// A yes/no flag pair: `over`'s where it says either, else `base`'s.
+        fn pair(base: (bool, bool), over: (bool, bool)) -> (bool, bool) {
+            if over.0 || over.1 {
+                over
+            } else {
+                base
+            }
         }
         // --gpus-per-node, --gres and --gpus are one setting spelled three ways.
         let gpus_from =
@@ -283,7 +311,38 @@ impl SubmitArgs {
             container_image: pick(&self.container_image, &over.container_image),
             container_mounts: pick(&self.container_mounts, &over.container_mounts),
             container_workdir: pick(&self.container_workdir, &over.container_workdir),
-            no_container_mount_home: self.no_container_mount_home || over.no_container_mount_home,
+            // Each pair is one setting spelled two ways: the side that says
+            // either wins.
+            no_container_mount_home: pair(
+                (self.no_container_mount_home, self.container_mount_home),
+                (over.no_container_mount_home, over.container_mount_home),
+            )
+            .0,
+            container_mount_home: pair(
+                (self.no_container_mount_home, self.container_mount_home),
+                (over.no_container_mount_home, over.container_mount_home),
+            )
+            .1,
+            container_remap_root: pair(
+                (self.container_remap_root, self.no_container_remap_root),
+                (over.container_remap_root, over.no_container_remap_root),
+            )
+            .0,
+            no_container_remap_root: pair(
+                (self.container_remap_root, self.no_container_remap_root),
+                (over.container_remap_root, over.no_container_remap_root),
+            )
+            .1,
+            container_entrypoint: pair(
+                (self.container_entrypoint, self.no_container_entrypoint),
+                (over.container_entrypoint, over.no_container_entrypoint),
+            )
+            .0,
+            no_container_entrypoint: pair(
+                (self.container_entrypoint, self.no_container_entrypoint),
+                (over.container_entrypoint, over.no_container_entrypoint),
+            )
+            .1,
             container_env: pick(&self.container_env, &over.container_env),
             // One setting spelled two ways: the side that says either wins.
             container_writable: if over.container_writable || over.container_readonly {

@@ -87,7 +87,8 @@ pub fn rootfs(dir: &Path) -> PathBuf {
 }
 
 /// Packs `rootfs` into an OCI image layout at `dir/layout`: one gzip layer,
-/// a config with the image's `Env`, a manifest and `index.json`.
+/// a config with the image's `Env` and an `Entrypoint` that says
+/// `ENTRY=yes` before it runs its arguments, a manifest and `index.json`.
 pub fn layout(dir: &Path, rootfs: &Path) -> PathBuf {
     let out = dir.join("layout");
     let blobs = out.join("blobs/sha256");
@@ -110,7 +111,8 @@ pub fn layout(dir: &Path, rootfs: &Path) -> PathBuf {
         other => other,
     };
     let config = serde_json::json!({"architecture": arch, "os": "linux",
-        "config": {"Env": ["PATH=/bin", "FROM_IMAGE=yes"]},
+        "config": {"Env": ["PATH=/bin", "FROM_IMAGE=yes"],
+            "Entrypoint": ["/bin/sh", "-c", "echo ENTRY=yes; exec \"$@\"", "entry"]},
         "rootfs": {"type": "layers", "diff_ids": []}});
     let mut config = put(config.to_string().as_bytes());
     config["mediaType"] = "application/vnd.oci.image.config.v1+json".into();

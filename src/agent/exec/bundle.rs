@@ -158,6 +158,10 @@ pub(super) struct Process<'a> {
     /// namespace mapping only the user's uid and gid, and keeps the groups
     /// the runtime was started with (such a namespace cannot set others).
     pub rootless: bool,
+    /// `--container-remap-root`: the user is uid and gid 0 inside, in a user
+    /// namespace mapping only the user's ids to 0 (the runtime's usual
+    /// capabilities hold there, and nowhere else).
+    pub remap_root: bool,
 }
 
 /// The bundle's `config.json`: `binds` are (staging source, destination,
@@ -171,7 +175,7 @@ pub(super) fn oci_config(
 ) -> Value {
     // Root's tasks (where the cluster allows them) keep the usual runtime
     // set; a user's have none, and no new privileges either way.
-    let caps: Vec<&str> = if p.identity.uid == 0 {
+    let caps: Vec<&str> = if p.identity.uid == 0 || p.remap_root {
         vec![
             "CAP_CHOWN",
             "CAP_DAC_OVERRIDE",
@@ -190,7 +194,8 @@ pub(super) fn oci_config(
     };
     // A user namespace without a process id namespace of its own cannot
     // mount a proc: it sees the host's, as with the host's pids anyway.
-    let proc = match p.rootless {
+    let userns = p.rootless || p.remap_root;
+    let proc = match userns {
         false => mount("/proc", "proc", "proc", &["nosuid", "noexec", "nodev"]),
         true => mount(
             "/proc",
@@ -256,12 +261,16 @@ pub(super) fn oci_config(
         linux["cgroupsPath"] = json!(path);
     }
     let mut user = json!({"uid": p.identity.uid, "gid": p.identity.gid, "additionalGids": groups});
-    if p.rootless {
-        let one = |id: u32| json!([{"containerID": id, "hostID": id, "size": 1}]);
+    if userns {
+        let (uid, gid) = match p.remap_root {
+            true => (0, 0),
+            false => (p.identity.uid, p.identity.gid),
+        };
+        let one = |inside: u32, id: u32| json!([{"containerID": inside, "hostID": id, "size": 1}]);
         linux["namespaces"] = json!([{"type": "mount"}, {"type": "user"}]);
-        linux["uidMappings"] = one(p.identity.uid);
-        linux["gidMappings"] = one(p.identity.gid);
-        user = json!({"uid": p.identity.uid, "gid": p.identity.gid});
+        linux["uidMappings"] = one(uid, p.identity.uid);
+        linux["gidMappings"] = one(gid, p.identity.gid);
+        user = json!({"uid": uid, "gid": gid});
     }
     json!({
         "ociVersion": "1.0.2",
@@ -338,6 +347,7 @@ mod tests {
             cwd: "/work",
             identity: &alice(),
             rootless: false,
+            remap_root: false,
         };
         let binds = [
             (
@@ -439,6 +449,7 @@ mod tests {
             cwd: "/",
             identity: &alice(),
             rootless: true,
+            remap_root: false,
         };
         let c = oci_config(&p, Path::new("/t/rootfs"), &[], &[], None);
         assert_eq!(
@@ -454,6 +465,27 @@ mod tests {
         assert_eq!(c["mounts"][0]["type"], "bind");
         assert_eq!(c["mounts"][0]["source"], "/proc");
         assert_eq!(c["process"]["capabilities"]["effective"], json!([]));
+        // --container-remap-root: uid and gid 0 inside, mapped to hers, with
+        // the runtime's capabilities there.
+        let c = oci_config(
+            &Process {
+                remap_root: true,
+                rootless: false,
+                ..p
+            },
+            Path::new("/t/rootfs"),
+            &[],
+            &[],
+            None,
+        );
+        let to = |id: u32| json!([{"containerID": 0, "hostID": id, "size": 1}]);
+        assert_eq!(c["linux"]["uidMappings"], to(1000));
+        assert_eq!(c["linux"]["gidMappings"], to(100));
+        assert_eq!(c["process"]["user"], json!({"uid": 0, "gid": 0}));
+        assert!(c["process"]["capabilities"]["effective"]
+            .as_array()
+            .is_some_and(|caps| caps.contains(&json!("CAP_CHOWN"))));
+        assert_eq!(c["mounts"][0]["type"], "bind");
     }
 
     #[test]

@@ -41,7 +41,7 @@ use std::path::{Path, PathBuf};
 use nix::unistd::Pid;
 
 use super::bundle::{container_env, gpu_devices, oci_config, Process};
-use super::image_sif::SIF_EXEC;
+use super::image_sif::{SIF_EXEC, SIF_RUN};
 pub use super::image_tools::find_tool;
 pub use super::task::Pull;
 use super::task::{hostname, Identity, TaskContainer, TaskSpec};
@@ -389,7 +389,7 @@ pub(super) fn prepare(
         Some(_) => Vec::new(),
         None => gpu_devices(&c.gpus, driver, Path::new("/dev")),
     };
-    let argv = entry_argv(&image, identity, argv);
+    let argv = entry_argv(&image, identity, argv, c.spec.entrypoint);
     let process = Process {
         argv: &argv,
         read_only: c.spec.read_only,
@@ -401,6 +401,7 @@ pub(super) fn prepare(
         cwd: c.spec.workdir.as_deref().unwrap_or(&workdir),
         identity,
         rootless,
+        remap_root: c.spec.remap_root,
     };
     let crun = is_crun(&c.runtime);
     let mut config = oci_config(
@@ -626,25 +627,34 @@ fn binds(
 }
 
 /// The task's command line, started through the image's own exec action
-/// where it is an apptainer image (`image_sif`): that sources the image's
-/// environment scripts first.
+/// where it is an apptainer image (`image_sif`: that sources the image's
+/// environment scripts first), and with `--container-entrypoint` through
+/// the image's `Entrypoint` (an apptainer image's run action, which runs
+/// its runscript with the arguments).
 fn entry_argv(
     image: &super::image_files::Resolved,
     identity: &Identity,
     argv: &[String],
+    entrypoint: bool,
 ) -> Vec<String> {
-    let action = image.rootfs.join(SIF_EXEC.trim_start_matches('/'));
     let is_file = |p: &Path| fs::symlink_metadata(p).is_ok_and(|m| m.is_file());
-    let sif = match image.users {
-        true => as_user(identity, || is_file(&action)).unwrap_or(false),
-        false => is_file(&action),
+    let has = |action: &str| {
+        let path = image.rootfs.join(action.trim_start_matches('/'));
+        match image.users {
+            true => as_user(identity, || is_file(&path)).unwrap_or(false),
+            false => is_file(&path),
+        }
     };
-    match sif {
-        true => std::iter::once(SIF_EXEC.to_string())
-            .chain(argv.iter().cloned())
-            .collect(),
-        false => argv.to_vec(),
-    }
+    let first: Vec<String> = if entrypoint && has(SIF_RUN) {
+        vec![SIF_RUN.to_string()]
+    } else if has(SIF_EXEC) {
+        vec![SIF_EXEC.to_string()]
+    } else if entrypoint {
+        image.entrypoint.clone()
+    } else {
+        Vec::new()
+    };
+    first.into_iter().chain(argv.iter().cloned()).collect()
 }
 
 impl Launch {

@@ -185,13 +185,15 @@ fn from_layout(files: &dyn Files, shown: &str, cache: &Cache) -> Result<Resolved
     let config: ImageConfig = parse(read_blob(files, &manifest.config), "its config")
         .map_err(|e| format!("container image {shown}: {e}"))?;
     let hex = hex_of(&chosen.digest).map_err(|e| format!("container image {shown}: {e}"))?;
+    let (env, entrypoint) = config.run();
     let entry = cache.entry(hex, shown, |rootfs| {
         unpack_layers(files, &manifest.layers, rootfs)
     })?;
     Ok(Resolved {
         rootfs: entry.dir.join("rootfs"),
         users: false,
-        env: config.config.and_then(|c| c.env).unwrap_or_default(),
+        env,
+        entrypoint,
         unpacked: entry.unpacked,
         lease: Some(entry.lease),
     })
@@ -224,6 +226,7 @@ fn plain_rootfs(image: &Path, open: Open<'_>) -> Result<Resolved, String> {
         rootfs: image.to_path_buf(),
         users: true,
         env: Vec::new(),
+        entrypoint: Vec::new(),
         unpacked: false,
         lease: None,
     })

@@ -180,6 +180,7 @@ pub fn from_docker(archive: &Archive, shown: &str, cache: &Cache) -> Result<Reso
     let config_bytes = read_limited(config, MAX_JSON).map_err(what)?;
     let digest = format!("sha256:{}", hex::encode(Sha256::digest(&config_bytes)));
     let config: ImageConfig = parse(Ok(config_bytes), "its config").map_err(what)?;
+    let (env, entrypoint) = config.run();
     let diff_ids = config
         .rootfs
         .as_ref()
@@ -207,7 +208,8 @@ pub fn from_docker(archive: &Archive, shown: &str, cache: &Cache) -> Result<Reso
     Ok(Resolved {
         rootfs: entry.dir.join("rootfs"),
         users: false,
-        env: config.config.and_then(|c| c.env).unwrap_or_default(),
+        env,
+        entrypoint,
         unpacked: entry.unpacked,
         lease: Some(entry.lease),
     })

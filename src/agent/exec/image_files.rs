@@ -32,6 +32,9 @@ pub struct Resolved {
     pub users: bool,
     /// The image's `Env` (`KEY=VALUE`), empty for a plain directory.
     pub env: Vec<String>,
+    /// The image's `Entrypoint` (an OCI or docker image's), for
+    /// `--container-entrypoint`.
+    pub entrypoint: Vec<String>,
     /// Whether this call unpacked the image (a cache miss).
     pub unpacked: bool,
     /// The hold on the cache entry, for as long as the task runs.
@@ -46,6 +49,17 @@ pub struct ImageConfig {
     pub rootfs: Option<RootfsConfig>,
 }
 
+impl ImageConfig {
+    /// The image's `Env` and `Entrypoint`, empty where it has none.
+    pub fn run(&self) -> (Vec<String>, Vec<String>) {
+        let c = self.config.as_ref();
+        (
+            c.and_then(|c| c.env.clone()).unwrap_or_default(),
+            c.and_then(|c| c.entrypoint.clone()).unwrap_or_default(),
+        )
+    }
+}
+
 #[derive(Debug, Default, Deserialize)]
 pub struct RootfsConfig {
     #[serde(default)]
@@ -57,6 +71,8 @@ pub struct RootfsConfig {
 pub struct RunConfig {
     #[serde(default)]
     pub env: Option<Vec<String>>,
+    #[serde(default)]
+    pub entrypoint: Option<Vec<String>>,
 }
 
 /// The hex of a `sha256:` digest, refused unless it is exactly that (a

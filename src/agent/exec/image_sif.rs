@@ -48,6 +48,10 @@ const MAX_DESCRIPTORS: u64 = 4096;
 /// image's environment scripts, then execs its arguments.
 pub const SIF_EXEC: &str = "/.singularity.d/actions/exec";
 
+/// What `--container-entrypoint` starts in a SIF image, as `apptainer run`:
+/// the image's runscript, with the arguments.
+pub const SIF_RUN: &str = "/.singularity.d/actions/run";
+
 /// Whether `head` (a file's first bytes) is a SIF file's.
 pub fn is_sif(head: &[u8]) -> bool {
     head.get(MAGIC_AT..MAGIC_AT + MAGIC.len()) == Some(MAGIC)

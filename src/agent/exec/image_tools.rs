@@ -113,6 +113,7 @@ pub fn squashfs(file: File, shown: &str, cache: &Cache, offset: u64) -> Result<R
         rootfs,
         users: false,
         env,
+        entrypoint: Vec::new(),
         unpacked: entry.unpacked,
         lease: Some(entry.lease),
     })
