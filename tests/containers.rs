@@ -972,3 +972,81 @@ fn gpuq_dev_run_by_a_user_runs_their_container_jobs_rootless() {
     assert_eq!(seen.trim(), "1");
     assert!(ask(&["cancel", &id]).status.success());
 }
+
+#[test]
+fn a_named_container_keeps_what_a_step_wrote_for_the_next_and_its_tasks_share_it() {
+    if !require_root("a_named_container_keeps_what_a_step_wrote") {
+        return;
+    }
+    let dir = shared_tempdir();
+    let root = rootfs(dir.path());
+    let image = layout(dir.path(), &root);
+    let c = Cluster::start(dir.path(), 1, 8);
+    let work = dir.path().join("work");
+    std::fs::create_dir_all(&work).unwrap();
+    let w = work.to_str().unwrap();
+    let bin = dir.path().join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    std::os::unix::fs::symlink(common::gpuq_bin(), bin.join("srun")).unwrap();
+    let srun = bin.join("srun");
+    let srun = srun.display();
+    let img = image.display();
+    // Step 0: two tasks in the named container, each leaving a file in its
+    // root; step 1 names it alone and finds both; step 2, the image without
+    // the name, is a fresh container.
+    let script = format!(
+        "{srun} -n 2 --container-image {img} --container-name env sh -c 'echo $SLURM_PROCID > /left-$SLURM_PROCID'\n\
+         echo STEP1=$({srun} -n 1 --container-name env sh -c 'cat /left-0 /left-1' | tr '\\n' ' ')\n\
+         echo STEP2=$({srun} -n 1 --container-image {img} sh -c 'ls /left-0 2>/dev/null || echo fresh')\n\
+         {srun} -n 1 --container-name nothing-here true || echo STEP3=refused\n"
+    );
+    let id = c
+        .server
+        .ok(&[
+            "slurm",
+            "sbatch",
+            "--parsable",
+            "-n",
+            "2",
+            "-D",
+            w,
+            "--wrap",
+            &script,
+        ])
+        .trim()
+        .to_string();
+    let job = c.wait_state(&id, "COMPLETED", LONG);
+    assert_eq!(job["exit_code"], 0, "{job}");
+    let text = read(&work.join(format!("slurm-{id}.out")));
+    let v = vars(&text);
+    assert_eq!(
+        words(v.get("STEP1").map_or("", String::as_str)),
+        "0 1",
+        "{text}"
+    );
+    assert_eq!(v.get("STEP2").map(String::as_str), Some("fresh"), "{text}");
+    assert_eq!(
+        v.get("STEP3").map(String::as_str),
+        Some("refused"),
+        "{text}"
+    );
+    assert!(
+        text.contains("no container named nothing-here"),
+        "the reason reaches the step's stderr: {text}"
+    );
+    // Flags Pyxis has that gpuq does not are refused by name.
+    let out = c.server.cli(&[
+        "slurm",
+        "sbatch",
+        "--container-name",
+        "env:exec",
+        "--wrap",
+        "true",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr(&out).contains(":exec flag is not supported"),
+        "{}",
+        stderr(&out)
+    );
+}

@@ -286,6 +286,7 @@ impl TaskRunner for ExecRunner {
         let keys = self.executor.task_keys();
         let live: HashSet<crate::model::JobId> = keys.iter().map(|k| k.job).collect();
         super::spool::sweep(&self.spool_root(), &live);
+        super::spool::sweep(&self.containers.named_root(), &live);
         // A directory removed behind our back leaves nothing cached.
         let listed: HashSet<TaskKey> = keys.iter().copied().collect();
         ended.retain(|key, _| listed.contains(key));

@@ -135,6 +135,12 @@ pub struct ContainerSpec {
     /// `Entrypoint` (skipped by default, as Pyxis does).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub entrypoint: bool,
+    /// `--container-name`: a container of the job's, per node, whose root
+    /// filesystem the job's tasks share and keep from step to step (made
+    /// from `image` by the first task that names it; `image` may then be
+    /// empty).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
 }
 
 impl ContainerSpec {

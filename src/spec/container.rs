@@ -85,6 +85,40 @@ pub fn parse_env_names(input: &str) -> Result<EnvNames, String> {
     Ok(EnvNames(names))
 }
 
+/// Parses `--container-name`: `NAME`, or Pyxis's `NAME:auto` and
+/// `NAME:create` (the same here: made when missing, else used).
+pub fn parse_name(input: &str) -> Result<String, String> {
+    let (name, flag) = input.split_once(':').unwrap_or((input, "auto"));
+    match flag {
+        "auto" | "create" => {}
+        "exec" | "no_exec" => {
+            return Err(format!(
+                "--container-name {input:?}: the :{flag} flag is not supported; give NAME (to \
+                 run a command in a running task's container, use gpuq exec or srun --overlap)"
+            ))
+        }
+        other => {
+            return Err(format!(
+                "--container-name {input:?}: {other:?} is not a flag; give NAME, NAME:auto or \
+                 NAME:create"
+            ))
+        }
+    }
+    let valid = !name.is_empty()
+        && name.len() <= 64
+        && !name.starts_with('.')
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
+    if !valid {
+        return Err(format!(
+            "--container-name {name:?} is not a name: give up to 64 letters, digits, '.', '_' \
+             or '-', not starting with '.'"
+        ));
+    }
+    Ok(name.to_string())
+}
+
 /// Parses `--container-workdir`: an absolute path inside the container.
 pub fn parse_workdir(input: &str) -> Result<String, String> {
     check_path(input, "working directory")
@@ -157,7 +191,13 @@ fn check_path(input: &str, what: &str) -> Result<String, String> {
 /// The spec's container from the merged flags: `None` without an image; a
 /// companion flag without one is refused.
 pub fn resolve(args: &SubmitArgs) -> Result<Option<ContainerSpec>, SpecError> {
-    let Some(image) = &args.container_image else {
+    let image = match (&args.container_image, &args.container_name) {
+        (Some(image), _) => Some(image.clone()),
+        // A named container an earlier step made: its image is the node's.
+        (None, Some(_)) => Some(String::new()),
+        (None, None) => None,
+    };
+    let Some(image) = image else {
         let orphan = [
             ("--container-mounts", args.container_mounts.is_some()),
             ("--container-workdir", args.container_workdir.is_some()),
@@ -182,7 +222,7 @@ pub fn resolve(args: &SubmitArgs) -> Result<Option<ContainerSpec>, SpecError> {
         };
     };
     Ok(Some(ContainerSpec {
-        image: image.clone(),
+        image,
         mounts: args
             .container_mounts
             .clone()
@@ -194,6 +234,7 @@ pub fn resolve(args: &SubmitArgs) -> Result<Option<ContainerSpec>, SpecError> {
         read_only: args.container_readonly,
         remap_root: args.container_remap_root,
         entrypoint: args.container_entrypoint,
+        name: args.container_name.clone(),
     }))
 }
 

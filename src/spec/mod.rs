@@ -234,6 +234,10 @@ pub struct SubmitArgs {
     #[arg(long)]
     pub no_container_entrypoint: bool,
 
+    /// A container of the job's, on each node, that its steps share and keep: the first task naming it makes it from --container-image, later ones (any step, with or without an image) run in it, with what earlier ones wrote; gone after the job
+    #[arg(long, value_name = "NAME", value_parser = container::parse_name)]
+    pub container_name: Option<String>,
+
     /// Variables of the job's environment that override the image's (by default the image's value wins): VAR,...
     #[arg(long, value_name = "VAR,...", value_parser = container::parse_env_names)]
     pub container_env: Option<container::EnvNames>,
@@ -310,6 +314,7 @@ impl SubmitArgs {
             signal: pick(&self.signal, &over.signal),
             container_image: pick(&self.container_image, &over.container_image),
             container_mounts: pick(&self.container_mounts, &over.container_mounts),
+            container_name: pick(&self.container_name, &over.container_name),
             container_workdir: pick(&self.container_workdir, &over.container_workdir),
             // Each pair is one setting spelled two ways: the side that says
             // either wins.

@@ -95,6 +95,11 @@ impl ContainerHost {
         }
     }
 
+    /// Where the jobs' named containers are (`named`).
+    pub fn named_root(&self) -> PathBuf {
+        super::named::root_beside(&self.cache)
+    }
+
     /// Fills in what this node has; an error fails the task's launch.
     pub fn complete(&self, c: &mut TaskContainer, as_root: bool) -> Result<(), String> {
         let path = std::env::var("PATH").unwrap_or_default();
@@ -329,16 +334,22 @@ pub(super) fn prepare(
     if hooks && c.rootless {
         tracing::info!("the GPUs' CDI spec has hooks: the runtime runs as root for this task");
     }
-    let image = resolve_image(dir, spec, c, &opener)?;
-    use super::container_mounts::{clone_tree, Lower};
-    let lower = match opener.unprivileged {
-        true => Lower::Path(image.rootfs.clone()),
-        false => Lower::Tree(
-            opener
-                .reach(&image.rootfs, image.users)
-                .and_then(|f| clone_tree(&f.into(), false))
-                .map_err(|e| format!("cannot open the image {}: {e}", image.rootfs.display()))?,
-        ),
+    use super::container_mounts::Lower;
+    let (image, lower) = match &c.spec.name {
+        // A named container: the job's own root on this node, shared.
+        Some(name) => {
+            let root = super::named::root_beside(&c.cache);
+            let image = super::named::open(&root, spec.key.job, name, &c.spec.image, || {
+                resolve_image(dir, spec, c, &opener)
+            })?;
+            let lower = Lower::Bind(image.rootfs.clone());
+            (image, lower)
+        }
+        None => {
+            let image = resolve_image(dir, spec, c, &opener)?;
+            let lower = image_lower(&image, &opener)?;
+            (image, lower)
+        }
     };
     let workdir = spec.workdir.to_string_lossy().into_owned();
     let binds = binds(c, &opener, &workdir, script)?;
@@ -465,6 +476,24 @@ pub(super) fn prepare(
         mounts: Some(mounts),
         as_user: rootless,
         _lease: image.lease,
+    })
+}
+
+/// What the overlay has below: the image's tree, opened as the user where
+/// it is theirs (a root shim), or its path (an unprivileged one).
+fn image_lower(
+    image: &super::image_files::Resolved,
+    opener: &Opener<'_>,
+) -> Result<super::container_mounts::Lower, String> {
+    use super::container_mounts::{clone_tree, Lower};
+    Ok(match opener.unprivileged {
+        true => Lower::Path(image.rootfs.clone()),
+        false => Lower::Tree(
+            opener
+                .reach(&image.rootfs, image.users)
+                .and_then(|f| clone_tree(&f.into(), false))
+                .map_err(|e| format!("cannot open the image {}: {e}", image.rootfs.display()))?,
+        ),
     })
 }
 

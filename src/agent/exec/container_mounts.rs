@@ -88,6 +88,8 @@ pub(super) struct ChildMounts {
     /// The image as a detached tree to attach below the overlay; `None`
     /// where the overlay names the image's directory itself (`Lower::Path`).
     lower: Option<OwnedFd>,
+    /// A root bound at `merged` instead of the overlay (`Lower::Bind`).
+    bind_root: Option<CString>,
     lower_at: CString,
     binds: Vec<Staged>,
     /// An unprivileged shim's user namespace: `/proc/self/uid_map` and
@@ -104,6 +106,9 @@ pub(super) struct ChildMounts {
 pub(super) enum Lower {
     Tree(OwnedFd),
     Path(std::path::PathBuf),
+    /// A named container's own root (`named`), bound rather than overlaid:
+    /// the tasks sharing it write to it.
+    Bind(std::path::PathBuf),
 }
 
 /// The steps that make each of `points` (absolute paths in the container,
@@ -183,9 +188,14 @@ impl ChildMounts {
         userns: Option<(u32, u32)>,
     ) -> Result<ChildMounts, String> {
         let text = scratch.to_string_lossy();
+        let mut bind_root = None;
         let (lower, lower_dir) = match lower {
             Lower::Tree(fd) => (Some(fd), format!("{text}/lower")),
             Lower::Path(p) => (None, p.to_string_lossy().into_owned()),
+            Lower::Bind(p) => {
+                bind_root = Some(c(&p)?);
+                (None, format!("{text}/lower"))
+            }
         };
         for path in [text.as_ref(), lower_dir.as_str()] {
             if path.contains([',', ':']) {
@@ -216,6 +226,7 @@ impl ChildMounts {
             merged: c(merged)?,
             overlay: CString::new(overlay).map_err(|_| "a NUL byte in the overlay".to_string())?,
             lower,
+            bind_root,
             lower_at: c(&scratch.join("lower"))?,
             binds,
             userns: userns.map(|(uid, gid)| {
@@ -328,17 +339,40 @@ impl ChildMounts {
             ok(attach(lower, &self.lower_at), Failed::Overlay, 0)?;
         }
         let overlay = c"overlay".as_ptr();
-        ok(
-            libc::mount(
-                overlay,
-                self.merged.as_ptr(),
-                overlay,
-                safe,
-                self.overlay.as_ptr().cast(),
-            ),
-            Failed::Overlay,
-            0,
-        )?;
+        match &self.bind_root {
+            None => ok(
+                libc::mount(
+                    overlay,
+                    self.merged.as_ptr(),
+                    overlay,
+                    safe,
+                    self.overlay.as_ptr().cast(),
+                ),
+                Failed::Overlay,
+                0,
+            )?,
+            Some(root) => {
+                let flags = libc::MS_BIND | libc::MS_REC;
+                ok(
+                    libc::mount(
+                        root.as_ptr(),
+                        self.merged.as_ptr(),
+                        none,
+                        flags,
+                        ptr::null(),
+                    ),
+                    Failed::Overlay,
+                    0,
+                )?;
+                // A bind keeps its source's flags: add nosuid and nodev.
+                let again = libc::MS_BIND | libc::MS_REMOUNT | safe;
+                ok(
+                    libc::mount(none, self.merged.as_ptr(), none, again, ptr::null()),
+                    Failed::Overlay,
+                    0,
+                )?;
+            }
+        }
         self.make_points()?;
         for (i, b) in self.binds.iter().enumerate() {
             if b.dir {

@@ -31,6 +31,7 @@ mod image_files;
 mod image_sif;
 mod image_tools;
 mod launch;
+mod named;
 mod process;
 mod shim;
 pub mod slurm_env;

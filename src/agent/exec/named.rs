@@ -1,0 +1,190 @@
+//! Pyxis's named containers (`--container-name NAME`): a container of the
+//! job's on each node whose root filesystem the job's tasks share, and keep
+//! from one step to the next, as enroot's named containers are. The first
+//! task that names it makes it: a copy of its image's unpacked root (from
+//! the node's cache; `cp --reflink=auto`, so a copy-on-write file system
+//! copies nothing) in `<data>/named/<job>/<NAME>/rootfs`, with the image's
+//! `Env` and `Entrypoint` beside it. Later tasks of the job, of any step
+//! and with or without `--container-image`, run in that root, which is
+//! bound, not overlaid: tasks running at once share it, as enroot's do (an
+//! overlay's writable layer cannot be shared). The job's named containers
+//! go as its spool does: once no task of the job is on the node and none
+//! has used them for `spool::KEEP`.
+
+use std::fs::{self, File};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::DirBuilderExt;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use super::image_files::Resolved;
+use super::task::hostname;
+use crate::model::JobId;
+
+/// What a named container was made from, beside its root.
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct Made {
+    image: String,
+    env: Vec<String>,
+    entrypoint: Vec<String>,
+}
+
+/// The named containers' root beside the image cache (`<data>/images`).
+pub fn root_beside(cache: &Path) -> PathBuf {
+    cache
+        .parent()
+        .map_or_else(|| PathBuf::from("named"), |p| p.join("named"))
+}
+
+/// Job `job`'s container `name` on this node: made from `image` (by
+/// `resolve`, which unpacks it into the cache) the first time, else as it
+/// was left. Tasks starting together wait for one making it. Errors are
+/// sentences for the user.
+pub(super) fn open(
+    root: &Path,
+    job: JobId,
+    name: &str,
+    image: &str,
+    resolve: impl FnOnce() -> Result<Resolved, String>,
+) -> Result<Resolved, String> {
+    let dir = root.join(job.to_string());
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(&dir)
+        .map_err(|e| format!("cannot make {}: {e}", dir.display()))?;
+    // In use now: the sweep keeps a job's containers `spool::KEEP` past
+    // the last use (or task) on this node.
+    if let Ok(d) = File::open(&dir) {
+        let _ = d.set_modified(std::time::SystemTime::now());
+    }
+    let lock_path = dir.join(format!("{name}.lock"));
+    let lock = File::create(&lock_path)
+        .map_err(|e| format!("cannot open {}: {e}", lock_path.display()))?;
+    // SAFETY: flock on a descriptor this process owns; held until `lock`
+    // drops, at the end of this function.
+    if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) } < 0 {
+        return Err(format!(
+            "cannot lock {}: {}",
+            lock_path.display(),
+            std::io::Error::last_os_error()
+        ));
+    }
+    let here = dir.join(name);
+    let made_file = here.join("made.json");
+    let rootfs = here.join("rootfs");
+    if let Ok(text) = fs::read(&made_file) {
+        let made: Made = serde_json::from_slice(&text)
+            .map_err(|e| format!("{} is damaged: {e}", made_file.display()))?;
+        if !image.is_empty() && image != made.image {
+            tracing::info!(
+                name,
+                made_from = %made.image,
+                asked = image,
+                "the named container exists: its own image stands"
+            );
+        }
+        return Ok(Resolved {
+            rootfs,
+            users: false,
+            env: made.env,
+            entrypoint: made.entrypoint,
+            unpacked: false,
+            lease: None,
+        });
+    }
+    if image.is_empty() {
+        return Err(format!(
+            "there is no container named {name} of job {job} on node {}: the first task that \
+             names it must give --container-image",
+            hostname()
+        ));
+    }
+    let source = resolve()?;
+    let _ = fs::remove_dir_all(&here);
+    fs::DirBuilder::new()
+        .mode(0o700)
+        .create(&here)
+        .map_err(|e| format!("cannot make {}: {e}", here.display()))?;
+    let making = here.join("rootfs.making");
+    let copied = std::process::Command::new("cp")
+        .args(["-a", "--reflink=auto"])
+        .arg(&source.rootfs)
+        .arg(&making)
+        .output()
+        .map_err(|e| format!("cannot run cp: {e}"))?;
+    if !copied.status.success() {
+        let _ = fs::remove_dir_all(&here);
+        return Err(format!(
+            "cannot make the container named {name} from {image}: cp said {}",
+            String::from_utf8_lossy(&copied.stderr).trim()
+        ));
+    }
+    fs::rename(&making, &rootfs).map_err(|e| format!("cannot rename {}: {e}", making.display()))?;
+    let made = Made {
+        image: image.to_string(),
+        env: source.env,
+        entrypoint: source.entrypoint,
+    };
+    let text = serde_json::to_vec(&made).map_err(|e| e.to_string())?;
+    super::task::write_atomic(&made_file, &text, super::task::Durability::Crash)
+        .map_err(|e| format!("cannot write {}: {e}", made_file.display()))?;
+    tracing::info!(name, image, "named container made");
+    Ok(Resolved {
+        rootfs,
+        users: false,
+        env: made.env,
+        entrypoint: made.entrypoint,
+        unpacked: source.unpacked,
+        lease: None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plain(dir: &Path) -> Resolved {
+        let rootfs = dir.join("image");
+        fs::create_dir_all(rootfs.join("etc")).unwrap();
+        fs::write(rootfs.join("etc/os-release"), "NAME=img\n").unwrap();
+        Resolved {
+            rootfs,
+            users: false,
+            env: vec!["A=1".into()],
+            entrypoint: vec!["/e".into()],
+            unpacked: true,
+            lease: None,
+        }
+    }
+
+    #[test]
+    fn made_once_from_its_image_then_kept_with_what_was_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("named");
+        let job = JobId(7);
+        // Named with no image before it exists: refused, saying how.
+        let err = open(&root, job, "env", "", || unreachable!()).unwrap_err();
+        assert!(err.contains("must give --container-image"), "{err}");
+        let first = open(&root, job, "env", "/img", || Ok(plain(dir.path()))).unwrap();
+        assert_eq!(first.rootfs, root.join("7/env/rootfs"));
+        assert_eq!(first.env, ["A=1"]);
+        assert_eq!(
+            fs::read_to_string(first.rootfs.join("etc/os-release")).unwrap(),
+            "NAME=img\n"
+        );
+        fs::write(first.rootfs.join("marker"), "kept").unwrap();
+        // Later: the same root, its image's settings, no resolve at all.
+        let again = open(&root, job, "env", "", || unreachable!()).unwrap();
+        assert_eq!(again.rootfs, first.rootfs);
+        assert_eq!(again.entrypoint, ["/e"]);
+        assert_eq!(
+            fs::read_to_string(again.rootfs.join("marker")).unwrap(),
+            "kept"
+        );
+        // Another job's container of the same name is its own.
+        let other = open(&root, JobId(8), "env", "", || unreachable!());
+        assert!(other.is_err());
+    }
+}
