@@ -1034,6 +1034,35 @@ fn a_named_container_keeps_what_a_step_wrote_for_the_next_and_its_tasks_share_it
         text.contains("no container named nothing-here"),
         "the reason reaches the step's stderr: {text}"
     );
+    // Alice's named container: rootless crun in the bound copy.
+    let alice = ensure_user("gpuqt-alice");
+    let hers = dir.path().join("alice");
+    std::fs::create_dir_all(&hers).unwrap();
+    nix::unistd::chown(&hers, Some(alice.uid.into()), Some(alice.gid.into())).unwrap();
+    let out = cli_as(
+        &alice,
+        &c.server.socket,
+        &[
+            "submit",
+            "--parsable",
+            "--container-image",
+            image.to_str().unwrap(),
+            "--container-name",
+            "mine",
+            "-D",
+            hers.to_str().unwrap(),
+            "--",
+            "sh",
+            "-c",
+            "grep ^ID= /etc/os-release; echo MAP=$(cat /proc/self/uid_map)",
+        ],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let id = stdout(&out).trim().to_string();
+    c.wait_state(&id, "COMPLETED", LONG);
+    let v = vars(&read(&hers.join(format!("gpuq-{id}.out"))));
+    assert_eq!(v["ID"], "gpuq-test", "{v:?}");
+    assert_eq!(words(&v["MAP"]), format!("{0} {0} 1", alice.uid), "{v:?}");
     // Flags Pyxis has that gpuq does not are refused by name.
     let out = c.server.cli(&[
         "slurm",
