@@ -1079,3 +1079,85 @@ fn a_named_container_keeps_what_a_step_wrote_for_the_next_and_its_tasks_share_it
         stderr(&out)
     );
 }
+
+#[test]
+fn container_save_keeps_what_a_task_wrote_as_an_image_the_next_job_runs_in() {
+    if !require_root("container_save_keeps_what_a_task_wrote") {
+        return;
+    }
+    let dir = shared_tempdir();
+    let root = rootfs(dir.path());
+    let image = layout(dir.path(), &root);
+    let c = Cluster::start(dir.path(), 1, 8);
+    let work = dir.path().join("work");
+    std::fs::create_dir_all(&work).unwrap();
+    let w = work.to_str().unwrap();
+    let saved = work.join("saved.sqsh");
+    // Root's job writes into its container's root and saves it...
+    let id = c.submit(&[
+        "--container-image",
+        image.to_str().unwrap(),
+        "--container-save",
+        saved.to_str().unwrap(),
+        "-D",
+        w,
+        "--",
+        "sh",
+        "-c",
+        "echo from-the-first-job > /made-here",
+    ]);
+    c.wait_state(&id, "COMPLETED", LONG);
+    assert!(saved.is_file(), "no {}", saved.display());
+    // ...and the next job runs in what it saved.
+    let id = c.submit(&[
+        "--container-image",
+        saved.to_str().unwrap(),
+        "-D",
+        w,
+        "--",
+        "sh",
+        "-c",
+        "echo MADE=$(cat /made-here); grep ^ID= /etc/os-release",
+    ]);
+    c.wait_state(&id, "COMPLETED", LONG);
+    let v = vars(&read(&work.join(format!("gpuq-{id}.out"))));
+    assert_eq!(v["MADE"], "from-the-first-job", "{v:?}");
+    assert_eq!(v["ID"], "gpuq-test", "{v:?}");
+    // Alice saves only where she may write: elsewhere her job fails saying so.
+    let alice = ensure_user("gpuqt-alice");
+    let hers = dir.path().join("alice");
+    std::fs::create_dir_all(&hers).unwrap();
+    nix::unistd::chown(&hers, Some(alice.uid.into()), Some(alice.gid.into())).unwrap();
+    let submit = |to: &Path| {
+        let out = cli_as(
+            &alice,
+            &c.server.socket,
+            &[
+                "submit",
+                "--parsable",
+                "--container-image",
+                image.to_str().unwrap(),
+                "--container-save",
+                to.to_str().unwrap(),
+                "-D",
+                hers.to_str().unwrap(),
+                "--",
+                "true",
+            ],
+        );
+        assert!(out.status.success(), "{}", stderr(&out));
+        stdout(&out).trim().to_string()
+    };
+    let mine = hers.join("mine.sqsh");
+    let id = submit(&mine);
+    c.wait_state(&id, "COMPLETED", LONG);
+    assert_eq!(std::fs::metadata(&mine).unwrap().uid(), alice.uid);
+    let id = submit(&work.join("not-hers.sqsh"));
+    c.wait_state(&id, "FAILED", LONG);
+    let said = read(&hers.join(format!("gpuq-{id}.out")));
+    assert!(
+        said.contains("gpuq: cannot save the container to") && said.contains("denied"),
+        "{said}"
+    );
+    assert!(!work.join("not-hers.sqsh").exists());
+}

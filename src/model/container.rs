@@ -141,6 +141,12 @@ pub struct ContainerSpec {
     /// empty).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
+    /// `--container-save PATH`: the container's root filesystem, as the
+    /// step left it on each node, saved there as a squashfs file (an
+    /// absolute path on the nodes, written as the user) once the node's
+    /// first task of the step completes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub save: Option<String>,
 }
 
 impl ContainerSpec {

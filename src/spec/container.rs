@@ -119,6 +119,11 @@ pub fn parse_name(input: &str) -> Result<String, String> {
     Ok(name.to_string())
 }
 
+/// Parses `--container-save`: an absolute path on the nodes.
+pub fn parse_save(input: &str) -> Result<String, String> {
+    check_path(input, "save")
+}
+
 /// Parses `--container-workdir`: an absolute path inside the container.
 pub fn parse_workdir(input: &str) -> Result<String, String> {
     check_path(input, "working directory")
@@ -207,6 +212,8 @@ pub fn resolve(args: &SubmitArgs) -> Result<Option<ContainerSpec>, SpecError> {
             ("--no-container-remap-root", args.no_container_remap_root),
             ("--container-entrypoint", args.container_entrypoint),
             ("--no-container-entrypoint", args.no_container_entrypoint),
+            ("--container-save", args.container_save.is_some()),
+            ("--container-entrypoint-log", args.container_entrypoint_log),
             ("--container-env", args.container_env.is_some()),
             ("--container-writable", args.container_writable),
             ("--container-readonly", args.container_readonly),
@@ -235,6 +242,7 @@ pub fn resolve(args: &SubmitArgs) -> Result<Option<ContainerSpec>, SpecError> {
         remap_root: args.container_remap_root,
         entrypoint: args.container_entrypoint,
         name: args.container_name.clone(),
+        save: args.container_save.clone(),
     }))
 }
 

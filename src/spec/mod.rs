@@ -238,6 +238,14 @@ pub struct SubmitArgs {
     #[arg(long, value_name = "NAME", value_parser = container::parse_name)]
     pub container_name: Option<String>,
 
+    /// Save the container's root filesystem, as the step leaves it, as a squashfs file at this absolute path on each node (written as you; the nodes need mksquashfs); loadable again with --container-image
+    #[arg(long, value_name = "PATH", value_parser = container::parse_save)]
+    pub container_save: Option<String>,
+
+    /// Accepted for Pyxis's scripts: the entrypoint's output is the task's output already
+    #[arg(long)]
+    pub container_entrypoint_log: bool,
+
     /// Variables of the job's environment that override the image's (by default the image's value wins): VAR,...
     #[arg(long, value_name = "VAR,...", value_parser = container::parse_env_names)]
     pub container_env: Option<container::EnvNames>,
@@ -315,6 +323,9 @@ impl SubmitArgs {
             container_image: pick(&self.container_image, &over.container_image),
             container_mounts: pick(&self.container_mounts, &over.container_mounts),
             container_name: pick(&self.container_name, &over.container_name),
+            container_save: pick(&self.container_save, &over.container_save),
+            container_entrypoint_log: self.container_entrypoint_log
+                || over.container_entrypoint_log,
             container_workdir: pick(&self.container_workdir, &over.container_workdir),
             // Each pair is one setting spelled two ways: the side that says
             // either wins.

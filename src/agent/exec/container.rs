@@ -232,6 +232,21 @@ fn as_user<T>(who: &Identity, f: impl FnOnce() -> T) -> Result<T, String> {
     Ok(out)
 }
 
+/// `path` created (or truncated) for writing as `who`, mode 0644: where
+/// the user may write, and theirs.
+pub(super) fn open_as(who: &Identity, path: &Path) -> io::Result<File> {
+    as_user(who, || {
+        fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o644)
+            .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
+            .open(path)
+    })
+    .unwrap_or_else(|e| Err(io::Error::other(e)))
+}
+
 /// A host path bound into the container: a detached mount tree of what
 /// the shim opened (`None`: the runtime binds `source` itself, for an
 /// unprivileged shim).
@@ -257,6 +272,9 @@ pub(super) struct Launch {
     pub(super) mounts: Option<super::container_mounts::ChildMounts>,
     /// The runtime runs as the task's user (rootless), not as root.
     pub(super) as_user: bool,
+    /// `--container-save`: the root to save, and where, once the task
+    /// completes.
+    pub(super) save: Option<(PathBuf, PathBuf)>,
     /// The hold on the image's cache entry while the task runs.
     _lease: Option<super::image_cache::Lease>,
 }
@@ -273,6 +291,7 @@ impl Launch {
             pid_file,
             mounts: None,
             as_user,
+            save: None,
             _lease: None,
         }
     }
@@ -335,7 +354,16 @@ pub(super) fn prepare(
         tracing::info!("the GPUs' CDI spec has hooks: the runtime runs as root for this task");
     }
     use super::container_mounts::Lower;
-    let (image, lower) = match &c.spec.name {
+    // --container-save: the step's tasks on this node share a root of its
+    // own (a named container of the step's), which its first task saves.
+    let name = c.spec.name.clone().or_else(|| {
+        let step = spec.key.step.unwrap_or(0);
+        c.spec
+            .save
+            .as_ref()
+            .map(|_| format!(".save-{}-{step}", spec.key.attempt))
+    });
+    let (image, lower) = match &name {
         // A named container: the job's own root on this node, shared.
         Some(name) => {
             let root = super::named::root_beside(&c.cache);
@@ -475,6 +503,12 @@ pub(super) fn prepare(
         log_file,
         mounts: Some(mounts),
         as_user: rootless,
+        save: c
+            .spec
+            .save
+            .as_ref()
+            .filter(|_| spec.local_rank == 0)
+            .map(|to| (image.rootfs.clone(), PathBuf::from(to))),
         _lease: image.lease,
     })
 }

@@ -141,6 +141,48 @@ pub(super) fn open(
     })
 }
 
+/// `--container-save`: squashes `rootfs` (as root, who reads all of it)
+/// into a file in `scratch` (the task's directory), then copies it to `to`
+/// opened as `who` (so it lands only where the user may write, and is
+/// theirs). Errors are sentences for the user.
+pub(super) fn save(
+    rootfs: &Path,
+    to: &Path,
+    scratch: &Path,
+    who: &super::task::Identity,
+) -> Result<(), String> {
+    let Some(mksquashfs) = super::image_tools::find_tool("mksquashfs", "") else {
+        return Err(format!(
+            "cannot save the container to {}: node {} has no mksquashfs (install \
+             squashfs-tools there)",
+            to.display(),
+            hostname()
+        ));
+    };
+    let squashed = scratch.join("saved.sqsh");
+    let made = std::process::Command::new(&mksquashfs)
+        .arg(rootfs)
+        .arg(&squashed)
+        .args(["-noappend", "-no-progress", "-quiet"])
+        .output()
+        .map_err(|e| format!("cannot run {}: {e}", mksquashfs.display()))?;
+    let copied = match made.status.success() {
+        false => Err(format!(
+            "mksquashfs said {}",
+            String::from_utf8_lossy(&made.stderr).trim()
+        )),
+        true => File::open(&squashed)
+            .and_then(|mut from| {
+                let mut out = super::container::open_as(who, to)?;
+                std::io::copy(&mut from, &mut out)?;
+                out.sync_all()
+            })
+            .map_err(|e| e.to_string()),
+    };
+    let _ = fs::remove_file(&squashed);
+    copied.map_err(|e| format!("cannot save the container to {}: {e}", to.display()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

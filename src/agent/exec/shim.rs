@@ -352,7 +352,7 @@ fn run(dir: &Path, mode: &CgroupMode) -> (TaskOutcome, Option<Millis>) {
         .or(beside_cgroup);
     let prepared = match Prepared::new(
         &spec,
-        identity,
+        identity.clone(),
         script.as_deref(),
         joins.as_deref(),
         pin_cpus,
@@ -433,7 +433,7 @@ fn run(dir: &Path, mode: &CgroupMode) -> (TaskOutcome, Option<Millis>) {
         }
         return launch_failed(reason);
     }
-    let outcome = match ending {
+    let mut outcome = match ending {
         Some(Ending::Stop(reason)) => TaskOutcome::Cancelled { reason },
         Some(Ending::Timeout) => TaskOutcome::Timeout,
         Some(Ending::Beside) => TaskOutcome::Cancelled {
@@ -442,6 +442,25 @@ fn run(dir: &Path, mode: &CgroupMode) -> (TaskOutcome, Option<Millis>) {
         None if oom_kills > 0 => TaskOutcome::OutOfMemory,
         None => exit_outcome(exit),
     };
+    // --container-save, once the task has completed: a failed save fails it.
+    let save = prepared.container().and_then(|c| c.save.as_ref());
+    if let (Some((rootfs, to)), TaskOutcome::Completed) = (save, &outcome) {
+        if let Err(reason) = super::named::save(rootfs, to, dir, &identity) {
+            // The job's error output says why (the leader hears "failed").
+            if spec.io == crate::model::TaskIo::Files {
+                let told = super::stdio::open_output(&spec.stderr, &identity, true)
+                    .and_then(|mut f| writeln!(f, "gpuq: {reason}"));
+                if let Err(e) = told {
+                    tracing::warn!("cannot tell the job's error output: {e}");
+                }
+            }
+            outcome = TaskOutcome::Failed {
+                code: None,
+                signal: None,
+                reason,
+            };
+        }
+    }
     if let Some(relay) = relay {
         relay.finish(exit_message(exit, ending, &outcome));
     }

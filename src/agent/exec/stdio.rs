@@ -83,7 +83,7 @@ struct OutFile {
 /// runs as root and `as_user` holds: the user's output is opened with the
 /// user's rights, as the task's own would be, so a path the user shaped
 /// (a symlink in their spool directory) reaches nothing they could not.
-fn open_output(path: &Path, identity: &Identity, as_user: bool) -> io::Result<File> {
+pub(super) fn open_output(path: &Path, identity: &Identity, as_user: bool) -> io::Result<File> {
     let open = || {
         std::fs::OpenOptions::new()
             .read(true)
