@@ -10,7 +10,7 @@ mod images;
 
 use std::path::Path;
 
-use common::{cli_as, ensure_user, require_root, shared_tempdir, stderr, Agent, Cluster};
+use common::{ensure_user, require_root, shared_tempdir, submit_as, user_dir, Agent, Cluster};
 use images::{
     docker_archive, layout, oci_archive, read, rootfs, sif, squashfs, unpacks, vars, IMAGE_NAME,
     LONG,
@@ -286,17 +286,11 @@ fn an_apptainer_sif_image_runs_its_commands_with_its_environment() {
     let encrypted = sif(dir.path(), &root, "secret", 5);
     let c = Cluster::start(dir.path(), 1, 8);
     let alice = ensure_user("gpuqt-alice");
-    let work = dir.path().join("work");
-    std::fs::create_dir_all(&work).unwrap();
-    nix::unistd::chown(&work, Some(alice.uid.into()), Some(alice.gid.into())).unwrap();
+    let work = user_dir(&alice, &dir.path().join("work"));
     let w = work.to_str().unwrap();
-    let submit = |image: &Path| {
-        let out = cli_as(
-            &alice,
-            &c.server.socket,
-            &[
-                "submit",
-                "--parsable",
+    let submit =
+        |image: &Path| {
+            submit_as(&alice, &c.server.socket, &[
                 "--container-image",
                 image.to_str().unwrap(),
                 "-D",
@@ -305,11 +299,8 @@ fn an_apptainer_sif_image_runs_its_commands_with_its_environment() {
                 "sh",
                 "-c",
                 "cat /etc/os-release; echo FROM_SIF=$FROM_SIF; echo PATH=$PATH; echo UID=$(id -u)",
-            ],
-        );
-        assert!(out.status.success(), "{}", stderr(&out));
-        String::from_utf8_lossy(&out.stdout).trim().to_string()
-    };
+            ])
+        };
     // The image's files, and its environment scripts sourced first, as
     // `apptainer exec` does; run as alice.
     let id = submit(&image);

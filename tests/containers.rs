@@ -12,7 +12,8 @@ use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
 use common::{
-    cli_as, ensure_user, require_root, shared_tempdir, stderr, stdout, Agent, Cluster, Server,
+    cli_as, ensure_user, require_root, shared_tempdir, stderr, stdout, submit_as, user_dir, Agent,
+    Cluster, Server,
 };
 use images::{alive, layout, read, rootfs, vars, IMAGE_NAME, LONG};
 
@@ -29,6 +30,28 @@ fn shown(runtime: &str) -> String {
         true => format!("{runtime}+rootless+pull"),
         false => format!("{runtime}+rootless"),
     }
+}
+
+/// A second agent, n2, with `config` (its `[agent]` extra lines), once the
+/// leader lists it.
+fn second_node(c: &Cluster, dir: &Path, config: &str) -> Agent {
+    let token = c.server.ok(&["token", "create"]).trim().to_string();
+    let n2 = Agent::start_with(&c.server, &dir.join("n2"), "n2", 8, &token, config);
+    common::wait_for("n2 registered", LONG, || {
+        c.server
+            .ok(&["nodes"])
+            .lines()
+            .any(|l| l.starts_with("n2 "))
+    });
+    n2
+}
+
+/// The CONTAINERS cell of `node`'s row (given with its trailing space) in
+/// `gpuq nodes`' `table`.
+fn containers_cell(table: &str, node: &str) -> String {
+    let at = table.lines().next().unwrap().find("CONTAINERS").unwrap();
+    let row = table.lines().find(|l| l.starts_with(node)).unwrap();
+    row[at..].split_whitespace().next().unwrap().to_string()
 }
 
 /// `text`'s words, one space apart (`/proc/self/uid_map` pads with spaces).
@@ -71,9 +94,7 @@ fn a_job_in_an_image_sees_its_files_as_the_user_and_writes_where_a_bare_job_woul
     let cell = row[at..].split_whitespace().next();
     assert_eq!(cell, Some(shown("crun").as_str()), "{table}");
     let alice = ensure_user("gpuqt-alice");
-    let work = dir.path().join("alice");
-    std::fs::create_dir_all(&work).unwrap();
-    nix::unistd::chown(&work, Some(alice.uid.into()), Some(alice.gid.into())).unwrap();
+    let work = user_dir(&alice, &dir.path().join("alice"));
     let w = work.to_str().unwrap();
     let probe = "cat /etc/os-release; echo UID=$(id -u); echo GID=$(id -g); \
                  echo CVD=$CUDA_VISIBLE_DEVICES; echo JOB=$GPUQ_JOB_ID; \
@@ -81,12 +102,10 @@ fn a_job_in_an_image_sees_its_files_as_the_user_and_writes_where_a_bare_job_woul
                  echo PATH=$PATH; test -e /usr/bin/crun && echo HOST=visible; \
                  echo NVIDIA=$(ls /dev | grep -c nvidia); touch made.txt";
     let submit = |image: &Path| {
-        let out = cli_as(
+        submit_as(
             &alice,
             &c.server.socket,
             &[
-                "submit",
-                "--parsable",
                 "--gpus-per-node",
                 "2",
                 "--container-image",
@@ -98,9 +117,7 @@ fn a_job_in_an_image_sees_its_files_as_the_user_and_writes_where_a_bare_job_woul
                 "-c",
                 probe,
             ],
-        );
-        assert!(out.status.success(), "{}", stderr(&out));
-        String::from_utf8_lossy(&out.stdout).trim().to_string()
+        )
     };
     // The OCI layout, then the same files as a plain directory.
     for (image, from_image) in [(&image, "yes"), (&root, "")] {
@@ -146,13 +163,11 @@ fn a_job_in_an_image_sees_its_files_as_the_user_and_writes_where_a_bare_job_woul
     )
     .unwrap();
     nix::unistd::chown(&script, Some(alice.uid.into()), Some(alice.gid.into())).unwrap();
-    let out = cli_as(
+    let id = submit_as(
         &alice,
         &c.server.socket,
-        &["submit", "--parsable", "-D", w, script.to_str().unwrap()],
+        &["-D", w, script.to_str().unwrap()],
     );
-    assert!(out.status.success(), "{}", stderr(&out));
-    let id = String::from_utf8_lossy(&out.stdout).trim().to_string();
     c.wait_state(&id, "COMPLETED", LONG);
     assert!(read(&work.join("script.out")).contains(IMAGE_NAME));
     let out = cli_as(
@@ -285,13 +300,9 @@ fn what_only_the_node_can_know_fails_the_job_with_the_reason() {
     let dir = shared_tempdir();
     let root = rootfs(dir.path());
     let c = Cluster::start(dir.path(), 1, 8);
-    let token = c.server.ok(&["token", "create"]).trim().to_string();
-    let n2 = Agent::start_with(
-        &c.server,
-        &dir.path().join("n2"),
-        "n2",
-        8,
-        &token,
+    let n2 = second_node(
+        &c,
+        dir.path(),
         "[agent.containers]\nruntime = \"/nowhere/crun\"\n",
     );
     let work = dir.path().join("work");
@@ -347,16 +358,12 @@ fn what_only_the_node_can_know_fails_the_job_with_the_reason() {
     )
     .unwrap();
     let alice = ensure_user("gpuqt-alice");
-    let mine = dir.path().join("alice");
-    std::fs::create_dir_all(&mine).unwrap();
-    nix::unistd::chown(&mine, Some(alice.uid.into()), Some(alice.gid.into())).unwrap();
+    let mine = user_dir(&alice, &dir.path().join("alice"));
     let source = format!("{}/data", private.display());
-    let out = cli_as(
+    let id = submit_as(
         &alice,
         &c.server.socket,
         &[
-            "submit",
-            "--parsable",
             "--container-image",
             root.to_str().unwrap(),
             "--container-mounts",
@@ -368,8 +375,6 @@ fn what_only_the_node_can_know_fails_the_job_with_the_reason() {
             "/data",
         ],
     );
-    assert!(out.status.success(), "{}", stderr(&out));
-    let id = String::from_utf8_lossy(&out.stdout).trim().to_string();
     let job = c.wait_state(&id, "FAILED", LONG);
     let reason = job["reason"].as_str().unwrap_or_default();
     assert!(
@@ -593,43 +598,25 @@ fn runc_runs_the_job_where_a_node_names_it_and_cancel_stops_its_tree() {
     let root = rootfs(dir.path());
     let image = layout(dir.path(), &root);
     let c = Cluster::start(dir.path(), 1, 8);
-    let token = c.server.ok(&["token", "create"]).trim().to_string();
-    let n2 = Agent::start_with(
-        &c.server,
-        &dir.path().join("n2"),
-        "n2",
-        8,
-        &token,
+    let n2 = second_node(
+        &c,
+        dir.path(),
         &format!("[agent.containers]\nruntime = \"{runc}\"\npull_tool = \"\"\n"),
     );
-    common::wait_for("n2 registered", LONG, || {
-        c.server
-            .ok(&["nodes"])
-            .lines()
-            .any(|l| l.starts_with("n2 "))
-    });
     let table = c.server.ok(&["nodes"]);
-    let at = table.lines().next().unwrap().find("CONTAINERS").unwrap();
-    let cell = |node: &str| {
-        let row = table.lines().find(|l| l.starts_with(node)).unwrap();
-        row[at..].split_whitespace().next().unwrap().to_string()
-    };
+    let cell = |node: &str| containers_cell(&table, node);
     assert_eq!(
         (cell("n1 "), cell("n2 ")),
         (shown("crun"), "runc".into()),
         "{table}"
     );
     let alice = ensure_user("gpuqt-alice");
-    let work = dir.path().join("alice");
-    std::fs::create_dir_all(&work).unwrap();
-    nix::unistd::chown(&work, Some(alice.uid.into()), Some(alice.gid.into())).unwrap();
+    let work = user_dir(&alice, &dir.path().join("alice"));
     let w = work.to_str().unwrap();
-    let out = cli_as(
+    let id = submit_as(
         &alice,
         &c.server.socket,
         &[
-            "submit",
-            "--parsable",
             "-w",
             "n2",
             "--gpus-per-node",
@@ -645,8 +632,6 @@ fn runc_runs_the_job_where_a_node_names_it_and_cancel_stops_its_tree() {
              echo MAP=$(cat /proc/self/uid_map)",
         ],
     );
-    assert!(out.status.success(), "{}", stderr(&out));
-    let id = String::from_utf8_lossy(&out.stdout).trim().to_string();
     let job = c.wait_state(&id, "COMPLETED", LONG);
     assert_eq!(job["exit_code"], 0, "{job}");
     let v = vars(&read(&work.join(format!("gpuq-{id}.out"))));
@@ -690,28 +675,14 @@ fn rootless_runtimes_map_only_the_user_who_keeps_their_groups() {
     let root = rootfs(dir.path());
     let image = layout(dir.path(), &root);
     let c = Cluster::start(dir.path(), 1, 8);
-    let token = c.server.ok(&["token", "create"]).trim().to_string();
     // n2 says rootless = false: its runtime runs as root.
-    let n2 = Agent::start_with(
-        &c.server,
-        &dir.path().join("n2"),
-        "n2",
-        8,
-        &token,
+    let n2 = second_node(
+        &c,
+        dir.path(),
         "[agent.containers]\nrootless = false\npull_tool = \"\"\n",
     );
-    common::wait_for("n2 registered", LONG, || {
-        c.server
-            .ok(&["nodes"])
-            .lines()
-            .any(|l| l.starts_with("n2 "))
-    });
     let table = c.server.ok(&["nodes"]);
-    let at = table.lines().next().unwrap().find("CONTAINERS").unwrap();
-    let cell = |node: &str| {
-        let row = table.lines().find(|l| l.starts_with(node)).unwrap();
-        row[at..].split_whitespace().next().unwrap().to_string()
-    };
+    let cell = |node: &str| containers_cell(&table, node);
     assert_eq!(
         (cell("n1 "), cell("n2 ")),
         (shown("crun"), "crun".into()),
@@ -741,20 +712,16 @@ fn rootless_runtimes_map_only_the_user_who_keeps_their_groups() {
         std::os::unix::fs::PermissionsExt::from_mode(0o750),
     )
     .unwrap();
-    let work = dir.path().join("alice");
-    std::fs::create_dir_all(&work).unwrap();
-    nix::unistd::chown(&work, Some(alice.uid.into()), Some(alice.gid.into())).unwrap();
+    let work = user_dir(&alice, &dir.path().join("alice"));
     let w = work.to_str().unwrap();
     let probe = "echo MAP=$(cat /proc/self/uid_map); echo OWNER=$(stat -c %u /etc/os-release); \
                  echo UID=$(id -u); echo DATA=$(cat /project/data.txt); sleep 300";
     let submit = |node: &str| {
         let mounts = format!("{}:/project:ro", project.display());
-        let out = cli_as(
+        submit_as(
             &alice,
             &c.server.socket,
             &[
-                "submit",
-                "--parsable",
                 "-w",
                 node,
                 "--container-image",
@@ -768,9 +735,7 @@ fn rootless_runtimes_map_only_the_user_who_keeps_their_groups() {
                 "-c",
                 probe,
             ],
-        );
-        assert!(out.status.success(), "{}", stderr(&out));
-        String::from_utf8_lossy(&out.stdout).trim().to_string()
+        )
     };
     let output = |id: &str| {
         let file = work.join(format!("gpuq-{id}.out"));
@@ -1036,15 +1001,11 @@ fn a_named_container_keeps_what_a_step_wrote_for_the_next_and_its_tasks_share_it
     );
     // Alice's named container: rootless crun in the bound copy.
     let alice = ensure_user("gpuqt-alice");
-    let hers = dir.path().join("alice");
-    std::fs::create_dir_all(&hers).unwrap();
-    nix::unistd::chown(&hers, Some(alice.uid.into()), Some(alice.gid.into())).unwrap();
-    let out = cli_as(
+    let hers = user_dir(&alice, &dir.path().join("alice"));
+    let id = submit_as(
         &alice,
         &c.server.socket,
         &[
-            "submit",
-            "--parsable",
             "--container-image",
             image.to_str().unwrap(),
             "--container-name",
@@ -1057,8 +1018,6 @@ fn a_named_container_keeps_what_a_step_wrote_for_the_next_and_its_tasks_share_it
             "grep ^ID= /etc/os-release; echo MAP=$(cat /proc/self/uid_map)",
         ],
     );
-    assert!(out.status.success(), "{}", stderr(&out));
-    let id = stdout(&out).trim().to_string();
     c.wait_state(&id, "COMPLETED", LONG);
     let v = vars(&read(&hers.join(format!("gpuq-{id}.out"))));
     assert_eq!(v["ID"], "gpuq-test", "{v:?}");
@@ -1125,16 +1084,12 @@ fn container_save_keeps_what_a_task_wrote_as_an_image_the_next_job_runs_in() {
     assert_eq!(v["ID"], "gpuq-test", "{v:?}");
     // Alice saves only where she may write: elsewhere her job fails saying so.
     let alice = ensure_user("gpuqt-alice");
-    let hers = dir.path().join("alice");
-    std::fs::create_dir_all(&hers).unwrap();
-    nix::unistd::chown(&hers, Some(alice.uid.into()), Some(alice.gid.into())).unwrap();
+    let hers = user_dir(&alice, &dir.path().join("alice"));
     let submit = |to: &Path| {
-        let out = cli_as(
+        submit_as(
             &alice,
             &c.server.socket,
             &[
-                "submit",
-                "--parsable",
                 "--container-image",
                 image.to_str().unwrap(),
                 "--container-save",
@@ -1144,9 +1099,7 @@ fn container_save_keeps_what_a_task_wrote_as_an_image_the_next_job_runs_in() {
                 "--",
                 "true",
             ],
-        );
-        assert!(out.status.success(), "{}", stderr(&out));
-        stdout(&out).trim().to_string()
+        )
     };
     let mine = hers.join("mine.sqsh");
     let id = submit(&mine);

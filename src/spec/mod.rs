@@ -285,6 +285,18 @@ impl SubmitArgs {
             } else {
                 self
             };
+        let home = pair(
+            (self.no_container_mount_home, self.container_mount_home),
+            (over.no_container_mount_home, over.container_mount_home),
+        );
+        let remap = pair(
+            (self.container_remap_root, self.no_container_remap_root),
+            (over.container_remap_root, over.no_container_remap_root),
+        );
+        let entry = pair(
+            (self.container_entrypoint, self.no_container_entrypoint),
+            (over.container_entrypoint, over.no_container_entrypoint),
+        );
         SubmitArgs {
             job_name: pick(&self.job_name, &over.job_name),
             nodes: pick(&self.nodes, &over.nodes),
@@ -327,38 +339,13 @@ impl SubmitArgs {
             container_entrypoint_log: self.container_entrypoint_log
                 || over.container_entrypoint_log,
             container_workdir: pick(&self.container_workdir, &over.container_workdir),
-            // Each pair is one setting spelled two ways: the side that says
-            // either wins.
-            no_container_mount_home: pair(
-                (self.no_container_mount_home, self.container_mount_home),
-                (over.no_container_mount_home, over.container_mount_home),
-            )
-            .0,
-            container_mount_home: pair(
-                (self.no_container_mount_home, self.container_mount_home),
-                (over.no_container_mount_home, over.container_mount_home),
-            )
-            .1,
-            container_remap_root: pair(
-                (self.container_remap_root, self.no_container_remap_root),
-                (over.container_remap_root, over.no_container_remap_root),
-            )
-            .0,
-            no_container_remap_root: pair(
-                (self.container_remap_root, self.no_container_remap_root),
-                (over.container_remap_root, over.no_container_remap_root),
-            )
-            .1,
-            container_entrypoint: pair(
-                (self.container_entrypoint, self.no_container_entrypoint),
-                (over.container_entrypoint, over.no_container_entrypoint),
-            )
-            .0,
-            no_container_entrypoint: pair(
-                (self.container_entrypoint, self.no_container_entrypoint),
-                (over.container_entrypoint, over.no_container_entrypoint),
-            )
-            .1,
+            // Each pair is one setting spelled two ways (see `pair`).
+            no_container_mount_home: home.0,
+            container_mount_home: home.1,
+            container_remap_root: remap.0,
+            no_container_remap_root: remap.1,
+            container_entrypoint: entry.0,
+            no_container_entrypoint: entry.1,
             container_env: pick(&self.container_env, &over.container_env),
             // One setting spelled two ways: the side that says either wins.
             container_writable: if over.container_writable || over.container_readonly {

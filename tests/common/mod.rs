@@ -654,6 +654,22 @@ pub fn shared_bin() -> PathBuf {
     .clone()
 }
 
+/// `gpuq submit --parsable ARGS` as `user`, which must succeed; the job's id.
+pub fn submit_as(user: &TestUser, socket: &Path, args: &[&str]) -> String {
+    let mut full = vec!["submit", "--parsable"];
+    full.extend_from_slice(args);
+    let out = cli_as(user, socket, &full);
+    assert!(out.status.success(), "submit {args:?}: {}", stderr(&out));
+    stdout(&out).trim().to_string()
+}
+
+/// Makes `path` (and what leads to it) and gives it to `user`.
+pub fn user_dir(user: &TestUser, path: &Path) -> PathBuf {
+    std::fs::create_dir_all(path).unwrap();
+    nix::unistd::chown(path, Some(user.uid.into()), Some(user.gid.into())).unwrap();
+    path.to_path_buf()
+}
+
 /// Runs `gpuq ARGS` as another user.
 pub fn cli_as(user: &TestUser, socket: &Path, args: &[&str]) -> Output {
     use std::os::unix::process::CommandExt;

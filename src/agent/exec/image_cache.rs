@@ -68,6 +68,14 @@ fn flock(file: &File, how: libc::c_int) -> io::Result<()> {
     }
 }
 
+/// `path` created if need be and locked exclusively (waiting for whoever
+/// holds it); the lock goes when the file closes. The error is a sentence.
+pub(super) fn lock_exclusive(path: &Path) -> Result<File, String> {
+    let file = File::create(path).map_err(|e| format!("cannot open {}: {e}", path.display()))?;
+    flock(&file, libc::LOCK_EX).map_err(|e| format!("cannot lock {}: {e}", path.display()))?;
+    Ok(file)
+}
+
 fn fail(what: &str, path: &Path, e: io::Error) -> String {
     format!("cannot {what} {} of the image cache: {e}", path.display())
 }

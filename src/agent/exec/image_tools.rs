@@ -499,16 +499,7 @@ pub fn pull(reference: &str, cache: &Path, how: &Pull) -> Result<(PathBuf, File)
     let name = hex::encode(Sha256::digest(reference.as_bytes()));
     let layout = pulls.join(&name);
     let lock_path = pulls.join(format!("{name}.lock"));
-    let lock = File::create(&lock_path)
-        .map_err(|e| format!("cannot open {}: {e}", lock_path.display()))?;
-    // SAFETY: flock on a descriptor owned here; released when it closes.
-    if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) } < 0 {
-        return Err(format!(
-            "cannot lock {}: {}",
-            lock_path.display(),
-            io::Error::last_os_error()
-        ));
-    }
+    let lock = super::image_cache::lock_exclusive(&lock_path)?;
     let started = std::time::Instant::now();
     let mut cmd = Command::new(skopeo);
     cmd.args(how.copy_args(reference, &layout));

@@ -12,7 +12,6 @@
 //! has used them for `spool::KEEP`.
 
 use std::fs::{self, File};
-use std::os::fd::AsRawFd;
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 
@@ -60,17 +59,8 @@ pub(super) fn open(
         let _ = d.set_modified(std::time::SystemTime::now());
     }
     let lock_path = dir.join(format!("{name}.lock"));
-    let lock = File::create(&lock_path)
-        .map_err(|e| format!("cannot open {}: {e}", lock_path.display()))?;
-    // SAFETY: flock on a descriptor this process owns; held until `lock`
-    // drops, at the end of this function.
-    if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) } < 0 {
-        return Err(format!(
-            "cannot lock {}: {}",
-            lock_path.display(),
-            std::io::Error::last_os_error()
-        ));
-    }
+    // Held until this returns: tasks starting together make it once.
+    let _lock = super::image_cache::lock_exclusive(&lock_path)?;
     let here = dir.join(name);
     let made_file = here.join("made.json");
     let rootfs = here.join("rootfs");
@@ -143,13 +133,13 @@ pub(super) fn open(
 
 /// `--container-save`: squashes `rootfs` (as root, who reads all of it)
 /// into a file in `scratch` (the task's directory), then copies it to `to`
-/// opened as `who` (so it lands only where the user may write, and is
-/// theirs). Errors are sentences for the user.
+/// as `create` opens it (as the user: so it lands only where they may
+/// write, and is theirs). Errors are sentences for the user.
 pub(super) fn save(
     rootfs: &Path,
     to: &Path,
     scratch: &Path,
-    who: &super::task::Identity,
+    create: &dyn Fn(&Path) -> std::io::Result<File>,
 ) -> Result<(), String> {
     let Some(mksquashfs) = super::image_tools::find_tool("mksquashfs", "") else {
         return Err(format!(
@@ -173,7 +163,7 @@ pub(super) fn save(
         )),
         true => File::open(&squashed)
             .and_then(|mut from| {
-                let mut out = super::container::open_as(who, to)?;
+                let mut out = create(to)?;
                 std::io::copy(&mut from, &mut out)?;
                 out.sync_all()
             })

@@ -445,7 +445,8 @@ fn run(dir: &Path, mode: &CgroupMode) -> (TaskOutcome, Option<Millis>) {
     // --container-save, once the task has completed: a failed save fails it.
     let save = prepared.container().and_then(|c| c.save.as_ref());
     if let (Some((rootfs, to)), TaskOutcome::Completed) = (save, &outcome) {
-        if let Err(reason) = super::named::save(rootfs, to, dir, &identity) {
+        let create = |p: &Path| super::container::open_as(&identity, p);
+        if let Err(reason) = super::named::save(rootfs, to, dir, &create) {
             // The job's error output says why (the leader hears "failed").
             if spec.io == crate::model::TaskIo::Files {
                 let told = super::stdio::open_output(&spec.stderr, &identity, true)
