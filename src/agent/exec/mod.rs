@@ -20,6 +20,7 @@ mod cdi_yaml;
 mod cgroup;
 pub mod container;
 mod container_exec;
+mod container_host;
 mod container_mounts;
 pub mod context;
 pub mod env;
