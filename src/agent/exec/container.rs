@@ -462,13 +462,13 @@ fn resolve_image(
                 .ok()
                 .flatten()
                 .map(|u| u.dir);
-            let files = super::image_tools::user_auth_files(&spec.env, home.as_deref());
+            let files = super::image_auth::user_auth_files(&spec.env, home.as_deref());
             let registry = super::image_tools::registry_of(reference);
             // A helper the user's file names runs as the user, in their home.
             let home_dir = home.unwrap_or_else(|| PathBuf::from("/"));
             let helper = |name: &str| {
                 let who = (identity.uid, identity.gid);
-                super::image_tools::run_helper(name, registry, &spec.env, &home_dir, who)
+                super::image_auth::run_helper(name, registry, &spec.env, &home_dir, who)
             };
             let to = dir.join(AUTH_FILE);
             c.pull

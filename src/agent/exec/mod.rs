@@ -27,6 +27,7 @@ pub mod env;
 mod fork;
 mod image;
 mod image_archive;
+mod image_auth;
 mod image_cache;
 mod image_files;
 mod image_sif;
