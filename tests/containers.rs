@@ -1113,4 +1113,66 @@ fn container_save_keeps_what_a_task_wrote_as_an_image_the_next_job_runs_in() {
         "{said}"
     );
     assert!(!work.join("not-hers.sqsh").exists());
+    // A directory of hers as the image is copied as her: a file in it only
+    // root may read is not copied (so no save hands it to her), and the job
+    // fails saying so.
+    let tree = dir.path().join("her-tree");
+    let copied = std::process::Command::new("cp")
+        .arg("-a")
+        .arg(&root)
+        .arg(&tree)
+        .status()
+        .unwrap();
+    assert!(copied.success());
+    std::fs::write(tree.join("etc/root-only"), "secret\n").unwrap();
+    std::fs::set_permissions(
+        tree.join("etc/root-only"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o600),
+    )
+    .unwrap();
+    let leak = hers.join("leak.sqsh");
+    let id = submit_as(
+        &alice,
+        &c.server.socket,
+        &[
+            "--container-image",
+            tree.to_str().unwrap(),
+            "--container-save",
+            leak.to_str().unwrap(),
+            "-D",
+            hers.to_str().unwrap(),
+            "--",
+            "true",
+        ],
+    );
+    let job = c.wait_state(&id, "FAILED", LONG);
+    let reason = job["reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains("root-only") && reason.contains("Permission denied"),
+        "{reason}"
+    );
+    assert!(!leak.exists());
+    // Readable by her, it is copied and saved, hers.
+    std::fs::set_permissions(
+        tree.join("etc/root-only"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o644),
+    )
+    .unwrap();
+    let id = submit_as(
+        &alice,
+        &c.server.socket,
+        &[
+            "--container-image",
+            tree.to_str().unwrap(),
+            "--container-save",
+            leak.to_str().unwrap(),
+            "-D",
+            hers.to_str().unwrap(),
+            "--",
+            "cat",
+            "/etc/root-only",
+        ],
+    );
+    c.wait_state(&id, "COMPLETED", LONG);
+    assert_eq!(std::fs::metadata(&leak).unwrap().uid(), alice.uid);
 }

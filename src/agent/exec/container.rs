@@ -222,9 +222,11 @@ pub(super) fn prepare(
         // A named container: the job's own root on this node, shared.
         Some(name) => {
             let root = super::named::root_beside(&c.cache);
-            let image = super::named::open(&root, spec.key.job, name, &c.spec.image, || {
-                resolve_image(dir, spec, c, &opener)
-            })?;
+            let owner = (identity.uid, identity.gid);
+            let image =
+                super::named::open(&root, spec.key.job, name, &c.spec.image, owner, || {
+                    resolve_image(dir, spec, c, &opener)
+                })?;
             let lower = Lower::Bind(image.rootfs.clone());
             (image, lower)
         }

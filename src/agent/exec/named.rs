@@ -22,7 +22,7 @@ use super::task::hostname;
 use crate::model::JobId;
 
 /// What a named container was made from, beside its root.
-#[derive(Debug, Default, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize)]
 struct Made {
     image: String,
     env: Vec<String>,
@@ -38,13 +38,17 @@ pub fn root_beside(cache: &Path) -> PathBuf {
 
 /// Job `job`'s container `name` on this node: made from `image` (by
 /// `resolve`, which unpacks it into the cache) the first time, else as it
-/// was left. Tasks starting together wait for one making it. Errors are
-/// sentences for the user.
+/// was left. A user's own directory (`Resolved::users`) is copied as that
+/// user (`owner`: uid, gid): the copy holds only what they may read, and
+/// is theirs, so nothing of the node reaches them through it (or through
+/// `--container-save`, which squashes the copy). Tasks starting together
+/// wait for one making it. Errors are sentences for the user.
 pub(super) fn open(
     root: &Path,
     job: JobId,
     name: &str,
     image: &str,
+    owner: (u32, u32),
     resolve: impl FnOnce() -> Result<Resolved, String>,
 ) -> Result<Resolved, String> {
     let dir = root.join(job.to_string());
@@ -98,12 +102,44 @@ pub(super) fn open(
         .create(&here)
         .map_err(|e| format!("cannot make {}: {e}", here.display()))?;
     let making = here.join("rootfs.making");
-    let copied = std::process::Command::new("cp")
-        .args(["-a", "--reflink=auto"])
-        .arg(&source.rootfs)
-        .arg(&making)
-        .output()
-        .map_err(|e| format!("cannot run cp: {e}"))?;
+    let mut cp = std::process::Command::new("cp");
+    cp.args(["-a", "--reflink=auto"]);
+    // The user's copy goes in through a descriptor cp inherits: the
+    // directories on the way are root's alone.
+    let mut inherited = None;
+    if source.users && nix::unistd::geteuid().is_root() {
+        use std::os::unix::process::CommandExt;
+        fs::DirBuilder::new()
+            .mode(0o755)
+            .create(&making)
+            .and_then(|()| std::os::unix::fs::chown(&making, Some(owner.0), Some(owner.1)))
+            .map_err(|e| format!("cannot make {}: {e}", making.display()))?;
+        let path = std::ffi::CString::new(making.as_os_str().as_encoded_bytes())
+            .map_err(|_| format!("{} has a NUL byte", making.display()))?;
+        // Without O_CLOEXEC: cp inherits it. SAFETY: a NUL-terminated path;
+        // the descriptor is closed below.
+        let fd = unsafe { libc::open(path.as_ptr(), libc::O_RDONLY | libc::O_DIRECTORY) };
+        if fd < 0 {
+            return Err(format!(
+                "cannot open {}: {}",
+                making.display(),
+                std::io::Error::last_os_error()
+            ));
+        }
+        inherited = Some(fd);
+        cp.uid(owner.0)
+            .gid(owner.1)
+            .arg(source.rootfs.join("."))
+            .arg(format!("/proc/self/fd/{fd}"));
+    } else {
+        cp.arg(&source.rootfs).arg(&making);
+    }
+    let copied = cp.output();
+    if let Some(fd) = inherited {
+        // SAFETY: the descriptor opened above, closed once.
+        unsafe { libc::close(fd) };
+    }
+    let copied = copied.map_err(|e| format!("cannot run cp: {e}"))?;
     if !copied.status.success() {
         let _ = fs::remove_dir_all(&here);
         return Err(format!(
@@ -197,9 +233,13 @@ mod tests {
         let root = dir.path().join("named");
         let job = JobId(7);
         // Named with no image before it exists: refused, saying how.
-        let err = open(&root, job, "env", "", || unreachable!()).unwrap_err();
+        let me = (
+            nix::unistd::getuid().as_raw(),
+            nix::unistd::getgid().as_raw(),
+        );
+        let err = open(&root, job, "env", "", me, || unreachable!()).unwrap_err();
         assert!(err.contains("must give --container-image"), "{err}");
-        let first = open(&root, job, "env", "/img", || Ok(plain(dir.path()))).unwrap();
+        let first = open(&root, job, "env", "/img", me, || Ok(plain(dir.path()))).unwrap();
         assert_eq!(first.rootfs, root.join("7/env/rootfs"));
         assert_eq!(first.env, ["A=1"]);
         assert_eq!(
@@ -208,7 +248,7 @@ mod tests {
         );
         fs::write(first.rootfs.join("marker"), "kept").unwrap();
         // Later: the same root, its image's settings, no resolve at all.
-        let again = open(&root, job, "env", "", || unreachable!()).unwrap();
+        let again = open(&root, job, "env", "", me, || unreachable!()).unwrap();
         assert_eq!(again.rootfs, first.rootfs);
         assert_eq!(again.entrypoint, ["/e"]);
         assert_eq!(
@@ -216,7 +256,7 @@ mod tests {
             "kept"
         );
         // Another job's container of the same name is its own.
-        let other = open(&root, JobId(8), "env", "", || unreachable!());
+        let other = open(&root, JobId(8), "env", "", me, || unreachable!());
         assert!(other.is_err());
     }
 }
